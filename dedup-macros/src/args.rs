@@ -1,0 +1,238 @@
+//! The arguments of `#[idempotent(…)]`: each set once, remembered with the span of the
+//! token that gave it, so that a conflict points at the value that caused it.
+
+use proc_macro2::{Span, TokenStream};
+use syn::ext::IdentExt;
+use syn::parse::{Parse, ParseStream};
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::{Expr, Ident, Lit, LitStr, Path, Token};
+
+/// Every argument the attribute knows, in the order the messages list them.
+const KNOWN: &str = "`consumer`, `key`, `table`, `crate`";
+
+/// The longest consumer name the dedup table stores, in bytes (the runtime's
+/// `MAX_CONSUMER_LEN`; the two are checked against each other by a test).
+const MAX_CONSUMER_LEN: usize = 255;
+
+/// The longest table or schema name every backend accepts (PostgreSQL's is the shortest).
+const MAX_IDENT_LEN: usize = 63;
+
+/// The parsed and validated arguments.
+pub struct Args {
+    pub consumer: Option<LitStr>,
+    pub key: Option<(Ident, Expr)>,
+    pub table: LitStr,
+    pub krate: Path,
+}
+
+/// One `name = value` pair, before we know what the name means.
+struct RawArg {
+    name: Ident,
+    value: Expr,
+}
+
+impl Parse for RawArg {
+    fn parse(input: ParseStream) -> syn::Result<Self> {
+        // `crate` is a keyword, so accept any identifier here and judge the name later.
+        let name = Ident::parse_any(input)?;
+        if !input.peek(Token![=]) {
+            return Err(syn::Error::new(
+                name.span(),
+                format_args!("expected `{name} = …`"),
+            ));
+        }
+        input.parse::<Token![=]>()?;
+        let value = input.parse()?;
+        Ok(RawArg { name, value })
+    }
+}
+
+/// Collects errors so the user sees every mistake at once.
+#[derive(Default)]
+pub struct Errors(Option<syn::Error>);
+
+impl Errors {
+    pub fn push(&mut self, error: syn::Error) {
+        match &mut self.0 {
+            Some(first) => first.combine(error),
+            None => self.0 = Some(error),
+        }
+    }
+
+    pub fn add(&mut self, span: Span, message: impl std::fmt::Display) {
+        self.push(syn::Error::new(span, message));
+    }
+
+    pub fn finish(self) -> Result<(), syn::Error> {
+        self.0.map_or(Ok(()), Err)
+    }
+}
+
+/// A slot that accepts one value and reports a second one where it was written.
+struct Once<T>(Option<(Ident, T)>);
+
+impl<T> Once<T> {
+    fn set(&mut self, name: Ident, value: T, errors: &mut Errors) {
+        if self.0.is_some() {
+            errors.add(
+                name.span(),
+                format_args!("`{name}` is given twice; keep one `{name} = …`"),
+            );
+        } else {
+            self.0 = Some((name, value));
+        }
+    }
+}
+
+/// Parses and validates the attribute's arguments.
+///
+/// Returns the arguments together with every error found, so that expansion can still
+/// emit the user's function when something is wrong.
+pub fn parse(tokens: TokenStream) -> (Option<Args>, Errors) {
+    let mut errors = Errors::default();
+    let raw =
+        match syn::parse::Parser::parse2(Punctuated::<RawArg, Token![,]>::parse_terminated, tokens)
+        {
+            Ok(raw) => raw,
+            Err(error) => {
+                errors.push(error);
+                return (None, errors);
+            }
+        };
+
+    let mut consumer = Once(None);
+    let mut key = Once(None);
+    let mut table = Once(None);
+    let mut krate = Once(None);
+    for RawArg { name, value } in raw {
+        match name.to_string().as_str() {
+            "consumer" => {
+                if let Some(lit) =
+                    string_literal(&name, &value, "consumer = \"email-sender\"", &mut errors)
+                {
+                    check_consumer(&lit, &mut errors);
+                    consumer.set(name, lit, &mut errors);
+                }
+            }
+            "key" => key.set(name, value, &mut errors),
+            "table" => {
+                if let Some(lit) =
+                    string_literal(&name, &value, "table = \"processed_messages\"", &mut errors)
+                {
+                    check_table(&lit, &mut errors);
+                    table.set(name, lit, &mut errors);
+                }
+            }
+            "crate" => {
+                if let Some(lit) =
+                    string_literal(&name, &value, "crate = \"dedup_runtime\"", &mut errors)
+                {
+                    match lit.parse::<Path>() {
+                        Ok(path) => krate.set(name, path, &mut errors),
+                        Err(_) => errors.add(
+                            lit.span(),
+                            "`crate` takes the path of the runtime crate, such as `crate = \"my_app::dedup\"`",
+                        ),
+                    }
+                }
+            }
+            other => errors.add(
+                name.span(),
+                format_args!("unknown `idempotent` argument `{other}`; expected one of {KNOWN}"),
+            ),
+        }
+    }
+
+    let consumer = consumer.0.map(|(_, lit)| lit);
+    let key = key.0;
+    match (&key, &consumer) {
+        (None, _) => errors.add(
+            Span::call_site(),
+            "`#[idempotent]` needs the message id to deduplicate on: \
+             write `#[idempotent(consumer = \"name\", key = msg.id)]`",
+        ),
+        (Some((name, _)), None) => errors.add(
+            name.span(),
+            "`key` needs the name of the consumer the id is recorded for: \
+             write `#[idempotent(consumer = \"name\", key = …)]`",
+        ),
+        (Some(_), Some(_)) => {}
+    }
+
+    let args = Args {
+        consumer,
+        key,
+        table: table.0.map_or_else(
+            || LitStr::new("processed_messages", Span::call_site()),
+            |(_, lit)| lit,
+        ),
+        krate: krate
+            .0
+            .map_or_else(|| syn::parse_quote!(::dedup_runtime), |(_, path)| path),
+    };
+    (Some(args), errors)
+}
+
+/// The string literal behind `name = "…"`, or an error that shows the expected form.
+fn string_literal(
+    name: &Ident,
+    value: &Expr,
+    example: &str,
+    errors: &mut Errors,
+) -> Option<LitStr> {
+    if let Expr::Lit(lit) = value
+        && let Lit::Str(s) = &lit.lit
+    {
+        return Some(s.clone());
+    }
+    errors.add(
+        value.span(),
+        format_args!("`{name}` takes a string literal, such as `{example}`"),
+    );
+    None
+}
+
+fn check_consumer(lit: &LitStr, errors: &mut Errors) {
+    let value = lit.value();
+    if value.is_empty() {
+        errors.add(
+            lit.span(),
+            "`consumer` must not be empty: name the service that processes the message, \
+             such as `consumer = \"email-sender\"`",
+        );
+    } else if value.contains('\0') {
+        errors.add(lit.span(), "`consumer` must not contain a NUL character");
+    } else if value.len() > MAX_CONSUMER_LEN {
+        errors.add(
+            lit.span(),
+            format_args!(
+                "`consumer` is {} bytes long; the dedup table stores at most {MAX_CONSUMER_LEN}",
+                value.len()
+            ),
+        );
+    }
+}
+
+/// A table name is spliced into SQL, so it must be a plain identifier, optionally
+/// qualified by a schema: `processed_messages` or `audit.processed_messages`.
+fn check_table(lit: &LitStr, errors: &mut Errors) {
+    let value = lit.value();
+    let plain = |part: &str| {
+        let mut chars = part.chars();
+        matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && part.len() <= MAX_IDENT_LEN
+    };
+    let parts: Vec<&str> = value.split('.').collect();
+    if parts.len() > 2 || !parts.iter().all(|part| plain(part)) {
+        errors.add(
+            lit.span(),
+            format_args!(
+                "`table` must be a plain SQL identifier (letters, digits, `_`, at most \
+                 {MAX_IDENT_LEN} characters), optionally qualified by a schema: write \
+                 `table = \"processed_messages\"` or `table = \"audit.processed_messages\"`"
+            ),
+        );
+    }
+}

@@ -1,0 +1,236 @@
+//! Code generation for `#[idempotent]`, one function per piece.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{AttrStyle, FnArg, Ident, Item, ItemFn, LitStr, ReturnType, Type};
+
+use crate::args::{self, Args};
+use crate::handler::{self, Handler};
+
+/// Entry point: parse → validate → expand. On any error the user's item is emitted
+/// unchanged next to the errors, so that only the real mistake shows and IDEs keep working.
+pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
+    let (args, mut errors) = args::parse(args);
+    let item_fn = match syn::parse2::<Item>(item.clone()) {
+        Ok(Item::Fn(item_fn)) => Some(item_fn),
+        Ok(other) => {
+            errors.add(
+                item_keyword_span(&other),
+                "`#[idempotent]` applies to an `async fn` handler, such as \
+                 `async fn handle(tx: &mut PgConnection, msg: &Msg) -> Result<(), sqlx::Error>`",
+            );
+            None
+        }
+        Err(error) => {
+            errors.push(error);
+            None
+        }
+    };
+    let handler = item_fn.and_then(|item_fn| handler::analyze(item_fn, &mut errors));
+    match (errors.finish(), args, handler) {
+        (Ok(()), Some(args), Some(handler)) => match &args.key {
+            Some((_, key)) => handler_fn(&args, key, handler),
+            // `args::parse` reports a missing key as an error, so this arm is not reached.
+            None => item,
+        },
+        (result, _, _) => {
+            let mut tokens = item;
+            if let Err(error) = result {
+                tokens.extend(error.to_compile_error());
+            }
+            tokens
+        }
+    }
+}
+
+/// Where to point when the attribute sits on something that is not a function.
+fn item_keyword_span(item: &Item) -> Span {
+    match item {
+        Item::Struct(item) => item.struct_token.span,
+        Item::Enum(item) => item.enum_token.span,
+        Item::Impl(item) => item.impl_token.span,
+        Item::Mod(item) => item.mod_token.span,
+        Item::Trait(item) => item.trait_token.span,
+        Item::Const(item) => item.const_token.span,
+        Item::Static(item) => item.static_token.span,
+        Item::Type(item) => item.type_token.span,
+        Item::Use(item) => item.use_token.span,
+        other => other.span(),
+    }
+}
+
+/// Our own locals: mixed-site hygiene, so that neither the body nor a `use` inside it can
+/// see or shadow them.
+fn local(name: &str) -> Ident {
+    Ident::new(name, Span::mixed_site())
+}
+
+// Input:
+//     #[idempotent(consumer = "c", key = msg.id)]
+//     async fn h(tx: &mut PgConnection, msg: &Msg) -> Result<T, E> { body }
+// Output:
+//     async fn h(db: impl Db<'_, Postgres>, msg: &Msg) -> Result<Outcome<T>, E> {
+//         <key → validated id; claim, body, commit in one transaction; retries>
+//     }
+fn handler_fn(args: &Args, key: &syn::Expr, handler: Handler) -> TokenStream {
+    let Handler {
+        item,
+        connection,
+        output,
+    } = handler;
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+        ..
+    } = item;
+    let krate = &args.krate;
+    let private = quote!(#krate::__private);
+    let db = local("__dedup_db");
+
+    let mut new_sig = sig.clone();
+    let conn_static = handler::with_static_lifetimes(&connection.ty);
+    if let Some(arg) = new_sig.inputs.iter_mut().nth(connection.index) {
+        *arg = FnArg::Typed(syn::parse_quote_spanned! {connection.ty.span()=>
+            #db: impl #private::Db<'_, <#conn_static as #private::HandlerConnection<'static>>::Database>
+        });
+    }
+    let ok = handler::ok_type(&output.ty).cloned();
+    let outcome_ty: Type = syn::parse_quote!(#krate::Outcome<#ok>);
+    let arrow = match &sig.output {
+        ReturnType::Type(arrow, _) => *arrow,
+        ReturnType::Default => syn::Token![->](sig.ident.span()),
+    };
+    new_sig.output = ReturnType::Type(arrow, Box::new(handler::replace_ok(&output.ty, outcome_ty)));
+
+    let outer = attrs.iter().filter(|attr| attr.style == AttrStyle::Outer);
+    let inner = attrs.iter().filter(|attr| attr.style != AttrStyle::Outer);
+    let body = body(args, key, &sig.ident, &connection, &output, &block.stmts);
+    quote! {
+        #(#outer)*
+        #vis #new_sig {
+            #(#inner)*
+            #body
+        }
+    }
+}
+
+// Input: the handler's statements.
+// Output: the loop that runs claim → body → commit, retried on transient failures, and
+// the single place where a `sqlx::Error` of ours becomes the handler's `E`.
+fn body(
+    args: &Args,
+    key: &syn::Expr,
+    name: &Ident,
+    connection: &handler::Connection,
+    output: &handler::Output,
+    stmts: &[syn::Stmt],
+) -> TokenStream {
+    let krate = &args.krate;
+    let private = quote!(#krate::__private);
+    let (db, id, handle, run, span, tx, result, exit, value, error, duplicate) = (
+        local("__dedup_db"),
+        local("__dedup_id"),
+        local("__dedup_handle"),
+        local("__dedup_run"),
+        local("__dedup_span"),
+        local("__dedup_tx"),
+        local("__dedup_result"),
+        local("__dedup_exit"),
+        local("__dedup_value"),
+        local("__dedup_error"),
+        local("__dedup_duplicate"),
+    );
+    let consumer = args
+        .consumer
+        .clone()
+        .unwrap_or_else(|| LitStr::new("", Span::call_site()));
+    let table = &args.table;
+    let handler_name = LitStr::new(&name.to_string(), name.span());
+    let message_id = quote_spanned!(key.span()=> #private::message_id);
+    let conn_pat = &connection.pat;
+    let conn_ty = &connection.ty;
+    let fake_return = fake_return(output);
+    let into_error = {
+        let at = handler::error_type(&output.ty).map_or_else(|| output.ty.span(), Spanned::span);
+        quote_spanned!(at=> #private::into_handler_error)
+    };
+
+    quote! {
+        let #exit = match #message_id(&(#key)) {
+            ::core::result::Result::Err(#error) => #private::Exit::Failed(#error),
+            ::core::result::Result::Ok(#id) => {
+                let mut #handle = #private::Db::into_handle(#db);
+                let mut #run = #private::Run::new(
+                    #private::statements!(#table),
+                    #consumer,
+                    #handler_name,
+                    &#id,
+                );
+                let #span = #run.span();
+                #private::Instrument::instrument(async {
+                    loop {
+                        let mut #tx = match #run.claim(&mut #handle).await {
+                            #private::Claim::Fresh(#tx) => #tx,
+                            #private::Claim::Duplicate(#duplicate) => {
+                                break #private::Exit::Done(#krate::Outcome::Duplicate(#duplicate));
+                            }
+                            #private::Claim::Again => continue,
+                            #private::Claim::Failed(#error) => break #private::Exit::Failed(#error),
+                        };
+                        let #result = {
+                            let #conn_pat: &mut #conn_ty =
+                                <#conn_ty as #private::HandlerConnection<'_>>::from_transaction(&mut #tx);
+                            async {
+                                #fake_return
+                                #(#stmts)*
+                            }
+                            .await
+                        };
+                        match #result {
+                            ::core::result::Result::Ok(#value) => match #run.commit(#tx).await {
+                                #private::Commit::Done => {
+                                    break #private::Exit::Done(#krate::Outcome::Processed(#value));
+                                }
+                                #private::Commit::Again => continue,
+                                #private::Commit::Failed(#error) => break #private::Exit::Failed(#error),
+                            },
+                            ::core::result::Result::Err(#error) => {
+                                if #run.abort(#tx, #private::probe!(&#error)).await {
+                                    continue;
+                                }
+                                break #private::Exit::Body(#error);
+                            }
+                        }
+                    }
+                }, #span).await
+            }
+        };
+        match #exit {
+            #private::Exit::Done(#value) => ::core::result::Result::Ok(#value),
+            #private::Exit::Body(#error) => ::core::result::Result::Err(#error),
+            #private::Exit::Failed(#error) => ::core::result::Result::Err(#into_error(#error)),
+        }
+    }
+}
+
+// Input: the return type `Result<T, E>`.
+// Output: an unreachable `return` of that type at the top of the body's async block, so
+// that `?` and type errors inside the body resolve against the handler's own types.
+fn fake_return(output: &handler::Output) -> TokenStream {
+    if output.has_impl_trait {
+        // `impl Trait` cannot be named in a `let`; inference carries the type instead.
+        return TokenStream::new();
+    }
+    let ty = &output.ty;
+    let fake = local("__dedup_fake");
+    quote! {
+        #[allow(unreachable_code, clippy::diverging_sub_expression, clippy::unreachable)]
+        if false {
+            let #fake: #ty = loop {};
+            return #fake;
+        }
+    }
+}

@@ -1,0 +1,206 @@
+//! Effectively-once message consumers for sqlx.
+//!
+//! Brokers deliver at least once, so a consumer sees some messages twice. The cure is to
+//! record each processed message id **in the same database transaction as the work**: the
+//! record and the effect commit together or not at all, and a second copy finds the record
+//! and does nothing. [`idempotent`] turns a handler into exactly that.
+//!
+//! ```no_run
+//! use dedup_runtime::{Outcome, idempotent};
+//! use sqlx::PgConnection;
+//!
+//! struct PaymentReceived {
+//!     id: String,
+//!     order_id: i64,
+//! }
+//!
+//! #[idempotent(consumer = "billing", key = msg.id)]
+//! async fn mark_paid(tx: &mut PgConnection, msg: &PaymentReceived) -> Result<(), sqlx::Error> {
+//!     sqlx::query("UPDATE orders SET status = 'paid' WHERE id = $1")
+//!         .bind(msg.order_id)
+//!         .execute(&mut *tx)
+//!         .await?;
+//!     Ok(())
+//! }
+//!
+//! # async fn run(pool: sqlx::PgPool, msg: PaymentReceived) -> Result<(), sqlx::Error> {
+//! dedup_runtime::migrate(&pool).await?;
+//! match mark_paid(&pool, &msg).await? {
+//!     Outcome::Processed(()) => println!("paid"),
+//!     Outcome::Duplicate(_) => println!("seen before"),
+//! }
+//! // Either way: acknowledge the message.
+//! # Ok(()) }
+//! ```
+//!
+//! # Backends
+//!
+//! Each behind a feature: `postgres` (PostgreSQL), `sqlite` (SQLite), `mysql` (MySQL and
+//! MariaDB). The handler's first parameter picks the backend. `uuid` adds
+//! [`MessageKey`] for `uuid::Uuid`.
+//!
+//! | | claim statement | concurrent copies | transient failures retried |
+//! | --- | --- | --- | --- |
+//! | PostgreSQL | `INSERT … ON CONFLICT DO NOTHING` | wait on the primary key | `40001`, `40P01`, `55P03` |
+//! | SQLite | `INSERT … ON CONFLICT DO NOTHING` after `BEGIN IMMEDIATE` | wait for the write lock | `SQLITE_BUSY`, `SQLITE_LOCKED` |
+//! | MySQL / MariaDB | `INSERT`; error 1062 on it is the duplicate | wait on the primary key | 1205, 1213 |
+//!
+//! # The dedup table
+//!
+//! `processed_messages(consumer, message_id, processed_at)`, primary key
+//! `(consumer, message_id)`, an index on `processed_at` for pruning by age. [`migrate`]
+//! creates it; [`schema_sql`] and the files under `migrations/` give the same SQL for your
+//! own migration tool. Ids compare byte for byte on every backend.
+
+#![warn(missing_docs)]
+
+mod backend;
+mod key;
+mod migrate;
+mod outcome;
+mod probe;
+mod retry;
+mod run;
+
+#[doc(hidden)]
+#[path = "private.rs"]
+pub mod __private;
+
+pub use backend::{Backend, Db, HandlerConnection};
+pub use key::{InvalidMessageId, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN, MessageId, MessageKey};
+pub use migrate::{
+    DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table, migrate, migrate_table, schema_sql,
+};
+pub use outcome::{Duplicate, Outcome};
+pub use retry::{BASE_DELAY, MAX_ATTEMPTS, MAX_DELAY};
+
+/// Makes an `async fn` message handler effectively-once.
+///
+/// ```no_run
+/// # use dedup_runtime::idempotent;
+/// # use sqlx::PgConnection;
+/// # struct PaymentReceived { id: String, order_id: i64 }
+/// #[idempotent(consumer = "billing", key = msg.id)]
+/// async fn mark_paid(tx: &mut PgConnection, msg: &PaymentReceived) -> Result<(), sqlx::Error> {
+///     sqlx::query("UPDATE orders SET status = 'paid' WHERE id = $1")
+///         .bind(msg.order_id)
+///         .execute(&mut *tx)
+///         .await?;
+///     Ok(())
+/// }
+/// ```
+///
+/// becomes, conceptually,
+///
+/// ```text
+/// async fn mark_paid(db: impl Db<'_, Postgres>, msg: &PaymentReceived)
+///     -> Result<Outcome<()>, sqlx::Error>
+/// ```
+///
+/// where `db` is `&PgPool`, or `&mut` a `PgConnection`, `PoolConnection<Postgres>` or
+/// `Transaction<'_, Postgres>` of the caller's.
+///
+/// # What it does, written by hand
+///
+/// With a pool, the generated function does what this code does (plus a `tracing` span
+/// per call with `handler`, `consumer`, `message_id`, `outcome` and `attempts`):
+///
+/// ```no_run
+/// # use dedup_runtime::{Duplicate, Outcome};
+/// # struct PaymentReceived { id: String, order_id: i64 }
+/// async fn mark_paid(pool: &sqlx::PgPool, msg: &PaymentReceived)
+///     -> Result<Outcome<()>, sqlx::Error>
+/// {
+///     // 1. The key is checked before anything is written: empty, over
+///     //    MAX_MESSAGE_ID_LEN bytes or containing NUL → an `InvalidMessageId` error.
+///     let id: &str = &msg.id;
+///     let mut attempt = 1;
+///     loop {
+///         // 2. One transaction: BEGIN (SQLite: BEGIN IMMEDIATE), claim, body, COMMIT.
+///         let mut tx = pool.begin().await?;
+///         let claimed = sqlx::query(
+///             "INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) \
+///              ON CONFLICT DO NOTHING",
+///         )
+///         .bind("billing")
+///         .bind(id)
+///         .execute(&mut *tx)
+///         .await?
+///         .rows_affected()
+///             == 1;
+///         if !claimed {
+///             // 3. A copy that was processed before: nothing runs, acknowledge it.
+///             tx.rollback().await?;
+///             return Ok(Outcome::Duplicate(Duplicate::AlreadyProcessed));
+///         }
+///         // 4. The body, on the same transaction.
+///         let result: Result<(), sqlx::Error> = async {
+///             sqlx::query("UPDATE orders SET status = 'paid' WHERE id = $1")
+///                 .bind(msg.order_id)
+///                 .execute(&mut *tx)
+///                 .await?;
+///             Ok(())
+///         }
+///         .await;
+///         let error = match result {
+///             Ok(value) => match tx.commit().await {
+///                 Ok(()) => return Ok(Outcome::Processed(value)),
+///                 Err(error) => error,
+///             },
+///             Err(error) => {
+///                 tx.rollback().await.ok();
+///                 error
+///             }
+///         };
+///         // 5. A deadlock, serialization failure or lock timeout runs the whole
+///         //    transaction again, body included, after a random pause that doubles
+///         //    in bound each time; up to MAX_ATTEMPTS attempts.
+///         # let transient = false;
+///         if !transient || attempt == dedup_runtime::MAX_ATTEMPTS {
+///             return Err(error);
+///         }
+///         attempt += 1;
+///     }
+/// }
+/// ```
+///
+/// # Arguments
+///
+/// - `consumer = "name"` — required: the service processing the message. Two consumers
+///   see the same message id independently. A non-empty string literal, at most
+///   [`MAX_CONSUMER_LEN`] bytes.
+/// - `key = <expr>` — required: the message id, an expression over the parameters whose
+///   type implements [`MessageKey`] (strings, integers, `uuid::Uuid`, references to
+///   them). It is evaluated once, before the transaction begins.
+/// - `table = "processed_messages"` — the dedup table, a plain SQL identifier, optionally
+///   schema-qualified (`audit.processed_messages`); create it with [`migrate_table`].
+/// - `crate = "path"` — where this crate is, when it is re-exported or renamed.
+///
+/// # The handler
+///
+/// - An `async fn`. Its first parameter (after `self`) is the connection the body works
+///   on: `&mut PgConnection`, `&mut SqliteConnection`, `&mut MySqlConnection` or
+///   `&mut sqlx::Transaction<'_, DB>`; the body must use it. Other parameters, generics
+///   and where clauses pass through unchanged.
+/// - It returns `Result<T, E>` (or an alias such as `anyhow::Result<T>`) with
+///   `E: From<sqlx::Error>`; the generated function returns `Result<Outcome<T>, E>`.
+///   Database failures and an invalid id reach the caller through `E`
+///   ([`InvalidMessageId::find`] recognises the latter).
+///
+/// # Failures and retries
+///
+/// An error returned by the body, a panic in it, a failed commit or a lost connection
+/// leave nothing behind: the dedup row goes with the rest of the transaction, and a
+/// redelivery processes the message.
+///
+/// When the handler owns the transaction (it was given a pool, or a connection that is
+/// not inside a transaction), a transient failure — deadlock, serialization failure,
+/// lock timeout, `SQLITE_BUSY` — runs the whole transaction again, body included, up to
+/// [`MAX_ATTEMPTS`] times with exponential backoff and full jitter. The body must
+/// therefore be able to run again: parameters it takes by value it must not consume.
+/// A transient error raised *inside the body* is recognised when `E` is `sqlx::Error`, an
+/// error type whose `source()` chain reaches it (`thiserror`'s `#[from]`), or
+/// `anyhow::Error` / `Box<dyn Error>`; an `E` that hides it (a string, a generic `E`)
+/// is returned to the caller instead of retried. Inside a caller's transaction the
+/// handler runs in a savepoint and never retries: the caller owns the transaction.
+pub use dedup_macros::idempotent;

@@ -1,0 +1,78 @@
+//! What a handler call did: processed the message, or recognised a duplicate.
+
+/// The result of an `#[idempotent]` handler call that did not fail.
+///
+/// Both variants mean "acknowledge the message": a duplicate has been processed before
+/// (by this consumer), so there is nothing left to do.
+///
+/// ```
+/// use dedup_runtime::{Duplicate, Outcome};
+///
+/// let first: Outcome<u32> = Outcome::Processed(7);
+/// let again: Outcome<u32> = Outcome::Duplicate(Duplicate::AlreadyProcessed);
+/// assert!(first.is_processed() && again.is_duplicate());
+/// assert_eq!(first.into_processed(), Some(7));
+/// assert_eq!(again.into_processed(), None);
+/// ```
+#[must_use = "an `Outcome` tells whether the message was processed or was a duplicate"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome<T> {
+    /// The body ran and its transaction committed, together with the dedup record;
+    /// `T` is what the body returned.
+    Processed(T),
+    /// The message had been processed before; the body did not run (or its effects were
+    /// rolled back). Acknowledge it.
+    Duplicate(Duplicate),
+}
+
+impl<T> Outcome<T> {
+    /// `true` when the body ran and committed.
+    pub fn is_processed(&self) -> bool {
+        matches!(self, Outcome::Processed(_))
+    }
+
+    /// `true` when the message had been processed before.
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Outcome::Duplicate(_))
+    }
+
+    /// The body's value, or `None` for a duplicate.
+    pub fn into_processed(self) -> Option<T> {
+        match self {
+            Outcome::Processed(value) => Some(value),
+            Outcome::Duplicate(_) => None,
+        }
+    }
+
+    /// Which rule recognised the duplicate, or `None` when the message was processed.
+    pub fn duplicate(&self) -> Option<Duplicate> {
+        match self {
+            Outcome::Processed(_) => None,
+            Outcome::Duplicate(duplicate) => Some(*duplicate),
+        }
+    }
+
+    /// Maps the processed value, keeping a duplicate as it is.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
+        match self {
+            Outcome::Processed(value) => Outcome::Processed(f(value)),
+            Outcome::Duplicate(duplicate) => Outcome::Duplicate(duplicate),
+        }
+    }
+}
+
+/// Which rule recognised a message as a duplicate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Duplicate {
+    /// The processed-message table already held `(consumer, message id)`.
+    AlreadyProcessed,
+}
+
+impl std::fmt::Display for Duplicate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Duplicate::AlreadyProcessed => f.write_str("message already processed"),
+        }
+    }
+}

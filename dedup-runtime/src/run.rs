@@ -1,0 +1,218 @@
+//! One call of a generated handler: claim, commit or abort, retry. The generated code
+//! drives the loop (the body must run inline, in the caller's generic context); every
+//! decision is made here.
+
+#![allow(missing_docs)]
+
+use std::error::Error as StdError;
+
+use sqlx::{Connection, Transaction};
+use tracing::Span;
+
+use crate::backend::{self, Backend, Handle, Statements};
+use crate::key::{MessageId, MessageKey};
+use crate::outcome::{Duplicate, Outcome};
+use crate::retry;
+
+/// The validated id of `key`, or the typed error for a bad one.
+pub fn message_id<K: MessageKey + ?Sized>(key: &K) -> Result<MessageId<'_>, sqlx::Error> {
+    let id = key.message_id();
+    id.validate()?;
+    Ok(id)
+}
+
+/// How a call ended, before the error of our own is converted into the handler's `E`
+/// (in one place, so that a missing `From<sqlx::Error>` is reported once).
+pub enum Exit<T, E> {
+    Done(Outcome<T>),
+    Body(E),
+    Failed(sqlx::Error),
+}
+
+/// Result of [`Run::claim`].
+pub enum Claim<'h, DB: Backend> {
+    /// The dedup row is in; run the body on this transaction.
+    Fresh(Transaction<'h, DB>),
+    Duplicate(Duplicate),
+    /// A transient failure, already backed off: try again.
+    Again,
+    Failed(sqlx::Error),
+}
+
+/// Result of [`Run::commit`].
+pub enum Commit {
+    Done,
+    Again,
+    Failed(sqlx::Error),
+}
+
+/// The state of one call across its attempts.
+pub struct Run<'k> {
+    statements: &'static Statements,
+    consumer: &'static str,
+    id: &'k str,
+    span: Span,
+    attempt: u32,
+    /// Whether the current attempt's transaction is ours (not a savepoint in the
+    /// caller's): only then can a transient failure be retried.
+    owned: bool,
+}
+
+impl<'k> Run<'k> {
+    pub fn new(
+        statements: &'static Statements,
+        consumer: &'static str,
+        handler: &'static str,
+        id: &'k MessageId<'_>,
+    ) -> Self {
+        let id = id.as_str();
+        let span = tracing::info_span!(
+            "idempotent",
+            handler,
+            consumer,
+            message_id = id,
+            outcome = tracing::field::Empty,
+            attempts = tracing::field::Empty,
+        );
+        Run {
+            statements,
+            consumer,
+            id,
+            span,
+            attempt: 0,
+            owned: false,
+        }
+    }
+
+    pub fn span(&self) -> Span {
+        self.span.clone()
+    }
+
+    fn finish(&self, outcome: &'static str) {
+        self.span.record("outcome", outcome);
+        self.span.record("attempts", self.attempt);
+    }
+
+    /// Begins the transaction (or savepoint) and inserts the dedup row.
+    pub async fn claim<'h, DB: Backend>(
+        &mut self,
+        handle: &'h mut Handle<'_, DB>,
+    ) -> Claim<'h, DB> {
+        self.attempt += 1;
+        let begun = match handle {
+            Handle::Pool(pool) => {
+                self.owned = true;
+                DB::begin_pool(pool).await
+            }
+            Handle::Conn(conn) => {
+                self.owned = !conn.is_in_transaction();
+                if self.owned {
+                    DB::begin_owned(conn).await
+                } else {
+                    conn.begin().await
+                }
+            }
+        };
+        let mut tx = match begun {
+            Ok(tx) => tx,
+            Err(error) => {
+                return self
+                    .failed::<DB>(error)
+                    .await
+                    .map_or(Claim::Again, Claim::Failed);
+            }
+        };
+        let sql = DB::claim_sql(self.statements);
+        match DB::claim(&mut tx, sql, self.consumer, self.id).await {
+            Ok(true) => Claim::Fresh(tx),
+            Ok(false) => match tx.rollback().await {
+                Ok(()) => {
+                    self.finish("duplicate");
+                    Claim::Duplicate(Duplicate::AlreadyProcessed)
+                }
+                Err(error) => {
+                    self.finish("failed");
+                    Claim::Failed(error)
+                }
+            },
+            Err(error) => {
+                rollback(tx).await;
+                self.failed::<DB>(error)
+                    .await
+                    .map_or(Claim::Again, Claim::Failed)
+            }
+        }
+    }
+
+    /// Commits the body's work together with the dedup row.
+    pub async fn commit<DB: Backend>(&mut self, tx: Transaction<'_, DB>) -> Commit {
+        match tx.commit().await {
+            Ok(()) => {
+                self.finish("processed");
+                Commit::Done
+            }
+            Err(error) => self
+                .failed::<DB>(error)
+                .await
+                .map_or(Commit::Again, Commit::Failed),
+        }
+    }
+
+    /// Rolls back after the body returned an error. `cause` is the database error found
+    /// inside it, if any; returns `true` when the call should run again.
+    pub fn abort<'a, 't, DB: Backend>(
+        &'a mut self,
+        tx: Transaction<'t, DB>,
+        cause: Option<&(dyn StdError + 'static)>,
+    ) -> impl Future<Output = bool> + use<'a, 'k, 't, DB> {
+        // Classify before the first await, so that the future holds no borrow of the
+        // handler's error (which need not be `Sync`).
+        let transient = cause.is_some_and(backend::is_transient::<DB>);
+        async move {
+            rollback(tx).await;
+            if transient && self.back_off().await {
+                return true;
+            }
+            self.finish("failed");
+            false
+        }
+    }
+
+    /// `None` after backing off from a transient `error` that may be retried; otherwise
+    /// the error to return.
+    async fn failed<DB: Backend>(&mut self, error: sqlx::Error) -> Option<sqlx::Error> {
+        if backend::is_transient::<DB>(&error) {
+            tracing::debug!(attempt = self.attempt, %error, "transient database error");
+            if self.back_off().await {
+                return None;
+            }
+        }
+        self.finish("failed");
+        Some(error)
+    }
+
+    /// Sleeps before the next attempt; `false` when no attempt is left, or when the
+    /// transaction was a savepoint in the caller's (whose locks and snapshot a retry
+    /// inside it would not escape: the caller decides).
+    async fn back_off(&mut self) -> bool {
+        if !self.owned || self.attempt >= retry::MAX_ATTEMPTS {
+            return false;
+        }
+        let delay = retry::backoff(self.attempt);
+        tracing::debug!(
+            attempt = self.attempt,
+            ?delay,
+            "retrying after a transient failure"
+        );
+        tokio::time::sleep(delay).await;
+        true
+    }
+}
+
+/// Rolls back, keeping the error that made us roll back as the one that matters: a
+/// failed rollback means the connection is gone, and the transaction with it.
+async fn rollback<DB: Backend>(tx: Transaction<'_, DB>) {
+    if let Err(error) = tx.rollback().await {
+        tracing::debug!(%error, "rollback failed; the transaction is discarded");
+    }
+}
