@@ -64,6 +64,11 @@ impl Errors {
         self.push(syn::Error::new(span, message));
     }
 
+    /// An error whose caret covers all of `tokens`, not only their first token.
+    pub fn add_spanned(&mut self, tokens: impl quote::ToTokens, message: impl std::fmt::Display) {
+        self.push(syn::Error::new_spanned(tokens, message));
+    }
+
     pub fn finish(self) -> Result<(), syn::Error> {
         self.0.map_or(Ok(()), Err)
     }
@@ -101,6 +106,8 @@ pub fn parse(tokens: TokenStream) -> (Option<Args>, Errors) {
             }
         };
 
+    let mut consumer_given = false;
+    let mut unknown_given = false;
     let mut consumer = Once(None);
     let mut key = Once(None);
     let mut table = Once(None);
@@ -108,6 +115,7 @@ pub fn parse(tokens: TokenStream) -> (Option<Args>, Errors) {
     for RawArg { name, value } in raw {
         match name.to_string().as_str() {
             "consumer" => {
+                consumer_given = true;
                 if let Some(lit) =
                     string_literal(&name, &value, "consumer = \"email-sender\"", &mut errors)
                 {
@@ -137,16 +145,27 @@ pub fn parse(tokens: TokenStream) -> (Option<Args>, Errors) {
                     }
                 }
             }
-            other => errors.add(
-                name.span(),
-                format_args!("unknown `idempotent` argument `{other}`; expected one of {KNOWN}"),
-            ),
+            other => {
+                unknown_given = true;
+                let hint = closest(other)
+                    .map(|known| format!("did you mean `{known}`? "))
+                    .unwrap_or_default();
+                errors.add(
+                    name.span(),
+                    format_args!(
+                        "unknown `idempotent` argument `{other}`; {hint}expected one of {KNOWN}"
+                    ),
+                );
+            }
         }
     }
 
     let consumer = consumer.0.map(|(_, lit)| lit);
     let key = key.0;
     match (&key, &consumer) {
+        // A misspelt argument or an invalid consumer has been reported already.
+        (None, _) if unknown_given => {}
+        (Some(_), None) if consumer_given => {}
         (None, _) => errors.add(
             Span::call_site(),
             "`#[idempotent]` needs the message id to deduplicate on: \
@@ -172,6 +191,29 @@ pub fn parse(tokens: TokenStream) -> (Option<Args>, Errors) {
             .map_or_else(|| syn::parse_quote!(::dedup_runtime), |(_, path)| path),
     };
     (Some(args), errors)
+}
+
+/// The known argument an unknown one is probably a typo of: one edit away, or the same
+/// letters in another case.
+fn closest(unknown: &str) -> Option<&'static str> {
+    fn distance(a: &str, b: &str) -> usize {
+        let b: Vec<char> = b.chars().collect();
+        let mut row: Vec<usize> = (0..=b.len()).collect();
+        for (i, ca) in a.chars().enumerate() {
+            let mut previous = row[0];
+            row[0] = i + 1;
+            for (j, cb) in b.iter().enumerate() {
+                let substitution = previous + usize::from(ca != *cb);
+                previous = row[j + 1];
+                row[j + 1] = substitution.min(row[j] + 1).min(previous + 1);
+            }
+        }
+        row[b.len()]
+    }
+    let lower = unknown.to_ascii_lowercase();
+    ["consumer", "key", "table", "crate"]
+        .into_iter()
+        .find(|known| distance(&lower, known) <= 2 && lower.len() + 2 > known.len())
 }
 
 /// The string literal behind `name = "…"`, or an error that shows the expected form.

@@ -1,7 +1,7 @@
 //! Code generation for `#[idempotent]`, one function per piece.
 
-use proc_macro2::{Span, TokenStream};
-use quote::{quote, quote_spanned};
+use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
+use quote::{ToTokens, quote};
 use syn::spanned::Spanned;
 use syn::{AttrStyle, FnArg, Ident, Item, ItemFn, LitStr, ReturnType, Type};
 
@@ -27,6 +27,7 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             None
         }
     };
+    let item_is_fn = item_fn.is_some();
     let handler = item_fn.and_then(|item_fn| handler::analyze(item_fn, &mut errors));
     match (errors.finish(), args, handler) {
         (Ok(()), Some(args), Some(handler)) => match &args.key {
@@ -35,7 +36,13 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             None => item,
         },
         (result, _, _) => {
-            let mut tokens = item;
+            // The user's item as written, so that only the real error shows: allow the
+            // warnings its unexpanded form may raise (an unused connection parameter).
+            let mut tokens = if item_is_fn {
+                quote!(#[allow(unused_variables, dead_code)] #item)
+            } else {
+                item
+            };
             if let Err(error) = result {
                 tokens.extend(error.to_compile_error());
             }
@@ -58,6 +65,66 @@ fn item_keyword_span(item: &Item) -> Span {
         Item::Use(item) => item.use_token.span,
         other => other.span(),
     }
+}
+
+/// `tokens` with every span moved to `at`, keeping mixed-site hygiene: for generated
+/// code whose type errors should point at the user's token that caused them. (Tokens
+/// interpolated into `quote_spanned!` keep their own spans, so that is not enough.)
+fn respan(tokens: TokenStream, at: Span) -> TokenStream {
+    let span = Span::mixed_site().located_at(at);
+    tokens
+        .into_iter()
+        .map(|tree| match tree {
+            TokenTree::Group(group) => {
+                let mut new = Group::new(group.delimiter(), respan(group.stream(), at));
+                new.set_span(span);
+                TokenTree::Group(new)
+            }
+            mut other => {
+                other.set_span(span);
+                other
+            }
+        })
+        .collect()
+}
+
+/// The first and last token spans of `tokens`: the caret of an error that should cover
+/// them all (stable proc macros cannot join spans).
+fn first_and_last(tokens: &impl ToTokens) -> (Span, Span) {
+    let mut spans = tokens.to_token_stream().into_iter().map(|tree| tree.span());
+    let first = spans.next().unwrap_or_else(Span::call_site);
+    (first, spans.last().unwrap_or(first))
+}
+
+// Input: `key = msg.id`.
+// Output: `message_id(&msg.id)`, spanned so that an error on the key's type points at
+// exactly the key (parenthesised only where `&` would bind differently).
+fn key_call(private: &TokenStream, key: &syn::Expr) -> TokenStream {
+    use syn::Expr;
+    let (first, last) = first_and_last(key);
+    let path = respan(quote!(#private::message_id), first);
+    let borrow = respan(quote!(&), first);
+    let needs_parens = !matches!(
+        key,
+        Expr::Path(_)
+            | Expr::Field(_)
+            | Expr::MethodCall(_)
+            | Expr::Call(_)
+            | Expr::Index(_)
+            | Expr::Lit(_)
+            | Expr::Paren(_)
+            | Expr::Macro(_)
+    );
+    let key = if needs_parens {
+        let mut group = Group::new(Delimiter::Parenthesis, key.to_token_stream());
+        group.set_span(Span::mixed_site().located_at(first));
+        group.into_token_stream()
+    } else {
+        key.to_token_stream()
+    };
+    let mut arguments = Group::new(Delimiter::Parenthesis, quote!(#borrow #key));
+    arguments.set_span(Span::mixed_site().located_at(last));
+    quote!(#path #arguments)
 }
 
 /// Our own locals: mixed-site hygiene, so that neither the body nor a `use` inside it can
@@ -93,8 +160,10 @@ fn handler_fn(args: &Args, key: &syn::Expr, handler: Handler) -> TokenStream {
     let mut new_sig = sig.clone();
     let conn_static = handler::with_static_lifetimes(&connection.ty);
     if let Some(arg) = new_sig.inputs.iter_mut().nth(connection.index) {
-        *arg = FnArg::Typed(syn::parse_quote_spanned! {connection.ty.span()=>
-            #db: impl #private::Db<'_, <#conn_static as #private::HandlerConnection<'static>>::Database>
+        let bound = respan(quote!(#private::Db), connection.ty.span());
+        let projection = respan(quote!(#private::HandlerConnection), connection.ty.span());
+        *arg = FnArg::Typed(syn::parse_quote! {
+            #db: impl #bound<'_, <#conn_static as #projection<'static>>::Database>
         });
     }
     let ok = handler::ok_type(&output.ty).cloned();
@@ -105,8 +174,12 @@ fn handler_fn(args: &Args, key: &syn::Expr, handler: Handler) -> TokenStream {
     };
     new_sig.output = ReturnType::Type(arrow, Box::new(handler::replace_ok(&output.ty, outcome_ty)));
 
-    let outer = attrs.iter().filter(|attr| attr.style == AttrStyle::Outer);
-    let inner = attrs.iter().filter(|attr| attr.style != AttrStyle::Outer);
+    let outer = attrs
+        .iter()
+        .filter(|attr| matches!(attr.style, AttrStyle::Outer));
+    let inner = attrs
+        .iter()
+        .filter(|attr| !matches!(attr.style, AttrStyle::Outer));
     let body = body(args, key, &sig.ident, &connection, &output, &block.stmts);
     quote! {
         #(#outer)*
@@ -149,17 +222,22 @@ fn body(
         .unwrap_or_else(|| LitStr::new("", Span::call_site()));
     let table = &args.table;
     let handler_name = LitStr::new(&name.to_string(), name.span());
-    let message_id = quote_spanned!(key.span()=> #private::message_id);
+    let message_id = key_call(&private, key);
     let conn_pat = &connection.pat;
     let conn_ty = &connection.ty;
     let fake_return = fake_return(output);
+    let from_transaction = respan(
+        quote!(<#conn_ty as #private::HandlerConnection<'_>>::from_transaction),
+        conn_ty.span(),
+    );
     let into_error = {
         let at = handler::error_type(&output.ty).map_or_else(|| output.ty.span(), Spanned::span);
-        quote_spanned!(at=> #private::into_handler_error)
+        // The whole call spanned at `E`, so that a missing `From<sqlx::Error>` points there.
+        respan(quote!(#private::into_handler_error(#error)), at)
     };
 
     quote! {
-        let #exit = match #message_id(&(#key)) {
+        let #exit = match #message_id {
             ::core::result::Result::Err(#error) => #private::Exit::Failed(#error),
             ::core::result::Result::Ok(#id) => {
                 let mut #handle = #private::Db::into_handle(#db);
@@ -181,8 +259,7 @@ fn body(
                             #private::Claim::Failed(#error) => break #private::Exit::Failed(#error),
                         };
                         let #result = {
-                            let #conn_pat: &mut #conn_ty =
-                                <#conn_ty as #private::HandlerConnection<'_>>::from_transaction(&mut #tx);
+                            let #conn_pat: &mut #conn_ty = #from_transaction(&mut #tx);
                             async {
                                 #fake_return
                                 #(#stmts)*
@@ -211,7 +288,7 @@ fn body(
         match #exit {
             #private::Exit::Done(#value) => ::core::result::Result::Ok(#value),
             #private::Exit::Body(#error) => ::core::result::Result::Err(#error),
-            #private::Exit::Failed(#error) => ::core::result::Result::Err(#into_error(#error)),
+            #private::Exit::Failed(#error) => ::core::result::Result::Err(#into_error),
         }
     }
 }
@@ -220,11 +297,9 @@ fn body(
 // Output: an unreachable `return` of that type at the top of the body's async block, so
 // that `?` and type errors inside the body resolve against the handler's own types.
 fn fake_return(output: &handler::Output) -> TokenStream {
-    if output.has_impl_trait {
-        // `impl Trait` cannot be named in a `let`; inference carries the type instead.
-        return TokenStream::new();
-    }
-    let ty = &output.ty;
+    // `impl Trait` cannot be named in a `let`: `_` leaves it to inference, while `E` (which
+    // the error probe needs to know) stays pinned.
+    let ty = handler::nameable(&output.ty);
     let fake = local("__dedup_fake");
     quote! {
         #[allow(unreachable_code, clippy::diverging_sub_expression, clippy::unreachable)]

@@ -5,7 +5,6 @@
 
 use proc_macro2::{TokenStream, TokenTree};
 use syn::spanned::Spanned;
-use syn::visit::Visit;
 use syn::visit_mut::VisitMut;
 use syn::{
     FnArg, GenericArgument, Ident, ItemFn, Lifetime, Pat, PathArguments, ReturnType, Type, TypePath,
@@ -27,8 +26,6 @@ pub struct Connection {
 pub struct Output {
     /// The whole type as written.
     pub ty: Type,
-    /// Whether the type mentions `impl Trait`, which cannot be named in a `let`.
-    pub has_impl_trait: bool,
 }
 
 pub struct Handler {
@@ -72,7 +69,7 @@ fn connection(item: &ItemFn, errors: &mut Errors) -> Option<Connection> {
     let ty = match &*arg.ty {
         Type::Reference(reference) if reference.mutability.is_some() => {
             if let Some(connection) = pool_connection(&reference.elem) {
-                pool_error(&arg.ty, connection, errors);
+                pool_error(&reference.elem, connection, errors);
                 return None;
             }
             (*reference.elem).clone()
@@ -83,10 +80,10 @@ fn connection(item: &ItemFn, errors: &mut Errors) -> Option<Connection> {
                 other => other,
             };
             if let Some(connection) = pool_connection(inner) {
-                pool_error(&arg.ty, connection, errors);
+                pool_error(inner, connection, errors);
             } else {
-                errors.add(
-                    arg.ty.span(),
+                errors.add_spanned(
+                    &arg.ty,
                     "the first parameter of an `#[idempotent]` handler is the connection its \
                      body works on, borrowed mutably: write `&mut PgConnection` (or \
                      `SqliteConnection`, `MySqlConnection`, `sqlx::Transaction<'_, DB>`)",
@@ -97,8 +94,8 @@ fn connection(item: &ItemFn, errors: &mut Errors) -> Option<Connection> {
     };
 
     let Pat::Ident(binding) = &*arg.pat else {
-        errors.add(
-            arg.pat.span(),
+        errors.add_spanned(
+            &arg.pat,
             "bind the connection to a plain name, such as `tx: &mut PgConnection`",
         );
         return None;
@@ -138,8 +135,8 @@ fn pool_connection(ty: &Type) -> Option<&'static str> {
 }
 
 fn pool_error(ty: &Type, connection: &str, errors: &mut Errors) {
-    errors.add(
-        ty.span(),
+    errors.add_spanned(
+        ty,
         format_args!(
             "the first parameter of an `#[idempotent]` handler is the connection its body \
              works on, not a pool: write `tx: &mut {connection}` (or \
@@ -160,8 +157,8 @@ fn output(item: &ItemFn, errors: &mut Errors) -> Option<Output> {
         return None;
     };
     let error = |errors: &mut Errors| {
-        errors.add(
-            ty.span(),
+        errors.add_spanned(
+            ty,
             "an `#[idempotent]` handler returns `Result<T, E>` with `E: From<sqlx::Error>`, \
              so that an error rolls the transaction back: write \
              `Result<(), sqlx::Error>` (or `anyhow::Result<()>`, `Result<T, MyError>`)",
@@ -191,20 +188,27 @@ fn output(item: &ItemFn, errors: &mut Errors) -> Option<Output> {
         error(errors);
         return None;
     }
-    let mut finder = ImplTraitFinder(false);
-    finder.visit_type(ty);
-    Some(Output {
-        ty: (**ty).clone(),
-        has_impl_trait: finder.0,
-    })
+    Some(Output { ty: (**ty).clone() })
 }
 
-struct ImplTraitFinder(bool);
-
-impl<'ast> Visit<'ast> for ImplTraitFinder {
-    fn visit_type_impl_trait(&mut self, _: &'ast syn::TypeImplTrait) {
-        self.0 = true;
+/// The type with every `impl Trait` replaced by `_`: what a `let` can name of it.
+pub fn nameable(ty: &Type) -> Type {
+    struct Infer;
+    impl VisitMut for Infer {
+        fn visit_type_mut(&mut self, ty: &mut Type) {
+            if let Type::ImplTrait(impl_trait) = ty {
+                *ty = Type::Infer(syn::TypeInfer {
+                    attrs: Vec::new(),
+                    underscore_token: syn::Token![_](impl_trait.impl_token.span),
+                });
+            } else {
+                syn::visit_mut::visit_type_mut(self, ty);
+            }
+        }
     }
+    let mut ty = ty.clone();
+    Infer.visit_type_mut(&mut ty);
+    ty
 }
 
 /// Whether `ident` appears anywhere in `block`, macro arguments included.

@@ -188,6 +188,7 @@ pub trait HandlerConnection<'t> {
     fn from_transaction<'a>(tx: &'a mut Transaction<'t, Self::Database>) -> &'a mut Self;
 }
 
+#[diagnostic::do_not_recommend]
 impl<'t, DB: Backend> HandlerConnection<'t> for Transaction<'t, DB> {
     type Database = DB;
 
@@ -207,6 +208,7 @@ macro_rules! connection_impls {
             }
         }
 
+        #[diagnostic::do_not_recommend]
         impl<'t> crate::backend::HandlerConnection<'t> for $connection {
             type Database = $database;
 

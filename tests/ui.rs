@@ -1,0 +1,10 @@
+//! Compile-time misuse of `#[idempotent]`: one misuse per file under `tests/ui/`, each
+//! with the reviewed compiler output beside it. Regenerate with `TRYBUILD=overwrite`,
+//! then read every changed `.stderr`: is the caret under the user's token, and does the
+//! message say what to write instead?
+
+#[test]
+fn ui() {
+    let cases = trybuild::TestCases::new();
+    cases.compile_fail("tests/ui/*.rs");
+}
