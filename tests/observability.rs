@@ -1,0 +1,135 @@
+//! What a call emits: one `tracing` span with the handler, consumer, message id, outcome
+//! and attempts; and exactly the statements claim, body, COMMIT after the BEGIN (no
+//! probing queries), as sqlx's own statement log shows them (sqlx sends BEGIN through
+//! its transaction manager without logging it). On PostgreSQL, whose driver logs
+//! transaction statements too (SQLite's runs them on its worker without logging them).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use dedup_runtime::idempotent;
+use sqlx::{Connection, PgConnection};
+use tracing::field::{Field, Visit};
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Metadata, Subscriber};
+
+/// Records every span's fields and every statement sqlx logs.
+#[derive(Default)]
+struct Recorder {
+    next: AtomicU64,
+    spans: Mutex<BTreeMap<u64, (String, BTreeMap<String, String>)>>,
+    statements: Mutex<Vec<String>>,
+}
+
+struct Fields<'a>(&'a mut BTreeMap<String, String>);
+
+impl Visit for Fields<'_> {
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        let _ = self.0.insert(field.name().to_owned(), format!("{value:?}"));
+    }
+    fn record_str(&mut self, field: &Field, value: &str) {
+        let _ = self.0.insert(field.name().to_owned(), value.to_owned());
+    }
+}
+
+/// The subscriber handed to `tracing`, sharing the recorder with the test.
+struct Shared(Arc<Recorder>);
+
+impl Subscriber for Shared {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, span: &Attributes<'_>) -> Id {
+        let id = self.0.next.fetch_add(1, Ordering::Relaxed) + 1;
+        let mut fields = BTreeMap::new();
+        span.record(&mut Fields(&mut fields));
+        let _ = self
+            .0
+            .spans
+            .lock()
+            .unwrap()
+            .insert(id, (span.metadata().name().to_owned(), fields));
+        Id::from_u64(id)
+    }
+    fn record(&self, span: &Id, values: &Record<'_>) {
+        if let Some((_, fields)) = self.0.spans.lock().unwrap().get_mut(&span.into_u64()) {
+            values.record(&mut Fields(fields));
+        }
+    }
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        if event.metadata().target() == "sqlx::query" {
+            let mut fields = BTreeMap::new();
+            event.record(&mut Fields(&mut fields));
+            if let Some(statement) = fields.get("summary") {
+                self.0.statements.lock().unwrap().push(statement.clone());
+            }
+        }
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+#[idempotent(consumer = "observed", key = id)]
+async fn observed(tx: &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE processed_messages SET processed_at = processed_at WHERE 1 = 0")
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn one_span_and_no_extra_statement_per_call() {
+    drop(dedup_suite::postgres().await); // migrated
+    let mut conn = PgConnection::connect(&dedup_suite::postgres_url())
+        .await
+        .unwrap();
+    let id = dedup_suite::unique("observed");
+    let recorder = Arc::new(Recorder::default());
+    let _default = tracing::subscriber::set_default(Shared(recorder.clone()));
+
+    assert!(observed(&mut conn, &id).await.unwrap().is_processed());
+    let statements = std::mem::take(&mut *recorder.statements.lock().unwrap());
+    let statements: Vec<String> = statements.iter().map(|s| s.to_lowercase()).collect();
+    assert_eq!(statements.len(), 3, "{statements:#?}");
+    assert!(
+        statements[0].starts_with("insert into processed_messages"),
+        "{statements:#?}"
+    );
+    assert!(
+        statements[1].starts_with("update processed_messages"),
+        "{statements:#?}"
+    );
+    assert!(statements[2].starts_with("commit"), "{statements:#?}");
+    assert!(!conn.is_in_transaction());
+
+    assert!(observed(&mut conn, &id).await.unwrap().is_duplicate());
+    let statements = std::mem::take(&mut *recorder.statements.lock().unwrap());
+    let statements: Vec<String> = statements.iter().map(|s| s.to_lowercase()).collect();
+    assert_eq!(
+        statements.len(),
+        2,
+        "a duplicate is BEGIN, claim, ROLLBACK: {statements:#?}"
+    );
+    assert!(
+        statements[0].starts_with("insert into processed_messages"),
+        "{statements:#?}"
+    );
+    assert!(statements[1].starts_with("rollback"), "{statements:#?}");
+
+    let spans = recorder.spans.lock().unwrap();
+    let calls: Vec<&BTreeMap<String, String>> = spans
+        .values()
+        .filter(|(name, _)| name == "idempotent")
+        .map(|(_, fields)| fields)
+        .collect();
+    assert_eq!(calls.len(), 2, "one span per call: {spans:#?}");
+    for (fields, outcome) in calls.iter().zip(["processed", "duplicate"]) {
+        assert_eq!(fields["handler"], "observed");
+        assert_eq!(fields["consumer"], "observed");
+        assert_eq!(fields["message_id"], id);
+        assert_eq!(fields["outcome"], outcome);
+        assert_eq!(fields["attempts"], "1");
+    }
+}
