@@ -14,11 +14,14 @@ use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
 
+/// A span's name and fields.
+type SpanRecord = (String, BTreeMap<String, String>);
+
 /// Records every span's fields and every statement sqlx logs.
 #[derive(Default)]
 struct Recorder {
     next: AtomicU64,
-    spans: Mutex<BTreeMap<u64, (String, BTreeMap<String, String>)>>,
+    spans: Mutex<BTreeMap<u64, SpanRecord>>,
     statements: Mutex<Vec<String>>,
 }
 
