@@ -189,9 +189,12 @@ pub use retry::{BASE_DELAY, MAX_ATTEMPTS, MAX_DELAY};
 ///
 /// # Failures and retries
 ///
-/// An error returned by the body, a panic in it, a failed commit or a lost connection
-/// leave nothing behind: the dedup row goes with the rest of the transaction, and a
-/// redelivery processes the message.
+/// An error returned by the body, a panic in it, a cancelled call, a failed commit or a
+/// lost connection leave nothing behind: the dedup row goes with the rest of the
+/// transaction, the error reaches the caller, and a redelivery processes the message.
+/// One case has an unknown outcome: the connection lost while `COMMIT` is in flight. The
+/// caller gets the error; if the server did commit, the dedup row committed with the
+/// work, and the redelivery reports a duplicate. Either way the effect happens once.
 ///
 /// When the handler owns the transaction (it was given a pool, or a connection that is
 /// not inside a transaction), a transient failure — deadlock, serialization failure,
