@@ -119,6 +119,13 @@ pub(crate) fn is_transient<DB: Backend>(error: &(dyn StdError + 'static)) -> boo
         {
             return true;
         }
+        // `#[error(transparent)]` wrappers forward `source()` past the `sqlx::Error` to its
+        // boxed database error, whose concrete type is the box itself.
+        if let Some(database) = error.downcast_ref::<Box<dyn sqlx::error::DatabaseError>>()
+            && DB::is_transient_link(database.as_error())
+        {
+            return true;
+        }
         if DB::is_transient_link(error) {
             return true;
         }

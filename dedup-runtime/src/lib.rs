@@ -206,4 +206,9 @@ pub use retry::{BASE_DELAY, MAX_ATTEMPTS, MAX_DELAY};
 /// `anyhow::Error` / `Box<dyn Error>`; an `E` that hides it (a string, a generic `E`)
 /// is returned to the caller instead of retried. Inside a caller's transaction the
 /// handler runs in a savepoint and never retries: the caller owns the transaction.
+///
+/// On MySQL and MariaDB, a deadlock or lock wait timeout inside a caller's transaction
+/// rolls back the **whole** transaction, not only the handler's savepoint (InnoDB does
+/// so; the savepoint is gone with it). The handler returns the error (1213 / 1205); treat
+/// it as the end of your transaction and run it again from the start.
 pub use dedup_macros::idempotent;
