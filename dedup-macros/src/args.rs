@@ -9,11 +9,14 @@ use syn::spanned::Spanned;
 use syn::{Expr, Ident, Lit, LitStr, Path, Token};
 
 /// Every argument the attribute knows, in the order the messages list them.
-const KNOWN: &str = "`consumer`, `key`, `table`, `crate`";
+const KNOWN: &str = "`consumer`, `key`, `unique`, `table`, `crate`";
 
 /// The longest consumer name the dedup table stores, in bytes (the runtime's
 /// `MAX_CONSUMER_LEN`; the two are checked against each other by a test).
 const MAX_CONSUMER_LEN: usize = 255;
+
+/// The longest constraint or index name every backend reports (MySQL's limit).
+const MAX_CONSTRAINT_LEN: usize = 64;
 
 /// The longest table or schema name every backend accepts (PostgreSQL's is the shortest).
 const MAX_IDENT_LEN: usize = 63;
@@ -22,6 +25,8 @@ const MAX_IDENT_LEN: usize = 63;
 pub struct Args {
     pub consumer: Option<LitStr>,
     pub key: Option<(Ident, Expr)>,
+    /// The unique constraints of `unique = …`; empty when not given.
+    pub unique: Vec<LitStr>,
     pub table: LitStr,
     pub krate: Path,
 }
@@ -107,9 +112,11 @@ pub fn parse(tokens: TokenStream) -> (Option<Args>, Errors) {
         };
 
     let mut consumer_given = false;
+    let mut unique_named = false;
     let mut unknown_given = false;
     let mut consumer = Once(None);
     let mut key = Once(None);
+    let mut unique = Once(None);
     let mut table = Once(None);
     let mut krate = Once(None);
     for RawArg { name, value } in raw {
@@ -124,6 +131,12 @@ pub fn parse(tokens: TokenStream) -> (Option<Args>, Errors) {
                 }
             }
             "key" => key.set(name, value, &mut errors),
+            "unique" => {
+                unique_named = true;
+                if let Some(names) = constraint_names(&value, &mut errors) {
+                    unique.set(name, names, &mut errors);
+                }
+            }
             "table" => {
                 if let Some(lit) =
                     string_literal(&name, &value, "table = \"processed_messages\"", &mut errors)
@@ -160,16 +173,18 @@ pub fn parse(tokens: TokenStream) -> (Option<Args>, Errors) {
         }
     }
 
-    let consumer = consumer.0.map(|(_, lit)| lit);
+    let consumer = consumer.0;
     let key = key.0;
+    let unique_given = unique_named;
     match (&key, &consumer) {
         // A misspelt argument or an invalid consumer has been reported already.
-        (None, _) if unknown_given => {}
+        (None, _) if unknown_given || unique_given => {}
         (Some(_), None) if consumer_given => {}
         (None, _) => errors.add(
             Span::call_site(),
-            "`#[idempotent]` needs the message id to deduplicate on: \
-             write `#[idempotent(consumer = \"name\", key = msg.id)]`",
+            "`#[idempotent]` needs something to deduplicate on: the message id \
+             (`#[idempotent(consumer = \"name\", key = msg.id)]`) or a unique constraint \
+             the body would violate (`#[idempotent(unique = \"orders_pkey\")]`)",
         ),
         (Some((name, _)), None) => errors.add(
             name.span(),
@@ -178,10 +193,21 @@ pub fn parse(tokens: TokenStream) -> (Option<Args>, Errors) {
         ),
         (Some(_), Some(_)) => {}
     }
+    if let (None, Some((name, _))) = (&key, &consumer)
+        && unique_given
+    {
+        errors.add(
+            name.span(),
+            "`consumer` names whose message ids are recorded, and without `key` none is: \
+             add `key = msg.id` to record the id too, or remove `consumer`",
+        );
+    }
+    let consumer = consumer.map(|(_, lit)| lit);
 
     let args = Args {
         consumer,
         key,
+        unique: unique.0.map(|(_, names)| names).unwrap_or_default(),
         table: table.0.map_or_else(
             || LitStr::new("processed_messages", Span::call_site()),
             |(_, lit)| lit,
@@ -191,6 +217,77 @@ pub fn parse(tokens: TokenStream) -> (Option<Args>, Errors) {
             .map_or_else(|| syn::parse_quote!(::dedup_runtime), |(_, path)| path),
     };
     (Some(args), errors)
+}
+
+/// The names of `unique = "name"` or `unique = ["a", "b"]`, each a constraint or index
+/// name, or `table.column` (SQLite).
+fn constraint_names(value: &Expr, errors: &mut Errors) -> Option<Vec<LitStr>> {
+    const FORM: &str = "`unique` takes the name of a unique constraint or index, or a list of \
+                        them: `unique = \"shipments_order_id_key\"` or `unique = [\"a\", \"b\"]`";
+    let literals: Vec<&Expr> = match value {
+        Expr::Array(array) => {
+            if array.elems.is_empty() {
+                errors.add_spanned(value, format_args!("{FORM}; the list is empty"));
+                return None;
+            }
+            array.elems.iter().collect()
+        }
+        other => vec![other],
+    };
+    let mut names: Vec<LitStr> = Vec::new();
+    let mut ok = true;
+    for expr in literals {
+        let lit = match expr {
+            Expr::Lit(lit) => match &lit.lit {
+                Lit::Str(s) => s.clone(),
+                _ => {
+                    errors.add(expr.span(), FORM);
+                    ok = false;
+                    continue;
+                }
+            },
+            _ => {
+                errors.add(expr.span(), FORM);
+                ok = false;
+                continue;
+            }
+        };
+        let name = lit.value();
+        let plain = |part: &str| {
+            let mut chars = part.chars();
+            matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
+                && part.len() <= MAX_CONSTRAINT_LEN
+        };
+        let parts: Vec<&str> = name.split('.').collect();
+        if name.is_empty() {
+            errors.add(
+                lit.span(),
+                "a constraint name in `unique` must not be empty: write the name of the \
+                 unique constraint or index, such as `unique = \"shipments_order_id_key\"`",
+            );
+            ok = false;
+        } else if parts.len() > 2 || !parts.iter().all(|part| plain(part)) {
+            errors.add(
+                lit.span(),
+                format_args!(
+                    "`{name}` is not a constraint name: write the name of a unique constraint \
+                     or index (letters, digits, `_`, at most {MAX_CONSTRAINT_LEN} characters), \
+                     or `table.column` for a single-column unique index on SQLite"
+                ),
+            );
+            ok = false;
+        } else if names.iter().any(|seen| seen.value() == name) {
+            errors.add(
+                lit.span(),
+                format_args!("`{name}` is listed twice in `unique`"),
+            );
+            ok = false;
+        } else {
+            names.push(lit);
+        }
+    }
+    ok.then_some(names)
 }
 
 /// The known argument an unknown one is probably a typo of: one edit away, or the same
@@ -211,7 +308,7 @@ fn closest(unknown: &str) -> Option<&'static str> {
         row[b.len()]
     }
     let lower = unknown.to_ascii_lowercase();
-    ["consumer", "key", "table", "crate"]
+    ["consumer", "key", "unique", "table", "crate"]
         .into_iter()
         .find(|known| distance(&lower, known) <= 2 && lower.len() + 2 > known.len())
 }

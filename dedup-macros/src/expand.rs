@@ -30,11 +30,7 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let item_is_fn = item_fn.is_some();
     let handler = item_fn.and_then(|item_fn| handler::analyze(item_fn, &mut errors));
     match (errors.finish(), args, handler) {
-        (Ok(()), Some(args), Some(handler)) => match &args.key {
-            Some((_, key)) => handler_fn(&args, key, handler),
-            // `args::parse` reports a missing key as an error, so this arm is not reached.
-            None => item,
-        },
+        (Ok(()), Some(args), Some(handler)) => handler_fn(&args, handler),
         (result, _, _) => {
             // The user's item as written, so that only the real error shows: allow the
             // warnings its unexpanded form may raise (an unused connection parameter).
@@ -140,7 +136,7 @@ fn local(name: &str) -> Ident {
 //     async fn h(db: impl Db<'_, Postgres>, msg: &Msg) -> Result<Outcome<T>, E> {
 //         <key → validated id; claim, body, commit in one transaction; retries>
 //     }
-fn handler_fn(args: &Args, key: &syn::Expr, handler: Handler) -> TokenStream {
+fn handler_fn(args: &Args, handler: Handler) -> TokenStream {
     let Handler {
         item,
         connection,
@@ -180,7 +176,7 @@ fn handler_fn(args: &Args, key: &syn::Expr, handler: Handler) -> TokenStream {
     let inner = attrs
         .iter()
         .filter(|attr| !matches!(attr.style, AttrStyle::Outer));
-    let body = body(args, key, &sig.ident, &connection, &output, &block.stmts);
+    let body = body(args, &sig.ident, &connection, &output, &block.stmts);
     quote! {
         #(#outer)*
         #vis #new_sig {
@@ -195,7 +191,6 @@ fn handler_fn(args: &Args, key: &syn::Expr, handler: Handler) -> TokenStream {
 // the single place where a `sqlx::Error` of ours becomes the handler's `E`.
 fn body(
     args: &Args,
-    key: &syn::Expr,
     name: &Ident,
     connection: &handler::Connection,
     output: &handler::Output,
@@ -216,13 +211,9 @@ fn body(
         local("__dedup_error"),
         local("__dedup_duplicate"),
     );
-    let consumer = args
-        .consumer
-        .clone()
-        .unwrap_or_else(|| LitStr::new("", Span::call_site()));
     let table = &args.table;
     let handler_name = LitStr::new(&name.to_string(), name.span());
-    let message_id = key_call(&private, key);
+    let unique = &args.unique;
     let conn_pat = &connection.pat;
     let conn_ty = &connection.ty;
     let fake_return = fake_return(output);
@@ -236,55 +227,83 @@ fn body(
         respan(quote!(#private::into_handler_error(#error)), at)
     };
 
-    quote! {
-        let #exit = match #message_id {
-            ::core::result::Result::Err(#error) => #private::Exit::Failed(#error),
-            ::core::result::Result::Ok(#id) => {
-                let mut #handle = #private::Db::into_handle(#db);
-                let mut #run = #private::Run::new(
-                    #private::statements!(#table),
-                    #consumer,
-                    #handler_name,
-                    &#id,
-                );
-                let #span = #run.span();
-                #private::Instrument::instrument(async {
-                    loop {
-                        let mut #tx = match #run.claim(&mut #handle).await {
-                            #private::Claim::Fresh(#tx) => #tx,
-                            #private::Claim::Duplicate(#duplicate) => {
+    let run_loop = quote! {
+        let mut #handle = #private::Db::into_handle(#db);
+        let #span = #run.span();
+        #private::Instrument::instrument(async {
+            loop {
+                let mut #tx = match #run.begin(&mut #handle).await {
+                    #private::Begin::Fresh(#tx) => #tx,
+                    #private::Begin::Duplicate(#duplicate) => {
+                        break #private::Exit::Done(#krate::Outcome::Duplicate(#duplicate));
+                    }
+                    #private::Begin::Again => continue,
+                    #private::Begin::Failed(#error) => break #private::Exit::Failed(#error),
+                };
+                let #result = {
+                    let #conn_pat: &mut #conn_ty = #from_transaction(&mut #tx);
+                    async {
+                        #fake_return
+                        #(#stmts)*
+                    }
+                    .await
+                };
+                match #result {
+                    ::core::result::Result::Ok(#value) => match #run.commit(#tx).await {
+                        #private::Commit::Done => {
+                            break #private::Exit::Done(#krate::Outcome::Processed(#value));
+                        }
+                        #private::Commit::Again => continue,
+                        #private::Commit::Failed(#error) => break #private::Exit::Failed(#error),
+                    },
+                    ::core::result::Result::Err(#error) => {
+                        match #run.abort(#tx, #private::probe!(&#error)).await {
+                            #private::Abort::Duplicate(#duplicate) => {
                                 break #private::Exit::Done(#krate::Outcome::Duplicate(#duplicate));
                             }
-                            #private::Claim::Again => continue,
-                            #private::Claim::Failed(#error) => break #private::Exit::Failed(#error),
-                        };
-                        let #result = {
-                            let #conn_pat: &mut #conn_ty = #from_transaction(&mut #tx);
-                            async {
-                                #fake_return
-                                #(#stmts)*
-                            }
-                            .await
-                        };
-                        match #result {
-                            ::core::result::Result::Ok(#value) => match #run.commit(#tx).await {
-                                #private::Commit::Done => {
-                                    break #private::Exit::Done(#krate::Outcome::Processed(#value));
-                                }
-                                #private::Commit::Again => continue,
-                                #private::Commit::Failed(#error) => break #private::Exit::Failed(#error),
-                            },
-                            ::core::result::Result::Err(#error) => {
-                                if #run.abort(#tx, #private::probe!(&#error)).await {
-                                    continue;
-                                }
-                                break #private::Exit::Body(#error);
-                            }
+                            #private::Abort::Again => continue,
+                            #private::Abort::Failed => break #private::Exit::Body(#error),
                         }
                     }
-                }, #span).await
+                }
             }
-        };
+        }, #span).await
+    };
+    // With `key = …`, the id is checked before anything runs; with `unique = …` alone
+    // there is no id.
+    let exit_value = match (&args.key, &args.consumer) {
+        (Some((_, key)), Some(consumer)) => {
+            let message_id = key_call(&private, key);
+            quote! {
+                match #message_id {
+                    ::core::result::Result::Err(#error) => #private::Exit::Failed(#error),
+                    ::core::result::Result::Ok(#id) => {
+                        let mut #run = #private::Run::new(
+                            #handler_name,
+                            ::core::option::Option::Some(#private::Claim::new(
+                                #private::statements!(#table),
+                                #consumer,
+                                &#id,
+                            )),
+                            &[#(#unique),*],
+                        );
+                        #run_loop
+                    }
+                }
+            }
+        }
+        _ => quote! {{
+            let mut #run = #private::Run::new(
+                #handler_name,
+                ::core::option::Option::None,
+                &[#(#unique),*],
+            );
+            #run_loop
+        }},
+    };
+
+    quote! {
+        let #exit = #exit_value;
         match #exit {
             #private::Exit::Done(#value) => ::core::result::Result::Ok(#value),
             #private::Exit::Body(#error) => ::core::result::Result::Err(#error),

@@ -81,17 +81,41 @@ pub trait Backend: Database + sealed::Sealed {
         id: &'c str,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
 
-    /// Begins a transaction the handler owns (SQLite: `BEGIN IMMEDIATE`).
+    /// Begins a transaction the handler owns (SQLite: `BEGIN IMMEDIATE`). With
+    /// `business_keys`, the session is prepared for [`Backend::unique_violation_link`].
     #[doc(hidden)]
     fn begin_owned(
         conn: &mut Self::Connection,
+        business_keys: bool,
     ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_;
 
     /// Begins a transaction on a connection of `pool` (SQLite: `BEGIN IMMEDIATE`).
     #[doc(hidden)]
     fn begin_pool(
         pool: &Pool<Self>,
+        business_keys: bool,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_;
+
+    /// Begins a savepoint inside the caller's transaction.
+    #[doc(hidden)]
+    fn begin_nested(
+        conn: &mut Self::Connection,
+        business_keys: bool,
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_;
+
+    /// The unique violation this one error (not its sources) reports, if it is one.
+    #[doc(hidden)]
+    fn unique_violation_link(error: &(dyn StdError + 'static)) -> Option<Violation>;
+
+    /// Which of `names` (the `unique = …` of a handler) `violation` is. Runs on the
+    /// failed transaction's connection before it is rolled back, for backends that have
+    /// to look the constraint up.
+    #[doc(hidden)]
+    fn matching<'c>(
+        conn: &'c mut Self::Connection,
+        violation: Violation,
+        names: &'static [&'static str],
+    ) -> impl Future<Output = Option<&'static str>> + Send + 'c;
 
     /// Whether this one error (not its sources) is a transient failure the database
     /// causes under concurrency: classified by SQLSTATE or vendor code, never by text.
@@ -110,28 +134,62 @@ pub trait Backend: Database + sealed::Sealed {
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
 }
 
-/// Whether `error`, or any error in its chain of sources, is transient on `DB`.
-pub(crate) fn is_transient<DB: Backend>(error: &(dyn StdError + 'static)) -> bool {
+/// The first `Some` that `look` finds in `error`'s chain of sources, looking at each link
+/// itself and at the database error it carries: a `sqlx::Error::Database`, or the boxed
+/// `DatabaseError` that `#[error(transparent)]` wrappers forward `source()` to (its
+/// concrete type is the box itself).
+fn find_in_chain<T>(
+    error: &(dyn StdError + 'static),
+    look: impl Fn(&(dyn StdError + 'static)) -> Option<T>,
+) -> Option<T> {
     let mut link = Some(error);
     while let Some(error) = link {
-        if let Some(sqlx::Error::Database(database)) = error.downcast_ref::<sqlx::Error>()
-            && DB::is_transient_link(database.as_error())
-        {
-            return true;
-        }
-        // `#[error(transparent)]` wrappers forward `source()` past the `sqlx::Error` to its
-        // boxed database error, whose concrete type is the box itself.
-        if let Some(database) = error.downcast_ref::<Box<dyn sqlx::error::DatabaseError>>()
-            && DB::is_transient_link(database.as_error())
-        {
-            return true;
-        }
-        if DB::is_transient_link(error) {
-            return true;
+        let database = match error.downcast_ref::<sqlx::Error>() {
+            Some(sqlx::Error::Database(database)) => {
+                Some(database.as_error() as &(dyn StdError + 'static))
+            }
+            _ => error
+                .downcast_ref::<Box<dyn sqlx::error::DatabaseError>>()
+                .map(|database| database.as_error() as &(dyn StdError + 'static)),
+        };
+        if let Some(found) = database.and_then(&look).or_else(|| look(error)) {
+            return Some(found);
         }
         link = error.source();
     }
-    false
+    None
+}
+
+/// Whether `error`, or any error in its chain of sources, is transient on `DB`.
+pub(crate) fn is_transient<DB: Backend>(error: &(dyn StdError + 'static)) -> bool {
+    find_in_chain(error, |link| DB::is_transient_link(link).then_some(())).is_some()
+}
+
+/// A unique violation as a backend reports it.
+#[doc(hidden)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Violation {
+    /// PostgreSQL's constraint name, MySQL's key name, SQLite's expression index name.
+    Named(String),
+    /// SQLite names the table and columns: `UNIQUE constraint failed: t.a, t.b`.
+    Columns { table: String, columns: Vec<String> },
+}
+
+/// The name in `names` that a named violation is (compared exactly: it is the name the
+/// server reports).
+pub(crate) fn matching_name(
+    violation: &Violation,
+    names: &'static [&'static str],
+) -> Option<&'static str> {
+    match violation {
+        Violation::Named(reported) => names.iter().copied().find(|name| name == reported),
+        Violation::Columns { .. } => None,
+    }
+}
+
+/// The unique violation reported by `error` or any error in its chain of sources.
+pub(crate) fn unique_violation<DB: Backend>(error: &(dyn StdError + 'static)) -> Option<Violation> {
+    find_in_chain(error, DB::unique_violation_link)
 }
 
 /// Where a handler's transaction comes from: a pool, or a connection the caller lends

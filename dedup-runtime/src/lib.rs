@@ -172,6 +172,14 @@ pub use retry::{BASE_DELAY, MAX_ATTEMPTS, MAX_DELAY};
 /// - `key = <expr>` — required: the message id, an expression over the parameters whose
 ///   type implements [`MessageKey`] (strings, integers, `uuid::Uuid`, references to
 ///   them). It is evaluated once, before the transaction begins.
+/// - `unique = "constraint"` or `unique = ["a", "b"]` — business-key dedup: the message
+///   carries a natural key ("create the shipment for order 42") that a unique constraint
+///   protects. When the body violates one of the named constraints, the whole transaction
+///   rolls back (the dedup record included) and the call returns
+///   [`Duplicate::BusinessKey`] naming the constraint; a violation of any other
+///   constraint stays an error. Usable with `key` (both rules apply) or alone (then
+///   `consumer` is not needed, and nothing is recorded in the dedup table). See
+///   [Business keys](#business-keys).
 /// - `table = "processed_messages"` — the dedup table, a plain SQL identifier, optionally
 ///   schema-qualified (`audit.processed_messages`); create it with [`migrate_table`].
 /// - `crate = "path"` — where this crate is, when it is re-exported or renamed.
@@ -186,6 +194,45 @@ pub use retry::{BASE_DELAY, MAX_ATTEMPTS, MAX_DELAY};
 ///   `E: From<sqlx::Error>`; the generated function returns `Result<Outcome<T>, E>`.
 ///   Database failures and an invalid id reach the caller through `E`
 ///   ([`InvalidMessageId::find`] recognises the latter).
+///
+/// # Business keys
+///
+/// ```no_run
+/// # use dedup_runtime::idempotent;
+/// # struct ShipOrder { id: String, order_id: i64 }
+/// // CREATE TABLE shipments (order_id bigint CONSTRAINT shipments_order_id_key UNIQUE, …)
+/// #[idempotent(unique = "shipments_order_id_key")]
+/// async fn ship(tx: &mut sqlx::PgConnection, msg: &ShipOrder) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO shipments (order_id) VALUES ($1)")
+///         .bind(msg.order_id)
+///         .execute(&mut *tx)
+///         .await?;
+///     Ok(())
+/// }
+/// ```
+///
+/// How each backend tells which constraint was violated, without matching translated
+/// message text:
+///
+/// - **PostgreSQL**: SQLSTATE `23505` and the constraint name the server reports in its
+///   own field. Name the constraint (`CONSTRAINT name UNIQUE (…)`) or use the name
+///   PostgreSQL gave it (`shipments_order_id_key`).
+/// - **MySQL / MariaDB**: error 1062 reports the key name only inside its message, which
+///   the server translates (`lc_messages`). A handler with `unique` therefore sets its
+///   session's `lc_messages` to `en_US`, in the same round trip as its `BEGIN` (inside a
+///   caller's transaction, as one extra statement before its savepoint), and reads the key
+///   name from that one known format. The setting stays on the pooled connection: later
+///   error messages on it are in English.
+/// - **SQLite**: extended codes 2067 / 1555 report the table and columns
+///   (`UNIQUE constraint failed: shipments.order_id`), never translated. A name in
+///   `unique` is resolved to its index's table and columns and compared; write the name of
+///   a `CREATE UNIQUE INDEX` (an inline `UNIQUE` gets an automatic name), or
+///   `table.column` for a single-column unique index.
+///
+/// The violation is found inside the body's error the way transient failures are (see
+/// below): through `sqlx::Error`, `source()` chains, `anyhow::Error` or `Box<dyn Error>`.
+/// An error type that hides it (a stringified error) cannot be classified: the
+/// violation is then returned as an error, never guessed to be a duplicate.
 ///
 /// # Failures and retries
 ///

@@ -67,12 +67,25 @@ impl<T> Outcome<T> {
 pub enum Duplicate {
     /// The processed-message table already held `(consumer, message id)`.
     AlreadyProcessed,
+    /// The body violated one of the unique constraints named in `unique = …`: the
+    /// business key was processed before (under another message id, perhaps). The whole
+    /// transaction was rolled back, dedup record included.
+    BusinessKey {
+        /// The constraint, as written in `unique = …`.
+        constraint: &'static str,
+    },
 }
 
 impl std::fmt::Display for Duplicate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Duplicate::AlreadyProcessed => f.write_str("message already processed"),
+            Duplicate::BusinessKey { constraint } => {
+                write!(
+                    f,
+                    "business key already processed (unique constraint `{constraint}`)"
+                )
+            }
         }
     }
 }

@@ -2,7 +2,7 @@
 //! without notice.
 
 pub use crate::backend::{Db, Handle, HandlerConnection, Statements};
-pub use crate::run::{Claim, Commit, Exit, Run, message_id};
+pub use crate::run::{Abort, Begin, Claim, Commit, Exit, Run, message_id};
 pub use tracing::Instrument;
 
 pub use crate::__probe as probe;

@@ -29,14 +29,24 @@ pub enum Exit<T, E> {
     Failed(sqlx::Error),
 }
 
-/// Result of [`Run::claim`].
-pub enum Claim<'h, DB: Backend> {
+/// Result of [`Run::begin`].
+pub enum Begin<'h, DB: Backend> {
     /// The dedup row is in; run the body on this transaction.
     Fresh(Transaction<'h, DB>),
     Duplicate(Duplicate),
     /// A transient failure, already backed off: try again.
     Again,
     Failed(sqlx::Error),
+}
+
+/// Result of [`Run::abort`].
+pub enum Abort {
+    /// A unique constraint named in `unique = …` caught the business key.
+    Duplicate(Duplicate),
+    /// A transient failure, already backed off: try again.
+    Again,
+    /// Return the body's error.
+    Failed,
 }
 
 /// Result of [`Run::commit`].
@@ -46,11 +56,32 @@ pub enum Commit {
     Failed(sqlx::Error),
 }
 
-/// The state of one call across its attempts.
-pub struct Run<'k> {
+/// What a handler deduplicates on: the message id it claims (`key = …`) and the
+/// unique constraints its body may violate (`unique = …`). At least one is present.
+pub struct Claim<'k> {
     statements: &'static Statements,
     consumer: &'static str,
     id: &'k str,
+}
+
+impl<'k> Claim<'k> {
+    pub fn new(
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'k MessageId<'_>,
+    ) -> Self {
+        Claim {
+            statements,
+            consumer,
+            id: id.as_str(),
+        }
+    }
+}
+
+/// The state of one call across its attempts.
+pub struct Run<'k> {
+    claim: Option<Claim<'k>>,
+    unique: &'static [&'static str],
     span: Span,
     attempt: u32,
     /// Whether the current attempt's transaction is ours (not a savepoint in the
@@ -60,24 +91,25 @@ pub struct Run<'k> {
 
 impl<'k> Run<'k> {
     pub fn new(
-        statements: &'static Statements,
-        consumer: &'static str,
         handler: &'static str,
-        id: &'k MessageId<'_>,
+        claim: Option<Claim<'k>>,
+        unique: &'static [&'static str],
     ) -> Self {
-        let id = id.as_str();
         let span = tracing::info_span!(
             "idempotent",
             handler,
-            consumer,
-            message_id = id,
+            consumer = tracing::field::Empty,
+            message_id = tracing::field::Empty,
             outcome = tracing::field::Empty,
             attempts = tracing::field::Empty,
         );
+        if let Some(claim) = &claim {
+            span.record("consumer", claim.consumer);
+            span.record("message_id", claim.id);
+        }
         Run {
-            statements,
-            consumer,
-            id,
+            claim,
+            unique,
             span,
             attempt: 0,
             owned: false,
@@ -93,23 +125,24 @@ impl<'k> Run<'k> {
         self.span.record("attempts", self.attempt);
     }
 
-    /// Begins the transaction (or savepoint) and inserts the dedup row.
-    pub async fn claim<'h, DB: Backend>(
+    /// Begins the transaction (or savepoint) and inserts the dedup row, if any.
+    pub async fn begin<'h, DB: Backend>(
         &mut self,
         handle: &'h mut Handle<'_, DB>,
-    ) -> Claim<'h, DB> {
+    ) -> Begin<'h, DB> {
         self.attempt += 1;
+        let business_keys = !self.unique.is_empty();
         let begun = match handle {
             Handle::Pool(pool) => {
                 self.owned = true;
-                DB::begin_pool(pool).await
+                DB::begin_pool(pool, business_keys).await
             }
             Handle::Conn(conn) => {
                 self.owned = !conn.is_in_transaction();
                 if self.owned {
-                    DB::begin_owned(conn).await
+                    DB::begin_owned(conn, business_keys).await
                 } else {
-                    conn.begin().await
+                    DB::begin_nested(conn, business_keys).await
                 }
             }
         };
@@ -119,27 +152,30 @@ impl<'k> Run<'k> {
                 return self
                     .failed::<DB>(error)
                     .await
-                    .map_or(Claim::Again, Claim::Failed);
+                    .map_or(Begin::Again, Begin::Failed);
             }
         };
-        let sql = DB::claim_sql(self.statements);
-        match DB::claim(&mut tx, sql, self.consumer, self.id).await {
-            Ok(true) => Claim::Fresh(tx),
+        let Some(claim) = &self.claim else {
+            return Begin::Fresh(tx);
+        };
+        let sql = DB::claim_sql(claim.statements);
+        match DB::claim(&mut tx, sql, claim.consumer, claim.id).await {
+            Ok(true) => Begin::Fresh(tx),
             Ok(false) => match tx.rollback().await {
                 Ok(()) => {
                     self.finish("duplicate");
-                    Claim::Duplicate(Duplicate::AlreadyProcessed)
+                    Begin::Duplicate(Duplicate::AlreadyProcessed)
                 }
                 Err(error) => {
                     self.finish("failed");
-                    Claim::Failed(error)
+                    Begin::Failed(error)
                 }
             },
             Err(error) => {
                 rollback(tx).await;
                 self.failed::<DB>(error)
                     .await
-                    .map_or(Claim::Again, Claim::Failed)
+                    .map_or(Begin::Again, Begin::Failed)
             }
         }
     }
@@ -158,23 +194,36 @@ impl<'k> Run<'k> {
         }
     }
 
-    /// Rolls back after the body returned an error. `cause` is the database error found
-    /// inside it, if any; returns `true` when the call should run again.
+    /// Rolls back after the body returned an error. `cause` is the error's `dyn Error`
+    /// view, if its type has one: a violation of a constraint named in `unique = …`
+    /// makes the call a duplicate, a transient failure runs it again.
     pub fn abort<'a, 't, DB: Backend>(
         &'a mut self,
-        tx: Transaction<'t, DB>,
+        mut tx: Transaction<'t, DB>,
         cause: Option<&(dyn StdError + 'static)>,
-    ) -> impl Future<Output = bool> + use<'a, 'k, 't, DB> {
+    ) -> impl Future<Output = Abort> + use<'a, 'k, 't, DB> {
         // Classify before the first await, so that the future holds no borrow of the
         // handler's error (which need not be `Sync`).
         let transient = cause.is_some_and(backend::is_transient::<DB>);
+        let violation = match cause {
+            Some(cause) if !self.unique.is_empty() => backend::unique_violation::<DB>(cause),
+            _ => None,
+        };
         async move {
+            let business_key = match violation {
+                Some(violation) => DB::matching(&mut tx, violation, self.unique).await,
+                None => None,
+            };
             rollback(tx).await;
+            if let Some(constraint) = business_key {
+                self.finish("duplicate");
+                return Abort::Duplicate(Duplicate::BusinessKey { constraint });
+            }
             if transient && self.back_off().await {
-                return true;
+                return Abort::Again;
             }
             self.finish("failed");
-            false
+            Abort::Failed
         }
     }
 

@@ -5,13 +5,15 @@ use std::error::Error as StdError;
 use sqlx::postgres::{PgConnection, PgDatabaseError};
 use sqlx::{AssertSqlSafe, Connection, Pool, Postgres, Transaction};
 
-use super::{Backend, Statements};
+use super::{Backend, Statements, Violation};
 use crate::migrate::Table;
 
 super::connection_impls!(Postgres, PgConnection);
 
 /// serialization_failure, deadlock_detected, lock_not_available (lock_timeout).
 const TRANSIENT: [&str; 3] = ["40001", "40P01", "55P03"];
+
+const UNIQUE_VIOLATION: &str = "23505";
 
 /// Serialises concurrent `migrate` calls: `CREATE … IF NOT EXISTS` alone races on the
 /// catalog's unique indexes. The number is arbitrary and stable ("dedup" + 1).
@@ -38,14 +40,42 @@ impl Backend for Postgres {
 
     fn begin_owned(
         conn: &mut PgConnection,
+        _: bool,
     ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
         conn.begin()
     }
 
     fn begin_pool(
         pool: &Pool<Self>,
+        _: bool,
     ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_ {
         pool.begin()
+    }
+
+    fn begin_nested(
+        conn: &mut PgConnection,
+        _: bool,
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
+        conn.begin()
+    }
+
+    /// SQLSTATE 23505 (unique_violation) carries the constraint's name in its own field.
+    fn unique_violation_link(error: &(dyn StdError + 'static)) -> Option<Violation> {
+        let error = error.downcast_ref::<PgDatabaseError>()?;
+        if error.code() != UNIQUE_VIOLATION {
+            return None;
+        }
+        error
+            .constraint()
+            .map(|name| Violation::Named(name.to_owned()))
+    }
+
+    async fn matching(
+        _: &mut PgConnection,
+        violation: Violation,
+        names: &'static [&'static str],
+    ) -> Option<&'static str> {
+        super::matching_name(&violation, names)
     }
 
     fn is_transient_link(error: &(dyn StdError + 'static)) -> bool {
