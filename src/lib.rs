@@ -8,8 +8,10 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::Pool;
+use sqlx::mysql::MySqlPool;
+use sqlx::pool::PoolOptions;
+use sqlx::postgres::PgPool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 
 /// PostgreSQL used by the tests.
@@ -29,22 +31,7 @@ pub fn mysql_url() -> String {
 /// # Panics
 /// When the server cannot be reached: the message says how to start it.
 pub async fn postgres() -> PgPool {
-    let url = postgres_url();
-    let pool = PgPoolOptions::new()
-        .max_connections(12)
-        .acquire_timeout(Duration::from_secs(20))
-        .connect(&url)
-        .await
-        .unwrap_or_else(|error| {
-            panic!(
-                "PostgreSQL is not reachable at {url}: {error}. Start it (see .ci/run) or set \
-                 DEDUP_TEST_POSTGRES_URL"
-            )
-        });
-    dedup_runtime::migrate(&pool)
-        .await
-        .expect("migrate PostgreSQL");
-    pool
+    server("PostgreSQL", &postgres_url(), "DEDUP_TEST_POSTGRES_URL").await
 }
 
 /// A pool on the test MariaDB, with `processed_messages` migrated.
@@ -52,21 +39,22 @@ pub async fn postgres() -> PgPool {
 /// # Panics
 /// When the server cannot be reached: the message says how to start it.
 pub async fn mysql() -> MySqlPool {
-    let url = mysql_url();
-    let pool = MySqlPoolOptions::new()
+    server("MariaDB", &mysql_url(), "DEDUP_TEST_MYSQL_URL").await
+}
+
+/// A pool of 12 on the server at `url`, migrated; a loud failure when it is unreachable.
+async fn server<DB: dedup_runtime::Backend>(name: &str, url: &str, variable: &str) -> Pool<DB> {
+    let pool = PoolOptions::<DB>::new()
         .max_connections(12)
         .acquire_timeout(Duration::from_secs(20))
-        .connect(&url)
+        .connect(url)
         .await
         .unwrap_or_else(|error| {
-            panic!(
-                "MariaDB is not reachable at {url}: {error}. Start it (see .ci/run) or set \
-                 DEDUP_TEST_MYSQL_URL"
-            )
+            panic!("{name} is not reachable at {url}: {error}. Start it (see .ci/run) or set {variable}")
         });
     dedup_runtime::migrate(&pool)
         .await
-        .expect("migrate MariaDB");
+        .unwrap_or_else(|error| panic!("migrate {name}: {error}"));
     pool
 }
 
