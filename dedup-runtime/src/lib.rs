@@ -51,9 +51,33 @@
 //! `(consumer, message_id)`, an index on `processed_at` for pruning by age. [`migrate`]
 //! creates it; [`schema_sql`] and the files under `migrations/` give the same SQL for your
 //! own migration tool. Ids compare byte for byte on every backend.
+//!
+//! # Acknowledging to a broker
+//!
+//! Both outcomes mean *acknowledge*; an error means the transaction left nothing behind,
+//! and [`AckPolicy`] says whether a redelivery is worth it: a transient failure (the
+//! database contended or unreachable) → [`Ack::Retry`] after a growing delay, anything
+//! else (an invalid id first of all) → [`Ack::DeadLetter`]. The broker call is yours:
+//!
+//! ```no_run
+//! # use dedup_runtime::{Ack, AckPolicy, Outcome};
+//! # async fn handle(_: &sqlx::PgPool, _: &str) -> Result<Outcome<()>, sqlx::Error> { todo!() }
+//! # async fn run(pool: sqlx::PgPool, id: String, delivered: u64) {
+//! let policy = AckPolicy::<sqlx::Postgres>::new();
+//! let result = handle(&pool, &id).await;
+//! match policy.decide(&result, delivered) {
+//!     Ack::Ack => { /* basic_ack, AckKind::Ack … */ }
+//!     Ack::Retry { after } => { /* nack for redelivery after `after` */ }
+//!     Ack::DeadLetter => { /* reject without requeue, AckKind::Term … */ }
+//! }
+//! # }
+//! ```
+//!
+//! `examples/rabbitmq.rs` and `examples/nats.rs` are complete consumers.
 
 #![warn(missing_docs)]
 
+mod ack;
 mod backend;
 mod key;
 mod migrate;
@@ -66,6 +90,7 @@ mod run;
 #[path = "private.rs"]
 pub mod __private;
 
+pub use ack::{Ack, AckPolicy, Failure, is_transient};
 pub use backend::{Backend, Db, HandlerConnection};
 pub use key::{InvalidMessageId, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN, MessageId, MessageKey};
 pub use migrate::{

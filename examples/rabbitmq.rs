@@ -1,0 +1,423 @@
+//! An effectively-once RabbitMQ consumer: lapin, manual acknowledgements, prefetch, a
+//! dead-letter exchange, and an `#[idempotent]` handler writing to PostgreSQL.
+//!
+//! Each message's effect is one row in `rabbitmq_example_effects`, a table with no unique
+//! constraint: only the dedup record, committed in the same transaction as the row, stands
+//! between a redelivery and a second row. Kill the consumer whenever you like (`kill -9`
+//! included): RabbitMQ requeues what was not acknowledged, and a message whose transaction
+//! had committed comes back as a duplicate and is only acknowledged.
+//!
+//! ```text
+//! cargo run --example rabbitmq -- publish 1000   # 1,000 messages, each sent twice
+//! cargo run --example rabbitmq                   # consume; kill it, run it again …
+//! ```
+//!
+//! Configuration, from the environment:
+//!
+//! | variable | default | |
+//! | --- | --- | --- |
+//! | `AMQP_URL` | `amqp://guest:guest@127.0.0.1:5672/%2f` | the broker |
+//! | `DATABASE_URL` | `postgres://postgres@127.0.0.1:5432/test` | PostgreSQL |
+//! | `QUEUE` | `dedup-example.payments` | the queue to consume |
+//! | `CONSUMERS` | `4` | channels, each consuming one message at a time |
+//! | `PREFETCH` | `16` | unacknowledged messages the broker sends each channel ahead |
+//! | `DEDUP_EXIT_WHEN_IDLE_MS` | unset: run forever | exit cleanly after this long without a delivery |
+//! | `DEDUP_CRASH_WINDOW_MS` | `0` | testing: pause between COMMIT and the acknowledgement |
+//!
+//! Topology, declared at start-up (idempotent; `tests/brokers.rs` declares the same):
+//! the durable queue `QUEUE` with `x-dead-letter-exchange = QUEUE.dlx`, the fanout
+//! exchange `QUEUE.dlx`, and the durable queue `QUEUE.dead` bound to it. A message's id is
+//! its AMQP `message_id` property; its body is the payload stored with the effect.
+//!
+//! What each outcome does to the message (the mapping is `dedup_runtime::AckPolicy`'s;
+//! [`settle`] is the lapin side):
+//!
+//! | handler result | `AckPolicy` says | lapin call |
+//! | --- | --- | --- |
+//! | `Outcome::Processed` / `Outcome::Duplicate` | `Ack::Ack` | `basic_ack` |
+//! | transient error (database contended or away) | `Ack::Retry { after }` | wait `after`, `basic_nack(requeue)` |
+//! | permanent error (bad or missing id, failing body) | `Ack::DeadLetter` | `basic_reject(no requeue)` → `QUEUE.dead` |
+//!
+//! The consumer reports what it does on standard output, one line per step, which the
+//! crash harness in `tests/brokers.rs` reads: `ready`, `delivered <count> <id>` (a classic
+//! queue only flags redeliveries: 2 stands for "more than once"),
+//! `committed <id>`, `duplicate <id>`, `acked <id>`, `retry <id>`, `dead <id> <body>`
+//! (an empty id is written `-`).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use dedup_runtime::{Ack, AckPolicy, Outcome, idempotent};
+use futures_util::StreamExt;
+use lapin::options::{
+    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
+    BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
+    QueueDeclareOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{PgConnection, PgPool};
+use tokio::sync::watch;
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// One message: its id (the dedup key) and its body.
+struct Message {
+    id: String,
+    body: String,
+}
+
+/// The effect of one message. Not unique on purpose: a message applied twice would show
+/// as two rows.
+const CREATE_EFFECTS: &str = "CREATE TABLE IF NOT EXISTS rabbitmq_example_effects (\
+                              message_id text NOT NULL, \
+                              body text NOT NULL, \
+                              applied_at timestamptz NOT NULL DEFAULT now())";
+
+/// Applies a message: one row, in the same transaction as the dedup record for
+/// `(rabbitmq-example, msg.id)`.
+#[idempotent(consumer = "rabbitmq-example", key = msg.id)]
+async fn apply(tx: &mut PgConnection, msg: &Message) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO rabbitmq_example_effects (message_id, body) VALUES ($1, $2)")
+        .bind(&msg.id)
+        .bind(&msg.body)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// Tells RabbitMQ what `AckPolicy` decided for `delivery`. Retries wait here, holding
+/// the message, then requeue it: RabbitMQ has no delayed requeue of its own (a
+/// TTL-and-dead-letter "retry queue" is the alternative for long delays), and while the
+/// database is away, a channel that takes no new message is the back-pressure wanted.
+async fn settle(delivery: &lapin::message::Delivery, ack: Ack) -> Result<(), lapin::Error> {
+    match ack {
+        Ack::Ack => {
+            delivery.acker.ack(BasicAckOptions::default()).await?;
+        }
+        Ack::Retry { after } => {
+            tokio::time::sleep(after).await;
+            let requeue = BasicNackOptions {
+                requeue: true,
+                multiple: false,
+            };
+            delivery.acker.nack(requeue).await?;
+        }
+        Ack::DeadLetter => {
+            let to_dead_letter_exchange = BasicRejectOptions { requeue: false };
+            delivery.acker.reject(to_dead_letter_exchange).await?;
+        }
+    }
+    Ok(())
+}
+
+/// How many times RabbitMQ has delivered this message, as far as it says: quorum queues
+/// count in `x-delivery-count`; classic queues only flag a redelivery.
+fn delivery_count(delivery: &lapin::message::Delivery) -> u64 {
+    let counted = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|headers| headers.inner().get("x-delivery-count"))
+        .and_then(|count| match count {
+            AMQPValue::LongLongInt(n) => u64::try_from(*n).ok(),
+            AMQPValue::LongInt(n) => u64::try_from(*n).ok(),
+            _ => None,
+        });
+    match counted {
+        Some(earlier) => earlier + 1,
+        None if delivery.redelivered => 2,
+        None => 1,
+    }
+}
+
+/// Declares the queue, its dead-letter exchange and dead-letter queue.
+async fn declare(channel: &Channel, queue: &str) -> Result<(), lapin::Error> {
+    let dlx = format!("{queue}.dlx");
+    let dead = format!("{queue}.dead");
+    channel
+        .exchange_declare(
+            dlx.as_str().into(),
+            ExchangeKind::Fanout,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..ExchangeDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .queue_declare(
+            dead.as_str().into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await?;
+    channel
+        .queue_bind(
+            dead.as_str().into(),
+            dlx.as_str().into(),
+            "".into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let mut arguments = FieldTable::default();
+    arguments.insert(
+        "x-dead-letter-exchange".into(),
+        AMQPValue::LongString(dlx.as_str().into()),
+    );
+    channel
+        .queue_declare(queue.into(), QueueDeclareOptions::durable(), arguments)
+        .await?;
+    Ok(())
+}
+
+/// `publish N`: sends N messages, each twice (two broker messages with the same id: the
+/// second is for dedup to catch), and exits.
+async fn publish(config: &Config, count: usize) -> Result<(), Error> {
+    let connection = Connection::connect(&config.amqp_url, ConnectionProperties::default())
+        .await
+        .map_err(|error| format!("cannot connect to {}: {error}", config.amqp_url))?;
+    let channel = connection.create_channel().await?;
+    declare(&channel, &config.queue).await?;
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await?;
+    let batch = SystemTime::now().duration_since(UNIX_EPOCH)?.as_millis();
+    for n in 0..count {
+        let id = format!("msg-{batch}-{n}");
+        for _copy in 0..2 {
+            let properties = BasicProperties::default()
+                .with_message_id(id.as_str().into())
+                .with_delivery_mode(2); // persistent
+            channel
+                .basic_publish(
+                    "".into(),
+                    config.queue.as_str().into(),
+                    BasicPublishOptions::default(),
+                    format!("payment {n}").as_bytes(),
+                    properties,
+                )
+                .await?;
+        }
+    }
+    channel.wait_for_confirms().await?;
+    println!("published {count} messages twice each to {}", config.queue);
+    connection.close(200, "published".into()).await?;
+    Ok(())
+}
+
+struct Config {
+    amqp_url: String,
+    database_url: String,
+    queue: String,
+    consumers: u16,
+    prefetch: u16,
+    exit_when_idle: Option<Duration>,
+    crash_window: Duration,
+}
+
+impl Config {
+    fn from_env() -> Result<Config, Error> {
+        Ok(Config {
+            amqp_url: var("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"),
+            database_url: var("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
+            queue: var("QUEUE", "dedup-example.payments"),
+            consumers: number("CONSUMERS", 4)?,
+            prefetch: number("PREFETCH", 16)?,
+            exit_when_idle: std::env::var_os("DEDUP_EXIT_WHEN_IDLE_MS")
+                .map(|_| number("DEDUP_EXIT_WHEN_IDLE_MS", 0).map(Duration::from_millis))
+                .transpose()?,
+            crash_window: Duration::from_millis(number("DEDUP_CRASH_WINDOW_MS", 0)?),
+        })
+    }
+}
+
+fn var(name: &str, default: &str) -> String {
+    std::env::var(name).unwrap_or_else(|_| default.to_owned())
+}
+
+fn number<N: std::str::FromStr>(name: &str, default: N) -> Result<N, Error> {
+    match std::env::var(name) {
+        Ok(text) => text
+            .parse()
+            .map_err(|_| format!("{name}: expected a number, got {text:?}").into()),
+        Err(_) => Ok(default),
+    }
+}
+
+/// Deliveries in progress and the time of the last one, for `DEDUP_EXIT_WHEN_IDLE_MS`.
+struct Activity {
+    start: Instant,
+    in_flight: AtomicUsize,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn touch(&self) {
+        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_ms.store(now, Ordering::SeqCst);
+    }
+
+    fn idle_for(&self) -> Option<Duration> {
+        if self.in_flight.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        let last = Duration::from_millis(self.last_ms.load(Ordering::SeqCst));
+        Some(self.start.elapsed().saturating_sub(last))
+    }
+}
+
+/// One channel's consumer: handles its deliveries one at a time until `stop` turns true.
+async fn consume(
+    channel: Channel,
+    tag: String,
+    config: Arc<Config>,
+    pool: PgPool,
+    activity: Arc<Activity>,
+    mut stop: watch::Receiver<bool>,
+) -> Result<(), Error> {
+    channel
+        .basic_qos(config.prefetch, BasicQosOptions::default())
+        .await?;
+    let mut deliveries = channel
+        .basic_consume(
+            config.queue.as_str().into(),
+            tag.as_str().into(),
+            BasicConsumeOptions::default(), // manual acknowledgements
+            FieldTable::default(),
+        )
+        .await?;
+    let policy = AckPolicy::<sqlx::Postgres>::new();
+    loop {
+        let delivery = tokio::select! {
+            delivery = deliveries.next() => delivery,
+            _ = stop.wait_for(|stop| *stop) => break,
+        };
+        let Some(delivery) = delivery else { break };
+        let delivery = delivery?;
+        activity.in_flight.fetch_add(1, Ordering::SeqCst);
+        activity.touch();
+
+        let message = Message {
+            id: delivery
+                .properties
+                .message_id()
+                .as_ref()
+                .map(|id| id.as_str().to_owned())
+                .unwrap_or_default(),
+            body: String::from_utf8_lossy(&delivery.data).into_owned(),
+        };
+        let shown = if message.id.is_empty() {
+            "-"
+        } else {
+            &message.id
+        };
+        let delivered = delivery_count(&delivery);
+        println!("delivered {delivered} {shown}");
+
+        let result = apply(&pool, &message).await;
+        match &result {
+            Ok(Outcome::Processed(())) => {
+                println!("committed {shown}");
+                // Testing only: widen the window in which a crash leaves a committed
+                // message unacknowledged.
+                if !config.crash_window.is_zero() {
+                    tokio::time::sleep(config.crash_window).await;
+                }
+            }
+            Ok(Outcome::Duplicate(_)) => println!("duplicate {shown}"),
+            Err(error) => eprintln!("message {shown:?} failed: {error}"),
+        }
+        let ack = policy.decide(&result, delivered);
+        settle(&delivery, ack).await?;
+        match ack {
+            Ack::Ack => println!("acked {shown}"),
+            Ack::Retry { .. } => println!("retry {shown}"),
+            Ack::DeadLetter => println!("dead {shown} {}", message.body),
+        }
+
+        activity.touch();
+        activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+    channel.close(200, "consumer done".into()).await?;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let config = Arc::new(Config::from_env()?);
+    let mut args = std::env::args().skip(1);
+    match args.next().as_deref() {
+        None => {}
+        Some("publish") => {
+            let count = args.next().map_or(Ok(100), |n| n.parse())?;
+            return publish(&config, count).await;
+        }
+        Some(other) => {
+            return Err(
+                format!("unknown command {other:?}; expected none or `publish [N]`").into(),
+            );
+        }
+    }
+
+    let pool = PgPoolOptions::new()
+        .max_connections(u32::from(config.consumers) + 1)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect(&config.database_url)
+        .await
+        .map_err(|error| format!("cannot connect to {}: {error}", config.database_url))?;
+    dedup_runtime::migrate(&pool).await?;
+    sqlx::query(CREATE_EFFECTS).execute(&pool).await?;
+
+    let connection = Connection::connect(&config.amqp_url, ConnectionProperties::default())
+        .await
+        .map_err(|error| format!("cannot connect to {}: {error}", config.amqp_url))?;
+    declare(&connection.create_channel().await?, &config.queue).await?;
+
+    let activity = Arc::new(Activity {
+        start: Instant::now(),
+        in_flight: AtomicUsize::new(0),
+        last_ms: AtomicU64::new(0),
+    });
+    let (stop, stopped) = watch::channel(false);
+    let mut consumers = tokio::task::JoinSet::new();
+    for n in 0..config.consumers {
+        let channel = connection.create_channel().await?;
+        let tag = format!("dedup-example-{}-{n}", std::process::id());
+        consumers.spawn(consume(
+            channel,
+            tag,
+            config.clone(),
+            pool.clone(),
+            activity.clone(),
+            stopped.clone(),
+        ));
+    }
+    println!("ready");
+
+    if let Some(limit) = config.exit_when_idle {
+        let activity = activity.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                if activity.idle_for().is_some_and(|idle| idle >= limit) {
+                    stop.send_replace(true);
+                    break;
+                }
+            }
+        });
+    }
+
+    // A consumer that fails (its channel or the connection closed) ends the process:
+    // whatever it had not acknowledged is delivered again, to the next consumer.
+    while let Some(finished) = consumers.join_next().await {
+        finished??;
+    }
+    connection.close(200, "consumer done".into()).await?;
+    pool.close().await;
+    Ok(())
+}

@@ -1,0 +1,1049 @@
+//! Real brokers, real crashes: the consumers of `examples/rabbitmq.rs` and
+//! `examples/nats.rs`, run as child processes and killed with SIGKILL again and again,
+//! still apply every message's effect exactly once.
+//!
+//! For each broker the harness publishes 5,000 messages, 500 of them a second time (a
+//! separate broker message with the same message id: the broker cannot know, dedup must
+//! catch it) and 5 poison messages without an id. It then starts the example consumer
+//! (4 consumers, prefetch 16, 10 ms between COMMIT and the acknowledgement) and kills it
+//! 60 times, each time at a moment drawn at random from three kinds:
+//!
+//! - **start-up**: 0–400 ms after the process started (it is ready after about 100 ms), so
+//!   many die while connecting, migrating or declaring, the rest in their first messages;
+//! - **commit**: the moment the consumer reports `committed <id>`, i.e. inside the window
+//!   between the COMMIT and the acknowledgement, the crash that at-least-once brokers turn
+//!   into a redelivery of a message whose effect is already applied;
+//! - **anywhere**: a few milliseconds after a random line of output: in a transaction, in
+//!   an acknowledgement, between deliveries.
+//!
+//! After each kill it restarts the consumer; after the last, it lets one run until the
+//! queue has been idle for a while and the process exits by itself. Then it checks, against
+//! PostgreSQL and the broker: one effect row for every published id and no other, dedup
+//! rows equal unique ids, the queue empty with nothing unacknowledged, the poison
+//! messages (and only they) dead-lettered. It prints what it saw: kills, the kills that
+//! caught a message between COMMIT and acknowledgement, redeliveries, duplicates.
+//!
+//! Larger runs: `DEDUP_CRASH_MESSAGES=50000 DEDUP_CRASH_KILLS=500 cargo test --test brokers`.
+//! `DEDUP_CRASH_SEED` fixes the random choices (the timing of a real crash is not
+//! reproducible, the plan is). The services are the machine's: RabbitMQ on
+//! 127.0.0.1:5672 (`DEDUP_TEST_AMQP_URL`), NATS with JetStream on 127.0.0.1:4222
+//! (`DEDUP_TEST_NATS_URL`), PostgreSQL as for the other tests. A broker that cannot be
+//! reached fails its test: nothing skips.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::panic::AssertUnwindSafe;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use dedup_suite::Shuffle;
+use futures_util::FutureExt;
+use sqlx::PgPool;
+
+/// Unique messages published, by default.
+const DEFAULT_MESSAGES: usize = 5_000;
+/// SIGKILLs per broker, by default.
+const DEFAULT_KILLS: usize = 60;
+/// Messages without an id: the handler refuses them (`InvalidMessageId`), so the consumer
+/// dead-letters them.
+const POISON: usize = 5;
+/// Consumer tasks in each consumer process.
+const CONSUMERS: &str = "4";
+/// Messages each consumer task takes ahead of acknowledging.
+const PREFETCH: &str = "16";
+/// The pause the examples make between COMMIT and the acknowledgement, so that many kills
+/// land there.
+const CRASH_WINDOW_MS: &str = "10";
+/// JetStream redelivers a killed consumer's unacknowledged messages after this long.
+const NATS_ACK_WAIT: Duration = Duration::from_secs(2);
+
+/// Only one harness at a time: each measures its own duration, and the machine is small.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+// ---------------------------------------------------------------------------------------
+// What to publish
+// ---------------------------------------------------------------------------------------
+
+#[derive(Clone)]
+struct Scale {
+    messages: usize,
+    duplicates: usize,
+    kills: usize,
+    seed: u64,
+}
+
+impl Scale {
+    fn from_env() -> Scale {
+        let number = |name: &str, default: u64| -> u64 {
+            std::env::var(name).map_or(default, |text| {
+                text.parse()
+                    .unwrap_or_else(|_| panic!("{name}: expected a number, got {text:?}"))
+            })
+        };
+        let messages = usize::try_from(number("DEDUP_CRASH_MESSAGES", DEFAULT_MESSAGES as u64))
+            .expect("DEDUP_CRASH_MESSAGES fits in usize");
+        let kills = usize::try_from(number("DEDUP_CRASH_KILLS", DEFAULT_KILLS as u64))
+            .expect("DEDUP_CRASH_KILLS fits in usize");
+        let clock = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(1, |elapsed| elapsed.as_nanos() as u64);
+        Scale {
+            messages: messages.max(1),
+            duplicates: messages / 10,
+            kills,
+            seed: number("DEDUP_CRASH_SEED", clock),
+        }
+    }
+}
+
+/// One broker message: `id` `None` is a poison message (no message id at all).
+#[derive(Clone)]
+struct Publish {
+    id: Option<String>,
+    body: String,
+}
+
+/// The messages of a run, in publication order: every unique message once, a tenth of
+/// them a second time (half right behind the first copy, so that two consumers handle the
+/// copies at the same moment; half anywhere), and the poison messages, shuffled.
+fn plan(run: &str, scale: &Scale, random: &mut Shuffle) -> Vec<Publish> {
+    let mut groups: Vec<Vec<Publish>> = (0..scale.messages)
+        .map(|n| {
+            vec![Publish {
+                id: Some(format!("{run}/{n}")),
+                body: format!("payment-{n}"),
+            }]
+        })
+        .collect();
+    let mut doubled: Vec<usize> = (0..scale.messages).collect();
+    random.shuffle(&mut doubled);
+    for (k, &n) in doubled.iter().take(scale.duplicates).enumerate() {
+        let copy = groups[n][0].clone();
+        if k % 2 == 0 {
+            groups[n].push(copy);
+        } else {
+            groups.push(vec![copy]);
+        }
+    }
+    groups.extend((0..POISON).map(|k| {
+        vec![Publish {
+            id: None,
+            body: format!("poison-{k}"),
+        }]
+    }));
+    random.shuffle(&mut groups);
+    groups.into_iter().flatten().collect()
+}
+
+fn poison_bodies() -> HashSet<String> {
+    (0..POISON).map(|k| format!("poison-{k}")).collect()
+}
+
+// ---------------------------------------------------------------------------------------
+// The consumer processes
+// ---------------------------------------------------------------------------------------
+
+/// The example binaries, built once per test process with the test's own profile (a
+/// no-op when `cargo test` has just built them).
+fn example(name: &str) -> PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test executable's path");
+        // target/<profile dir>/deps/brokers-…
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test executable is in target/<profile>/deps")
+            .to_path_buf();
+        let profile = match profile_dir.file_name().and_then(|name| name.to_str()) {
+            Some("debug") => "dev".to_owned(),
+            Some(other) => other.to_owned(),
+            None => panic!("no profile directory above {}", exe.display()),
+        };
+        let mut cargo = Command::new(env!("CARGO"));
+        // `cargo test` runs this test with the package's `CARGO_PKG_*` and
+        // `CARGO_MANIFEST_*` set; some build scripts (ring's, for one) watch them, and
+        // would be rebuilt here and again by the next ordinary cargo command.
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            if name.starts_with("CARGO_PKG_")
+                || name.starts_with("CARGO_MANIFEST_")
+                || matches!(
+                    &*name,
+                    "CARGO_CRATE_NAME" | "CARGO_BIN_NAME" | "CARGO_PRIMARY_PACKAGE" | "OUT_DIR"
+                )
+            {
+                cargo.env_remove(&*name);
+            }
+        }
+        let status = cargo
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["build", "--profile", &profile, "--example", "rabbitmq"])
+            .args(["--example", "nats"])
+            .status()
+            .expect("run cargo to build the examples");
+        assert!(status.success(), "cargo build of the examples failed");
+        profile_dir.join("examples")
+    });
+    let path = dir.join(name);
+    assert!(path.exists(), "{} was not built", path.display());
+    path
+}
+
+/// When to kill a consumer process.
+#[derive(Debug, Clone, Copy)]
+enum Kill {
+    /// This long after it started.
+    AfterStart(Duration),
+    /// As soon as it reports the n-th commit: the message is between COMMIT and ack.
+    OnCommit(usize),
+    /// This long after its n-th line of output.
+    AfterLine(usize, Duration),
+}
+
+impl Kill {
+    fn kind(self) -> usize {
+        match self {
+            Kill::AfterStart(_) => 0,
+            Kill::OnCommit(_) => 1,
+            Kill::AfterLine(..) => 2,
+        }
+    }
+}
+
+/// What the consumer processes reported, over all their lives.
+#[derive(Default)]
+struct Tally {
+    lives: usize,
+    kills: usize,
+    kills_by_kind: [usize; 3],
+    /// Kills whose trigger never came (the queue had run dry): killed after a pause.
+    kills_on_timeout: usize,
+    /// Kills that caught at least one message committed but not yet acknowledged.
+    kills_in_window: usize,
+    /// The messages so caught.
+    caught_in_window: HashSet<String>,
+    deliveries: usize,
+    redeliveries: usize,
+    committed: usize,
+    committed_ids: HashSet<String>,
+    duplicates: usize,
+    duplicate_ids: HashSet<String>,
+    acked: usize,
+    retries: usize,
+    dead: usize,
+}
+
+/// Runs one life of the consumer `program`: killed as `kill` says, or (`None`) left to
+/// run until it exits by itself, within `patience`. Panics if it fails or exits when it
+/// should not.
+fn live(
+    program: &Path,
+    env: &[(&str, String)],
+    kill: Option<Kill>,
+    patience: Duration,
+    tally: &mut Tally,
+) {
+    let mut child = Command::new(program)
+        .envs(env.iter().map(|(name, value)| (*name, value.as_str())))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|error| panic!("start {}: {error}", program.display()));
+    let started = Instant::now();
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let (lines, receive) = mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let errors = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+
+    tally.lives += 1;
+    let mut deadline = match kill {
+        Some(Kill::AfterStart(after)) => started + after,
+        _ => started + patience,
+    };
+    let mut killed = false;
+    let mut timed_out = false;
+    let (mut commits, mut lines_seen) = (0, 0);
+    // Committed and not yet acknowledged, in this life.
+    let mut open: HashSet<String> = HashSet::new();
+    loop {
+        let wait = deadline.saturating_duration_since(Instant::now());
+        let line = match receive.recv_timeout(wait) {
+            Ok(line) => line,
+            Err(RecvTimeoutError::Disconnected) => break,
+            Err(RecvTimeoutError::Timeout) => {
+                if killed {
+                    // Dead; its output is still draining.
+                    deadline = Instant::now() + Duration::from_secs(30);
+                    continue;
+                }
+                match kill {
+                    Some(kind) => {
+                        timed_out =
+                            !matches!(kind, Kill::AfterStart(_)) && deadline >= started + patience;
+                        child.kill().expect("SIGKILL the consumer");
+                        killed = true;
+                        continue;
+                    }
+                    None => {
+                        child.kill().ok();
+                        panic!(
+                            "the last consumer did not finish within {patience:?}; its \
+                             stderr:\n{}",
+                            errors.join().unwrap_or_default()
+                        );
+                    }
+                }
+            }
+        };
+        lines_seen += 1;
+        let mut words = line.splitn(3, ' ');
+        let (event, first, rest) = (words.next(), words.next(), words.next());
+        match (event, first, rest) {
+            (Some("ready"), None, None) => {}
+            (Some("delivered"), Some(count), Some(_id)) => {
+                tally.deliveries += 1;
+                if count.parse::<u64>().is_ok_and(|count| count > 1) {
+                    tally.redeliveries += 1;
+                }
+            }
+            (Some("committed"), Some(id), None) => {
+                tally.committed += 1;
+                commits += 1;
+                tally.committed_ids.insert(id.to_owned());
+                open.insert(id.to_owned());
+            }
+            (Some("duplicate"), Some(id), None) => {
+                tally.duplicates += 1;
+                tally.duplicate_ids.insert(id.to_owned());
+            }
+            (Some("acked"), Some(id), None) => {
+                tally.acked += 1;
+                open.remove(id);
+            }
+            (Some("retry"), Some(_), None) => tally.retries += 1,
+            (Some("dead"), Some(_), Some(_)) => tally.dead += 1,
+            _ => panic!("unexpected line from the consumer: {line:?}"),
+        }
+        if killed {
+            continue;
+        }
+        match kill {
+            Some(Kill::OnCommit(n)) if commits == n && line.starts_with("committed ") => {
+                child.kill().expect("SIGKILL the consumer");
+                killed = true;
+            }
+            Some(Kill::AfterLine(n, after)) if lines_seen == n => {
+                deadline = Instant::now() + after;
+            }
+            _ => {}
+        }
+    }
+    let status = child.wait().expect("wait for the consumer");
+    reader.join().expect("stdout reader");
+    let stderr = errors.join().unwrap_or_default();
+    if killed {
+        tally.kills += 1;
+        tally.kills_by_kind[kill.map_or(0, Kill::kind)] += 1;
+        tally.kills_on_timeout += usize::from(timed_out);
+        if !open.is_empty() {
+            tally.kills_in_window += 1;
+            tally.caught_in_window.extend(open);
+        }
+    } else {
+        assert!(
+            kill.is_none() && status.success(),
+            "the consumer exited by itself ({status}) when it should have been killed or \
+             exited cleanly; its stderr:\n{stderr}"
+        );
+    }
+}
+
+/// Kills the consumer `scale.kills` times at random moments, restarting it each time,
+/// then runs it to the end. `exit_when_idle` tells the last life when the queue is done.
+fn crash_loop(
+    program: &Path,
+    env: &[(&str, String)],
+    scale: &Scale,
+    exit_when_idle: Duration,
+) -> Tally {
+    let mut random = Shuffle::new(scale.seed ^ 0x6b11_1e55);
+    let mut tally = Tally::default();
+    // A life whose trigger does not come within this long (the work ran out first) is
+    // killed anyway.
+    let patience = Duration::from_secs(3);
+    for k in 0..scale.kills {
+        let kills_left = scale.kills - k;
+        // A message reported as a duplicate was committed, possibly by a process killed
+        // before it could say so.
+        let done = tally.committed_ids.union(&tally.duplicate_ids).count();
+        let remaining = scale.messages.saturating_sub(done);
+        // Spread the progress over the kills, so that the last ones still find work.
+        let budget = (remaining / (kills_left + 1)).max(1) as u64;
+        let kill = match (k % 5, random.next_u64() % 2) {
+            (0, _) => Kill::AfterStart(Duration::from_millis(random.next_u64() % 400)),
+            (_, 0) => Kill::OnCommit(1 + (random.next_u64() % (2 * budget)) as usize),
+            _ => Kill::AfterLine(
+                1 + (random.next_u64() % (6 * budget)) as usize,
+                Duration::from_millis(random.next_u64() % 15),
+            ),
+        };
+        live(program, env, Some(kill), patience, &mut tally);
+    }
+    let mut last = env.to_vec();
+    last.push((
+        "DEDUP_EXIT_WHEN_IDLE_MS",
+        exit_when_idle.as_millis().to_string(),
+    ));
+    let patience = Duration::from_secs(60) + Duration::from_millis(20 * scale.messages as u64);
+    live(program, &last, None, patience, &mut tally);
+    tally
+}
+
+// ---------------------------------------------------------------------------------------
+// Checks and the report
+// ---------------------------------------------------------------------------------------
+
+/// What the database holds for a run.
+struct Stored {
+    /// Effect rows per message id.
+    effects: HashMap<String, i64>,
+    dedup_rows: i64,
+}
+
+async fn stored(pool: &PgPool, effects_table: &str, consumer: &str, run: &str) -> Stored {
+    let pattern = format!("{run}/%");
+    let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT message_id, COUNT(*) FROM {effects_table} WHERE message_id LIKE $1 \
+         GROUP BY message_id"
+    )))
+    .bind(&pattern)
+    .fetch_all(pool)
+    .await
+    .expect("read the effects");
+    let dedup_rows: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM processed_messages WHERE consumer = $1 AND message_id LIKE $2",
+    )
+    .bind(consumer)
+    .bind(&pattern)
+    .fetch_one(pool)
+    .await
+    .expect("count the dedup rows");
+    Stored {
+        effects: rows.into_iter().collect(),
+        dedup_rows,
+    }
+}
+
+/// Every published id has exactly one effect, there are no others, and one dedup row
+/// each; the kills did land, including between COMMIT and acknowledgement.
+fn check(published: &[Publish], stored: &Stored, tally: &Tally, scale: &Scale) {
+    let unique: HashSet<&str> = published.iter().filter_map(|p| p.id.as_deref()).collect();
+    let wrong: Vec<(&str, i64)> = unique
+        .iter()
+        .map(|id| (*id, stored.effects.get(*id).copied().unwrap_or(0)))
+        .filter(|(_, rows)| *rows != 1)
+        .take(10)
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "messages whose effect is not applied exactly once (id, rows), first 10: {wrong:?}"
+    );
+    let strangers: Vec<&String> = stored
+        .effects
+        .keys()
+        .filter(|id| !unique.contains(id.as_str()))
+        .take(10)
+        .collect();
+    assert!(
+        strangers.is_empty(),
+        "effects of unknown ids: {strangers:?}"
+    );
+    assert_eq!(
+        stored.effects.len(),
+        unique.len(),
+        "ids with an effect vs unique ids published"
+    );
+    assert_eq!(
+        stored.dedup_rows,
+        unique.len() as i64,
+        "dedup rows vs unique ids published"
+    );
+    assert_eq!(tally.kills, scale.kills, "kills made");
+    if scale.kills >= 20 {
+        assert!(
+            tally.kills_in_window >= scale.kills / 5,
+            "only {} of {} kills caught a message between COMMIT and acknowledgement",
+            tally.kills_in_window,
+            tally.kills
+        );
+        assert!(
+            tally
+                .caught_in_window
+                .iter()
+                .any(|id| tally.duplicate_ids.contains(id)),
+            "no message caught between COMMIT and acknowledgement came back as a duplicate"
+        );
+    }
+}
+
+/// The figures of a run, written straight to the terminal: libtest captures `println!`,
+/// and these figures are what the test is for.
+#[allow(clippy::too_many_arguments)]
+fn report(
+    broker: &str,
+    published: &[Publish],
+    stored: &Stored,
+    tally: &Tally,
+    scale: &Scale,
+    dead_lettered: usize,
+    broker_state: &str,
+    elapsed: Duration,
+) {
+    let unique = published.iter().filter(|p| p.id.is_some()).count();
+    let unique_ids: HashSet<&str> = published.iter().filter_map(|p| p.id.as_deref()).collect();
+    let duplicates_published = unique - unique_ids.len();
+    let caught_then_duplicate = tally
+        .caught_in_window
+        .iter()
+        .filter(|id| tally.duplicate_ids.contains(*id))
+        .count();
+    let effects: i64 = stored.effects.values().sum();
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "\n== {broker}: crash harness (seed {}) ==",
+        scale.seed
+    );
+    let _ = writeln!(
+        text,
+        "published:      {} broker messages = {} unique ids + {} published duplicates + {} \
+         poison (no id)",
+        published.len(),
+        unique_ids.len(),
+        duplicates_published,
+        POISON
+    );
+    let _ = writeln!(
+        text,
+        "kills:          {} SIGKILLs over {} consumer lives ({} at start-up, {} on a commit, \
+         {} anywhere; {} after waiting for a trigger that did not come)",
+        tally.kills,
+        tally.lives,
+        tally.kills_by_kind[0],
+        tally.kills_by_kind[1],
+        tally.kills_by_kind[2],
+        tally.kills_on_timeout
+    );
+    let _ = writeln!(
+        text,
+        "commit→ack:     {} kills landed with a message committed but not acknowledged ({} \
+         messages; {} of them redelivered and recognised as duplicates)",
+        tally.kills_in_window,
+        tally.caught_in_window.len(),
+        caught_then_duplicate
+    );
+    let _ = writeln!(
+        text,
+        "                and {} commits whose process was killed before it could even report \
+         them",
+        usize::try_from(effects)
+            .unwrap_or(0)
+            .saturating_sub(tally.committed_ids.len())
+    );
+    let _ = writeln!(
+        text,
+        "deliveries:     {} ({} redeliveries flagged by the broker); {} committed, {} \
+         duplicates recognised, {} acknowledged, {} retried, {} dead-lettered",
+        tally.deliveries,
+        tally.redeliveries,
+        tally.committed,
+        tally.duplicates,
+        tally.acked,
+        tally.retries,
+        tally.dead
+    );
+    let _ = writeln!(
+        text,
+        "effects:        {effects} rows for {} ids, each exactly once; {} dedup rows",
+        stored.effects.len(),
+        stored.dedup_rows
+    );
+    let _ = writeln!(
+        text,
+        "broker:         {broker_state}; dead letters: {dead_lettered} (the {POISON} poison \
+         messages)"
+    );
+    let _ = writeln!(text, "duration:       {:.1} s", elapsed.as_secs_f64());
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// Runs `body`, then `cleanup` whatever happened, then re-raises a panic of `body`.
+async fn with_cleanup<T>(body: impl Future<Output = T>, cleanup: impl Future<Output = ()>) -> T {
+    let outcome = AssertUnwindSafe(body).catch_unwind().await;
+    cleanup.await;
+    outcome.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
+/// Deletes a passed run's effect and dedup rows, so that the tables do not grow with
+/// every run. (A failed run keeps them, for a look.)
+async fn forget_run(pool: &PgPool, effects_table: &str, consumer: &str, run: &str) {
+    let pattern = format!("{run}/%");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DELETE FROM {effects_table} WHERE message_id LIKE $1"
+    )))
+    .bind(&pattern)
+    .execute(pool)
+    .await
+    .expect("delete this run's effects");
+    sqlx::query("DELETE FROM processed_messages WHERE consumer = $1 AND message_id LIKE $2")
+        .bind(consumer)
+        .bind(&pattern)
+        .execute(pool)
+        .await
+        .expect("delete this run's dedup rows");
+}
+
+fn database_url() -> String {
+    dedup_suite::postgres_url()
+}
+
+// ---------------------------------------------------------------------------------------
+// RabbitMQ
+// ---------------------------------------------------------------------------------------
+
+mod rabbitmq {
+    use super::*;
+    use lapin::options::{
+        BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
+        ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+    };
+    use lapin::types::{AMQPValue, FieldTable};
+    use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+
+    fn amqp_url() -> String {
+        std::env::var("DEDUP_TEST_AMQP_URL")
+            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+    }
+
+    /// The same topology as `examples/rabbitmq.rs` declares (it must be: RabbitMQ refuses
+    /// to redeclare a queue with other arguments, and the consumer would fail loudly).
+    async fn declare(channel: &Channel, queue: &str) {
+        let dlx = format!("{queue}.dlx");
+        let dead = format!("{queue}.dead");
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        channel
+            .exchange_declare(
+                dlx.as_str().into(),
+                ExchangeKind::Fanout,
+                durable,
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare the dead-letter exchange");
+        channel
+            .queue_declare(
+                dead.as_str().into(),
+                QueueDeclareOptions::durable(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare the dead-letter queue");
+        channel
+            .queue_bind(
+                dead.as_str().into(),
+                dlx.as_str().into(),
+                "".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("bind the dead-letter queue");
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(dlx.as_str().into()),
+        );
+        channel
+            .queue_declare(queue.into(), QueueDeclareOptions::durable(), arguments)
+            .await
+            .expect("declare the queue");
+    }
+
+    /// Messages ready in `queue` and its consumers.
+    async fn depth(channel: &Channel, queue: &str) -> (u32, u32) {
+        let queue = channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions::durable().passive(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("inspect the queue");
+        (queue.message_count(), queue.consumer_count())
+    }
+
+    async fn cleanup(connection: &Connection, queue: &str) {
+        let Ok(channel) = connection.create_channel().await else {
+            eprintln!("could not open a channel to delete {queue}");
+            return;
+        };
+        for name in [queue.to_owned(), format!("{queue}.dead")] {
+            if let Err(error) = channel
+                .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+                .await
+            {
+                eprintln!("could not delete the queue {name}: {error}");
+            }
+        }
+        let dlx = format!("{queue}.dlx");
+        if let Err(error) = channel
+            .exchange_delete(dlx.as_str().into(), ExchangeDeleteOptions::default())
+            .await
+        {
+            eprintln!("could not delete the exchange {dlx}: {error}");
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rabbitmq_consumer_is_effectively_once_under_sigkill() {
+        let _alone = ONE_AT_A_TIME.lock().await;
+        let started = Instant::now();
+        let scale = Scale::from_env();
+        let run = dedup_suite::unique("rabbitmq");
+        let queue = format!("dedup-crash.{run}");
+        let url = amqp_url();
+        let connection = Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .unwrap_or_else(|error| {
+                panic!(
+                    "RabbitMQ is not reachable at {url}: {error}. Start it (`rabbitmq-server \
+                     -detached`, or `bash .ci/run`) or set DEDUP_TEST_AMQP_URL"
+                )
+            });
+        let pool = dedup_suite::postgres().await;
+
+        let body = async {
+            let channel = connection.create_channel().await.expect("open a channel");
+            declare(&channel, &queue).await;
+            sqlx::query(
+                "CREATE TABLE IF NOT EXISTS rabbitmq_example_effects (message_id text NOT NULL, \
+                 body text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+            )
+            .execute(&pool)
+            .await
+            .expect("create the effects table");
+
+            let published = plan(&run, &scale, &mut Shuffle::new(scale.seed));
+            channel
+                .confirm_select(ConfirmSelectOptions::default())
+                .await
+                .expect("enable publisher confirms");
+            for message in &published {
+                let mut properties = BasicProperties::default().with_delivery_mode(2);
+                if let Some(id) = &message.id {
+                    properties = properties.with_message_id(id.as_str().into());
+                }
+                channel
+                    .basic_publish(
+                        "".into(),
+                        queue.as_str().into(),
+                        BasicPublishOptions::default(),
+                        message.body.as_bytes(),
+                        properties,
+                    )
+                    .await
+                    .expect("publish");
+            }
+            let returned = channel
+                .wait_for_confirms()
+                .await
+                .expect("publisher confirms");
+            assert!(
+                returned.is_empty(),
+                "the broker returned {} messages",
+                returned.len()
+            );
+            assert_eq!(
+                depth(&channel, &queue).await,
+                (published.len() as u32, 0),
+                "queue depth after publishing"
+            );
+
+            let program = tokio::task::spawn_blocking(|| example("rabbitmq"))
+                .await
+                .expect("build the examples");
+            let env = vec![
+                ("AMQP_URL", url.clone()),
+                ("DATABASE_URL", database_url()),
+                ("QUEUE", queue.clone()),
+                ("CONSUMERS", CONSUMERS.to_owned()),
+                ("PREFETCH", PREFETCH.to_owned()),
+                ("DEDUP_CRASH_WINDOW_MS", CRASH_WINDOW_MS.to_owned()),
+            ];
+            let tally = {
+                let scale = scale.clone();
+                tokio::task::spawn_blocking(move || {
+                    crash_loop(&program, &env, &scale, Duration::from_millis(1500))
+                })
+                .await
+                .expect("the crash loop")
+            };
+
+            let stored = stored(&pool, "rabbitmq_example_effects", "rabbitmq-example", &run).await;
+            check(&published, &stored, &tally, &scale);
+            // The last consumer closed its channels cleanly: anything it had not
+            // acknowledged would be back in the queue.
+            let (ready, consumers) = depth(&channel, &queue).await;
+            assert_eq!(
+                (ready, consumers),
+                (0, 0),
+                "messages and consumers left on the queue"
+            );
+            let dead = format!("{queue}.dead");
+            let (dead_letters, _) = depth(&channel, &dead).await;
+            let mut dead_bodies = HashSet::new();
+            while let Some(message) = channel
+                .basic_get(dead.as_str().into(), BasicGetOptions { no_ack: true })
+                .await
+                .expect("read the dead-letter queue")
+            {
+                dead_bodies.insert(String::from_utf8_lossy(&message.delivery.data).into_owned());
+            }
+            assert_eq!(
+                (dead_letters as usize, dead_bodies),
+                (POISON, poison_bodies()),
+                "the dead-letter queue holds the poison messages, once each, and nothing else"
+            );
+            report(
+                "RabbitMQ",
+                &published,
+                &stored,
+                &tally,
+                &scale,
+                dead_letters as usize,
+                "queue empty (0 ready, 0 unacknowledged, 0 consumers)",
+                started.elapsed(),
+            );
+        };
+        with_cleanup(body, cleanup(&connection, &queue)).await;
+        forget_run(&pool, "rabbitmq_example_effects", "rabbitmq-example", &run).await;
+        connection.close(200, "done".into()).await.ok();
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// NATS JetStream
+// ---------------------------------------------------------------------------------------
+
+mod nats {
+    use super::*;
+    use async_nats::HeaderMap;
+    use async_nats::jetstream::{self, consumer, stream};
+
+    fn nats_url() -> String {
+        std::env::var("DEDUP_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
+    }
+
+    async fn cleanup(jetstream: &jetstream::Context, stream: &str) {
+        for name in [stream.to_owned(), format!("{stream}_DEAD")] {
+            if let Err(error) = jetstream.delete_stream(&name).await {
+                eprintln!("could not delete the stream {name}: {error}");
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn nats_consumer_is_effectively_once_under_sigkill() {
+        let _alone = ONE_AT_A_TIME.lock().await;
+        let started = Instant::now();
+        let scale = Scale::from_env();
+        let run = dedup_suite::unique("nats");
+        // Stream and consumer names allow no dots; subjects use them as separators.
+        let stream_name = format!("DEDUP_CRASH_{run}");
+        let subject = format!("dedup-crash.{run}");
+        let durable = "crash-harness";
+        let url = nats_url();
+        let client = async_nats::connect(&url).await.unwrap_or_else(|error| {
+            panic!(
+                "NATS is not reachable at {url}: {error}. Start it with JetStream (see \
+                 .ci/run) or set DEDUP_TEST_NATS_URL"
+            )
+        });
+        let jetstream = jetstream::new(client);
+        let pool = dedup_suite::postgres().await;
+
+        let body = async {
+            // What `examples/nats.rs` would create, with a short ack wait so that a killed
+            // consumer's messages come back within the test.
+            jetstream
+                .create_stream(stream::Config {
+                    name: format!("{stream_name}_DEAD"),
+                    subjects: vec![format!("{subject}.dead")],
+                    ..Default::default()
+                })
+                .await
+                .unwrap_or_else(|error| {
+                    panic!("create a JetStream stream at {url} (is JetStream enabled?): {error}")
+                });
+            let stream = jetstream
+                .create_stream(stream::Config {
+                    name: stream_name.clone(),
+                    subjects: vec![subject.clone()],
+                    ..Default::default()
+                })
+                .await
+                .expect("create the stream");
+            let mut consumer: consumer::PullConsumer = stream
+                .create_consumer(consumer::pull::Config {
+                    durable_name: Some(durable.to_owned()),
+                    ack_policy: consumer::AckPolicy::Explicit,
+                    ack_wait: NATS_ACK_WAIT,
+                    max_deliver: 100,
+                    max_ack_pending: 10_000,
+                    ..Default::default()
+                })
+                .await
+                .expect("create the durable consumer");
+            sqlx::query(
+                "CREATE TABLE IF NOT EXISTS nats_example_effects (message_id text NOT NULL, \
+                 body text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+            )
+            .execute(&pool)
+            .await
+            .expect("create the effects table");
+
+            let published = plan(&run, &scale, &mut Shuffle::new(scale.seed));
+            let mut acks = Vec::with_capacity(published.len());
+            for message in &published {
+                let mut headers = HeaderMap::new();
+                if let Some(id) = &message.id {
+                    headers.insert("Message-Id", id.as_str());
+                }
+                let ack = jetstream
+                    .publish_with_headers(subject.clone(), headers, message.body.clone().into())
+                    .await
+                    .expect("publish");
+                acks.push(ack);
+                if acks.len() == 500 {
+                    for ack in acks.drain(..) {
+                        ack.await.expect("the stream stored the message");
+                    }
+                }
+            }
+            for ack in acks {
+                ack.await.expect("the stream stored the message");
+            }
+            let info = consumer.info().await.expect("consumer info");
+            assert_eq!(
+                info.num_pending,
+                published.len() as u64,
+                "messages pending for the consumer after publishing"
+            );
+
+            let program = tokio::task::spawn_blocking(|| example("nats"))
+                .await
+                .expect("build the examples");
+            let env = vec![
+                ("NATS_URL", url.clone()),
+                ("DATABASE_URL", database_url()),
+                ("STREAM", stream_name.clone()),
+                ("SUBJECT", subject.clone()),
+                ("DURABLE", durable.to_owned()),
+                ("CONSUMERS", CONSUMERS.to_owned()),
+                ("PREFETCH", PREFETCH.to_owned()),
+                ("DEDUP_CRASH_WINDOW_MS", CRASH_WINDOW_MS.to_owned()),
+            ];
+            let tally = {
+                let scale = scale.clone();
+                // The last life must outlast the ack wait, to see the messages the kills
+                // left unacknowledged come back.
+                let idle = NATS_ACK_WAIT + Duration::from_millis(1500);
+                tokio::task::spawn_blocking(move || crash_loop(&program, &env, &scale, idle))
+                    .await
+                    .expect("the crash loop")
+            };
+
+            let stored = stored(&pool, "nats_example_effects", "nats-example", &run).await;
+            check(&published, &stored, &tally, &scale);
+            let info = consumer.info().await.expect("consumer info").clone();
+            let last = stream
+                .get_info()
+                .await
+                .expect("stream info")
+                .state
+                .last_sequence;
+            assert_eq!(
+                (info.num_pending, info.num_ack_pending, info.num_redelivered),
+                (0, 0, 0),
+                "messages left pending, unacknowledged, or waiting for redelivery"
+            );
+            assert_eq!(
+                info.ack_floor.stream_sequence, last,
+                "every message up to the stream's last is acknowledged (or terminated)"
+            );
+            let dead_stream = jetstream
+                .get_stream(format!("{stream_name}_DEAD"))
+                .await
+                .expect("the dead-letter stream");
+            let dead_state = dead_stream
+                .get_info()
+                .await
+                .expect("dead-letter stream info")
+                .state;
+            let mut dead_bodies = HashSet::new();
+            for sequence in dead_state.first_sequence..=dead_state.last_sequence {
+                if dead_state.messages == 0 {
+                    break;
+                }
+                let message = dead_stream
+                    .get_raw_message(sequence)
+                    .await
+                    .expect("read a dead letter");
+                dead_bodies.insert(String::from_utf8_lossy(&message.payload).into_owned());
+            }
+            // A crash between the copy to the dead-letter subject and the `+TERM` copies a
+            // poison message again on its redelivery: at least once each, nothing else.
+            assert_eq!(
+                dead_bodies,
+                poison_bodies(),
+                "the dead-letter stream holds the poison messages and nothing else"
+            );
+            report(
+                "NATS JetStream",
+                &published,
+                &stored,
+                &tally,
+                &scale,
+                dead_state.messages as usize,
+                &format!(
+                    "consumer: 0 pending, 0 unacknowledged, ack floor at the stream's last \
+                     sequence ({last})"
+                ),
+                started.elapsed(),
+            );
+        };
+        with_cleanup(body, cleanup(&jetstream, &stream_name)).await;
+        forget_run(&pool, "nats_example_effects", "nats-example", &run).await;
+    }
+}
