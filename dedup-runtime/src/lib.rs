@@ -74,6 +74,29 @@
 //! ```
 //!
 //! `examples/rabbitmq.rs` and `examples/nats.rs` are complete consumers.
+//!
+//! # Pruning
+//!
+//! A processed id must be kept as long as the broker can redeliver its message: deleted
+//! earlier, a redelivery becomes a second effect. [`Prune`] deletes ids older than an age
+//! in short batches while consumers keep running, and refuses
+//! ([`PruneError::WindowTooShort`]) an age shorter than the redelivery window you declare:
+//!
+//! ```no_run
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), dedup_runtime::PruneError> {
+//! use std::time::Duration;
+//!
+//! const DAY: Duration = Duration::from_secs(24 * 60 * 60);
+//! // The broker may redeliver for up to 2 days; keep a week.
+//! let done = dedup_runtime::Prune::new(7 * DAY, 2 * DAY)
+//!     .run(&pool, |progress| eprintln!("{} deleted, {:.0}/s", progress.deleted, progress.rate()))
+//!     .await?;
+//! println!("{} ids older than {} deleted", done.deleted, done.cutoff);
+//! # Ok(()) }
+//! ```
+//!
+//! `cargo run --example prune -- --help` is the operator's command for the same, with a
+//! dry run.
 
 #![warn(missing_docs)]
 
@@ -83,6 +106,7 @@ mod key;
 mod migrate;
 mod outcome;
 mod probe;
+mod prune;
 mod retry;
 mod run;
 
@@ -97,6 +121,10 @@ pub use migrate::{
     DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table, migrate, migrate_table, schema_sql,
 };
 pub use outcome::{Duplicate, Outcome};
+pub use prune::{
+    ConsumerStats, DEFAULT_PRUNE_BATCH, MAX_PRUNE_AGE, MAX_PRUNE_BATCH, Prune, PruneBackend,
+    PruneError, PruneProgress,
+};
 pub use retry::{BASE_DELAY, MAX_ATTEMPTS, MAX_DELAY};
 
 /// Makes an `async fn` message handler effectively-once.

@@ -1,0 +1,1445 @@
+//! What dedup costs, measured in one interleaved run on PostgreSQL and SQLite.
+//!
+//! ```text
+//! cargo bench --bench dedup                      # the full run: about 9 minutes
+//! DEDUP_BENCH_SMOKE=1 cargo test --bench dedup   # CI smoke run: tiny sizes, debug build
+//! ```
+//!
+//! For 1, 4 and 8 concurrent tasks it times these variants of one consumer transaction,
+//! whose body inserts one row into `dedup_bench_effects`:
+//!
+//! - `generated`: the `#[idempotent]` handler, given the pool;
+//! - `hand-written`: the same transaction written with sqlx — `BEGIN` (SQLite: `BEGIN
+//!   IMMEDIATE`), the generated code's very `INSERT … ON CONFLICT DO NOTHING`, the same
+//!   body, `COMMIT` — on the same pool and table;
+//! - `bare`: the body alone in a transaction, without dedup;
+//! - `duplicate`: the generated handler on ids it has processed before (the path every
+//!   redelivery takes: `BEGIN`, claim, `ROLLBACK`);
+//! - `10M rows`: the generated handler on a dedup table already holding 10 million ids
+//!   (10,000 in the smoke run) of the same random form as the new ones;
+//! - `pgbench` (PostgreSQL, when `pgbench` is installed): the hand-written transaction
+//!   through pgbench, the reference client, with prepared statements.
+//!
+//! Message ids are random 32-digit hex strings, like the hashes or UUIDs brokers hand out.
+//! Every round runs every (backend, tasks, variant) once, the variants in a different
+//! order each round, so that drift (autovacuum, checkpoints, other load) spreads over all
+//! of them; the report gives medians over rounds and their ratios. A global allocator
+//! counts allocations per call (all threads of the process, so sqlx's included), and
+//! before the timed runs a tracing subscriber counts the queries of one call of each
+//! variant, as sqlx logs them; it stays installed at level `OFF` (a process has one global
+//! subscriber), like an application's subscriber that filters dedup's spans out.
+//!
+//! The three ratios that matter are also timed call by call: each task alternates a
+//! call of one variant with a call of the other, so that both meet the same load at the
+//! same moment, and the ratio of their median latencies is taken (median over rounds).
+//! On a shared machine this is the steadier measure; the runs above give throughput.
+//!
+//! Results in `target/dedup-bench/`: `results.csv` (every run), `summary.csv` (medians),
+//! `statements.csv`, and the plot `bench.svg`, copied to `docs/bench.svg` by a full run. The
+//! 10-million-row tables are kept between runs (`dedup_bench_10m` in the PostgreSQL
+//! database, `target/dedup-bench/sqlite.db`); filling them takes about two minutes, once.
+//!
+//! PostgreSQL: `DEDUP_TEST_POSTGRES_URL` or `postgres://postgres@127.0.0.1:5432/test`.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use sqlx::{AssertSqlSafe, Pool};
+use tracing::level_filters::LevelFilter;
+use tracing::subscriber::Interest;
+use tracing::{Metadata, span};
+
+// ---------------------------------------------------------------------------------------
+// Counting allocations
+// ---------------------------------------------------------------------------------------
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// The system allocator, counting allocations (and reallocations).
+struct Counting;
+
+// SAFETY: forwards every call to `System` unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+// ---------------------------------------------------------------------------------------
+// Counting statements
+// ---------------------------------------------------------------------------------------
+
+/// Whether [`StatementCounter`] listens; off during the timed runs.
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static STATEMENTS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts the `sqlx::query` events sqlx emits once per query it executes. Its transaction
+/// manager sends `BEGIN` without one (on SQLite `COMMIT` and `ROLLBACK` too), the same
+/// way for every variant; so on PostgreSQL a call's round trips are this count plus one. It
+/// listens only while [`COUNTING`] is on; turned off (and the interest cache rebuilt),
+/// it reports level `OFF`, so the timed runs cost what they cost with no subscriber.
+struct StatementCounter;
+
+impl tracing::Subscriber for StatementCounter {
+    fn register_callsite(&self, metadata: &'static Metadata<'static>) -> Interest {
+        if COUNTING.load(Ordering::SeqCst) && metadata.target() == "sqlx::query" {
+            Interest::always()
+        } else {
+            Interest::never()
+        }
+    }
+
+    fn max_level_hint(&self) -> Option<LevelFilter> {
+        Some(if COUNTING.load(Ordering::SeqCst) {
+            LevelFilter::TRACE
+        } else {
+            LevelFilter::OFF
+        })
+    }
+
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        COUNTING.load(Ordering::SeqCst) && metadata.target() == "sqlx::query"
+    }
+
+    fn new_span(&self, _: &span::Attributes<'_>) -> span::Id {
+        span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &span::Id, _: &span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
+
+    fn event(&self, _: &tracing::Event<'_>) {
+        STATEMENTS.fetch_add(1, Ordering::SeqCst);
+    }
+
+    fn enter(&self, _: &span::Id) {}
+
+    fn exit(&self, _: &span::Id) {}
+}
+
+fn counting(on: bool) {
+    COUNTING.store(on, Ordering::SeqCst);
+    tracing::callsite::rebuild_interest_cache();
+}
+
+// ---------------------------------------------------------------------------------------
+// What is measured
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Variant {
+    Generated,
+    Handwritten,
+    Bare,
+    Duplicate,
+    Big,
+    Pgbench,
+}
+
+impl Variant {
+    const ALL: [Variant; 6] = [
+        Variant::Generated,
+        Variant::Handwritten,
+        Variant::Bare,
+        Variant::Duplicate,
+        Variant::Big,
+        Variant::Pgbench,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Generated => "generated",
+            Variant::Handwritten => "hand-written",
+            Variant::Bare => "bare",
+            Variant::Duplicate => "duplicate",
+            Variant::Big => "10M rows",
+            Variant::Pgbench => "pgbench",
+        }
+    }
+
+    /// Whether a call of this variant processes its message (else it is a duplicate).
+    fn processes(self) -> bool {
+        self != Variant::Duplicate
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum BackendName {
+    Postgres,
+    Sqlite,
+}
+
+impl BackendName {
+    fn name(self) -> &'static str {
+        match self {
+            BackendName::Postgres => "PostgreSQL",
+            BackendName::Sqlite => "SQLite",
+        }
+    }
+}
+
+const TASKS: [usize; 3] = [1, 4, 8];
+
+struct Config {
+    smoke: bool,
+    rounds: usize,
+    /// Calls per timed run, split between the tasks.
+    ops: usize,
+    /// Rows in the big dedup table.
+    big_rows: i64,
+}
+
+impl Config {
+    fn from_env() -> Config {
+        if std::env::var_os("DEDUP_BENCH_SMOKE").is_some_and(|value| value != "0") {
+            Config {
+                smoke: true,
+                rounds: 1,
+                ops: 48,
+                big_rows: 10_000,
+            }
+        } else {
+            Config {
+                smoke: false,
+                rounds: 15,
+                ops: 1_500,
+                big_rows: 10_000_000,
+            }
+        }
+    }
+
+    fn big_table(&self) -> &'static str {
+        if self.smoke {
+            "dedup_bench_10k"
+        } else {
+            "dedup_bench_10m"
+        }
+    }
+}
+
+/// One timed run.
+struct Sample {
+    backend: BackendName,
+    tasks: usize,
+    variant: Variant,
+    round: usize,
+    ops: usize,
+    seconds: f64,
+    /// Allocations per call; `None` for pgbench (another process).
+    allocations: Option<f64>,
+}
+
+impl Sample {
+    fn rate(&self) -> f64 {
+        self.ops as f64 / self.seconds
+    }
+}
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// A backend's handlers, behind one name per variant.
+trait Target: Send + Sync + 'static {
+    type Db: sqlx::Database;
+
+    /// Runs one call of `variant`; `true` when it processed the message.
+    fn call<'a>(
+        pool: &'a Pool<Self::Db>,
+        variant: Variant,
+        smoke: bool,
+        id: &'a str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+}
+
+// ---------------------------------------------------------------------------------------
+// PostgreSQL
+// ---------------------------------------------------------------------------------------
+
+mod pg {
+    use dedup_runtime::idempotent;
+    use sqlx::{PgConnection, PgPool};
+
+    /// The handler's work, the same in every variant.
+    async fn body(tx: &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO dedup_bench_effects (message_id) VALUES ($1)")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+
+    #[idempotent(consumer = "bench", key = id, table = "dedup_bench")]
+    pub async fn generated(tx: &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
+        body(tx, id).await
+    }
+
+    #[idempotent(consumer = "bench", key = id, table = "dedup_bench_10m")]
+    pub async fn big(tx: &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
+        body(tx, id).await
+    }
+
+    #[idempotent(consumer = "bench", key = id, table = "dedup_bench_10k")]
+    pub async fn big_smoke(tx: &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
+        body(tx, id).await
+    }
+
+    /// What the generated code sends, written by hand: the SQL of DESIGN.md.
+    pub async fn handwritten(pool: &PgPool, id: &str) -> Result<bool, sqlx::Error> {
+        let mut tx = pool.begin().await?;
+        let claimed = sqlx::query(
+            "INSERT INTO dedup_bench (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        )
+        .bind("bench")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if !claimed {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        body(&mut tx, id).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    pub async fn bare(pool: &PgPool, id: &str) -> Result<bool, sqlx::Error> {
+        let mut tx = pool.begin().await?;
+        body(&mut tx, id).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+}
+
+struct Postgres;
+
+impl Target for Postgres {
+    type Db = sqlx::Postgres;
+
+    async fn call(
+        pool: &Pool<sqlx::Postgres>,
+        variant: Variant,
+        smoke: bool,
+        id: &str,
+    ) -> Result<bool, sqlx::Error> {
+        match variant {
+            Variant::Generated | Variant::Duplicate => {
+                Ok(pg::generated(pool, id).await?.is_processed())
+            }
+            Variant::Big if smoke => Ok(pg::big_smoke(pool, id).await?.is_processed()),
+            Variant::Big => Ok(pg::big(pool, id).await?.is_processed()),
+            Variant::Handwritten => pg::handwritten(pool, id).await,
+            Variant::Bare | Variant::Pgbench => pg::bare(pool, id).await,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// SQLite
+// ---------------------------------------------------------------------------------------
+
+mod lite {
+    use dedup_runtime::idempotent;
+    use sqlx::{SqliteConnection, SqlitePool};
+
+    /// The handler's work, the same in every variant.
+    async fn body(tx: &mut SqliteConnection, id: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO dedup_bench_effects (message_id) VALUES (?1)")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+
+    #[idempotent(consumer = "bench", key = id, table = "dedup_bench")]
+    pub async fn generated(tx: &mut SqliteConnection, id: &str) -> Result<(), sqlx::Error> {
+        body(tx, id).await
+    }
+
+    #[idempotent(consumer = "bench", key = id, table = "dedup_bench_10m")]
+    pub async fn big(tx: &mut SqliteConnection, id: &str) -> Result<(), sqlx::Error> {
+        body(tx, id).await
+    }
+
+    #[idempotent(consumer = "bench", key = id, table = "dedup_bench_10k")]
+    pub async fn big_smoke(tx: &mut SqliteConnection, id: &str) -> Result<(), sqlx::Error> {
+        body(tx, id).await
+    }
+
+    /// What the generated code sends, written by hand: `BEGIN IMMEDIATE`, so that
+    /// concurrent writers wait for the lock, then the SQL of DESIGN.md.
+    pub async fn handwritten(pool: &SqlitePool, id: &str) -> Result<bool, sqlx::Error> {
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+        let claimed = sqlx::query(
+            "INSERT INTO dedup_bench (consumer, message_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING",
+        )
+        .bind("bench")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected()
+            == 1;
+        if !claimed {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        body(&mut tx, id).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    pub async fn bare(pool: &SqlitePool, id: &str) -> Result<bool, sqlx::Error> {
+        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+        body(&mut tx, id).await?;
+        tx.commit().await?;
+        Ok(true)
+    }
+}
+
+struct Sqlite;
+
+impl Target for Sqlite {
+    type Db = sqlx::Sqlite;
+
+    async fn call(
+        pool: &Pool<sqlx::Sqlite>,
+        variant: Variant,
+        smoke: bool,
+        id: &str,
+    ) -> Result<bool, sqlx::Error> {
+        match variant {
+            Variant::Generated | Variant::Duplicate => {
+                Ok(lite::generated(pool, id).await?.is_processed())
+            }
+            Variant::Big if smoke => Ok(lite::big_smoke(pool, id).await?.is_processed()),
+            Variant::Big => Ok(lite::big(pool, id).await?.is_processed()),
+            Variant::Handwritten => lite::handwritten(pool, id).await,
+            Variant::Bare | Variant::Pgbench => lite::bare(pool, id).await,
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Timing
+// ---------------------------------------------------------------------------------------
+
+/// `count` random 32-digit hex ids (xorshift64*, seeded from the clock).
+fn random_ids(count: usize, seed: &mut u64) -> Vec<String> {
+    let mut next = || {
+        let mut x = *seed;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        *seed = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    };
+    (0..count)
+        .map(|_| format!("{:016x}{:016x}", next(), next()))
+        .collect()
+}
+
+/// Runs `ids` through `variant` on `tasks` tasks; the clock runs from the moment all tasks
+/// are ready to the last call's return.
+async fn measure<T: Target>(
+    pool: &Pool<T::Db>,
+    variant: Variant,
+    tasks: usize,
+    smoke: bool,
+    ids: Arc<Vec<String>>,
+) -> Result<(f64, f64), Error> {
+    let per_task = ids.len() / tasks;
+    let start = Arc::new(tokio::sync::Barrier::new(tasks + 1));
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let (pool, ids, start) = (pool.clone(), ids.clone(), start.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                let mut processed = 0;
+                for id in &ids[task * per_task..(task + 1) * per_task] {
+                    if T::call(&pool, variant, smoke, id).await? {
+                        processed += 1;
+                    }
+                }
+                Ok::<usize, sqlx::Error>(processed)
+            })
+        })
+        .collect();
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed);
+    start.wait().await;
+    let began = Instant::now();
+    let mut processed = 0;
+    for handle in handles {
+        processed += handle.await??;
+    }
+    let seconds = began.elapsed().as_secs_f64();
+    let allocations = ALLOCATIONS.load(Ordering::Relaxed) - allocations;
+    let calls = per_task * tasks;
+    let expected = if variant.processes() { calls } else { 0 };
+    if processed != expected {
+        return Err(format!(
+            "{}: {processed} of {calls} calls processed their message, expected {expected}",
+            variant.name()
+        )
+        .into());
+    }
+    Ok((seconds, allocations as f64 / calls as f64))
+}
+
+/// The variants timed call by call against each other: `(a, b)`, reported as how much
+/// faster `a` is than `b`.
+const PAIRS: [(Variant, Variant, &str); 3] = [
+    (
+        Variant::Generated,
+        Variant::Handwritten,
+        "generated / hand-written",
+    ),
+    (
+        Variant::Duplicate,
+        Variant::Generated,
+        "duplicate / processing",
+    ),
+    (Variant::Big, Variant::Generated, "10M rows / empty"),
+];
+
+/// One call-by-call run of a pair: per-call latencies in microseconds.
+struct PairSample {
+    backend: BackendName,
+    tasks: usize,
+    round: usize,
+    pair: usize,
+    a: Vec<f64>,
+    b: Vec<f64>,
+}
+
+impl PairSample {
+    /// How many times faster `a` is than `b`: the ratio of their median latencies.
+    fn ratio(&self) -> f64 {
+        median(self.b.clone()) / median(self.a.clone())
+    }
+}
+
+/// Each task alternates calls of `a` and `b` (`a b`, then `b a`, …), so that both meet
+/// the same load at the same moments: drift and other processes cancel out of the ratio.
+async fn measure_pair<T: Target>(
+    pool: &Pool<T::Db>,
+    (a, b): (Variant, Variant),
+    tasks: usize,
+    smoke: bool,
+    ids: (Arc<Vec<String>>, Arc<Vec<String>>),
+) -> Result<(Vec<f64>, Vec<f64>), Error> {
+    let per_task = ids.0.len().min(ids.1.len()) / tasks;
+    let start = Arc::new(tokio::sync::Barrier::new(tasks + 1));
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let (pool, ids, start) = (pool.clone(), ids.clone(), start.clone());
+            tokio::spawn(async move {
+                let (mut lat_a, mut lat_b) =
+                    (Vec::with_capacity(per_task), Vec::with_capacity(per_task));
+                start.wait().await;
+                for k in task * per_task..(task + 1) * per_task {
+                    let order = if k % 2 == 0 { [a, b] } else { [b, a] };
+                    for variant in order {
+                        let (id, latencies) = if variant == a {
+                            (&ids.0[k], &mut lat_a)
+                        } else {
+                            (&ids.1[k], &mut lat_b)
+                        };
+                        let began = Instant::now();
+                        let processed = T::call(&pool, variant, smoke, id).await?;
+                        latencies.push(began.elapsed().as_secs_f64() * 1e6);
+                        if processed != variant.processes() {
+                            return Err(format!("{}: unexpected outcome", variant.name()).into());
+                        }
+                    }
+                }
+                Ok::<_, Error>((lat_a, lat_b))
+            })
+        })
+        .collect();
+    start.wait().await;
+    let (mut all_a, mut all_b) = (Vec::new(), Vec::new());
+    for handle in handles {
+        let (lat_a, lat_b) = handle.await??;
+        all_a.extend(lat_a);
+        all_b.extend(lat_b);
+    }
+    Ok((all_a, all_b))
+}
+
+/// Statements per call of each variant (after a first call has prepared them), counted
+/// from sqlx's own per-statement events.
+async fn statements_per_call<T: Target>(
+    pool: &Pool<T::Db>,
+    smoke: bool,
+    seed: &mut u64,
+    seen: impl AsyncFn(&[String]) -> Result<(), sqlx::Error>,
+) -> Result<Vec<(Variant, u64)>, Error> {
+    let mut counts = Vec::new();
+    for variant in Variant::ALL {
+        if variant == Variant::Pgbench {
+            continue;
+        }
+        let ids = random_ids(2, seed);
+        if variant == Variant::Duplicate {
+            seen(&ids).await?;
+        }
+        T::call(pool, variant, smoke, &ids[0]).await?;
+        counting(true);
+        let before = STATEMENTS.load(Ordering::SeqCst);
+        let result = T::call(pool, variant, smoke, &ids[1]).await;
+        let statements = STATEMENTS.load(Ordering::SeqCst) - before;
+        counting(false);
+        result?;
+        counts.push((variant, statements));
+    }
+    Ok(counts)
+}
+
+/// The hand-written transaction through pgbench; its own tps (connections excluded).
+fn pgbench(url: &str, script: &Path, tasks: usize, ops: usize) -> Result<f64, Error> {
+    let output = std::process::Command::new("pgbench")
+        .args(["-n", "-M", "prepared", "-f"])
+        .arg(script)
+        .args(["-c", &tasks.to_string(), "-j", &tasks.min(2).to_string()])
+        .args(["-t", &(ops / tasks).to_string()])
+        .arg(url)
+        .output()?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    if !output.status.success() {
+        return Err(format!(
+            "pgbench failed: {stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+        .into());
+    }
+    stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("tps = "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|tps| tps.parse().ok())
+        .ok_or_else(|| format!("no tps in pgbench's output: {stdout}").into())
+}
+
+/// The hand-written transaction as a pgbench script. pgbench cannot branch on the claim's
+/// row count without changing the statement; every id is new, so every claim succeeds
+/// and the script is the processing path as sent.
+const PGBENCH_SCRIPT: &str = "\
+\\set r random(1, 9223372036854775806)
+BEGIN;
+INSERT INTO dedup_bench (consumer, message_id) VALUES ('bench', md5(:client_id || '-' || :r)) ON CONFLICT DO NOTHING;
+INSERT INTO dedup_bench_effects (message_id) VALUES (md5(:client_id || '-' || :r));
+COMMIT;
+";
+
+// ---------------------------------------------------------------------------------------
+// Setup
+// ---------------------------------------------------------------------------------------
+
+/// Runs `statements` one by one on one connection (PostgreSQL runs a multi-statement
+/// string as one transaction, where `VACUUM` is not allowed).
+async fn execute<DB: sqlx::Database>(
+    pool: &Pool<DB>,
+    statements: &[&str],
+) -> Result<(), sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
+    let mut conn = pool.acquire().await?;
+    for statement in statements {
+        sqlx::raw_sql(AssertSqlSafe(statement.to_string()))
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(())
+}
+
+async fn postgres_setup(pool: &Pool<sqlx::Postgres>, config: &Config) -> Result<(), Error> {
+    dedup_runtime::migrate_table(pool, "dedup_bench").await?;
+    execute(
+        pool,
+        &[
+            "CREATE TABLE IF NOT EXISTS dedup_bench_effects (message_id text NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS dedup_bench_meta \
+             (name text PRIMARY KEY, rows bigint NOT NULL)",
+        ],
+    )
+    .await?;
+    let big = config.big_table();
+    let filled: Option<i64> =
+        sqlx::query_scalar("SELECT rows FROM dedup_bench_meta WHERE name = $1")
+            .bind(big)
+            .fetch_optional(pool)
+            .await?;
+    if filled == Some(config.big_rows) {
+        // The ids a previous run added are the ones newer than the fill's.
+        let delete = format!("DELETE FROM {big} WHERE processed_at >= '2021-01-01'");
+        let vacuum = format!("VACUUM ANALYZE {big}");
+        execute(pool, &[&delete, &vacuum]).await?;
+        return Ok(());
+    }
+    eprintln!(
+        "PostgreSQL: filling {big} with {} rows (once)…",
+        config.big_rows
+    );
+    let began = Instant::now();
+    execute(pool, &[&format!("DROP TABLE IF EXISTS {big}")]).await?;
+    dedup_runtime::migrate_table(pool, big).await?;
+    // Bulk load, then build the indexes the migration made by sorting: an order of
+    // magnitude faster than inserting into them row by row. Ends with the same schema.
+    let rows = config.big_rows;
+    let statements = [
+        "SET maintenance_work_mem = '1GB'".to_owned(),
+        format!("ALTER TABLE {big} DROP CONSTRAINT {big}_pkey"),
+        format!("DROP INDEX {big}_processed_at_idx"),
+        format!(
+            "INSERT INTO {big} (consumer, message_id, processed_at) \
+             SELECT 'bench', md5(i::text), \
+                    timestamptz '2020-01-01 00:00:00+00' + (i % 604800) * interval '1 second' \
+             FROM generate_series(1, {rows}) i"
+        ),
+        format!("ALTER TABLE {big} ADD PRIMARY KEY (consumer, message_id)"),
+        format!("CREATE INDEX {big}_processed_at_idx ON {big} (processed_at)"),
+        "RESET maintenance_work_mem".to_owned(),
+        format!("VACUUM ANALYZE {big}"),
+        format!(
+            "INSERT INTO dedup_bench_meta (name, rows) VALUES ('{big}', {rows}) \
+             ON CONFLICT (name) DO UPDATE SET rows = excluded.rows"
+        ),
+    ];
+    let statements: Vec<&str> = statements.iter().map(String::as_str).collect();
+    execute(pool, &statements).await?;
+    eprintln!("PostgreSQL: filled {big} in {:.0?}", began.elapsed());
+    Ok(())
+}
+
+async fn sqlite_setup(pool: &Pool<sqlx::Sqlite>, config: &Config) -> Result<(), Error> {
+    dedup_runtime::migrate_table(pool, "dedup_bench").await?;
+    execute(
+        pool,
+        &[
+            "CREATE TABLE IF NOT EXISTS dedup_bench_effects (message_id TEXT NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS dedup_bench_meta \
+             (name TEXT PRIMARY KEY, rows INTEGER NOT NULL)",
+        ],
+    )
+    .await?;
+    let big = config.big_table();
+    let filled: Option<i64> =
+        sqlx::query_scalar("SELECT rows FROM dedup_bench_meta WHERE name = ?1")
+            .bind(big)
+            .fetch_optional(pool)
+            .await?;
+    if filled == Some(config.big_rows) {
+        let delete = format!("DELETE FROM {big} WHERE processed_at >= '2021-01-01'");
+        execute(pool, &[&delete, "PRAGMA wal_checkpoint(TRUNCATE)"]).await?;
+        return Ok(());
+    }
+    eprintln!(
+        "SQLite: filling {big} with {} rows (once)…",
+        config.big_rows
+    );
+    let began = Instant::now();
+    execute(pool, &[&format!("DROP TABLE IF EXISTS {big}")]).await?;
+    dedup_runtime::migrate_table(pool, big).await?;
+    // Rows in key order into the table, then the processed_at index by sorting.
+    let rows = config.big_rows;
+    let statements = [
+        "PRAGMA cache_size = -1000000".to_owned(),
+        format!("DROP INDEX {big}_processed_at_idx"),
+        "BEGIN IMMEDIATE".to_owned(),
+        format!(
+            "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < {rows}) \
+             INSERT INTO {big} (consumer, message_id, processed_at) \
+             SELECT 'bench', id, at FROM ( \
+               SELECT lower(hex(randomblob(16))) AS id, \
+                      strftime('%Y-%m-%dT%H:%M:%fZ', '2020-01-01', \
+                               '+' || (i % 604800) || ' seconds') AS at \
+               FROM s) \
+             ORDER BY id"
+        ),
+        format!("CREATE INDEX {big}_processed_at_idx ON {big} (processed_at)"),
+        format!(
+            "INSERT INTO dedup_bench_meta (name, rows) VALUES ('{big}', {rows}) \
+             ON CONFLICT (name) DO UPDATE SET rows = excluded.rows"
+        ),
+        "COMMIT".to_owned(),
+        "PRAGMA cache_size = -2000".to_owned(),
+        "PRAGMA wal_checkpoint(TRUNCATE)".to_owned(),
+    ];
+    let statements: Vec<&str> = statements.iter().map(String::as_str).collect();
+    execute(pool, &statements).await?;
+    eprintln!("SQLite: filled {big} in {:.0?}", began.elapsed());
+    Ok(())
+}
+
+/// Empties the small tables, so that every (round, tasks) block starts alike.
+async fn postgres_reset(pool: &Pool<sqlx::Postgres>) -> Result<(), sqlx::Error> {
+    execute(pool, &["TRUNCATE dedup_bench, dedup_bench_effects"]).await
+}
+
+async fn sqlite_reset(pool: &Pool<sqlx::Sqlite>) -> Result<(), sqlx::Error> {
+    execute(
+        pool,
+        &[
+            "DELETE FROM dedup_bench",
+            "DELETE FROM dedup_bench_effects",
+            "PRAGMA wal_checkpoint(TRUNCATE)",
+        ],
+    )
+    .await
+}
+
+/// Records `ids` as processed by the generated handler's consumer, untimed, so that the
+/// duplicate run finds every one of them.
+async fn postgres_seen(pool: &Pool<sqlx::Postgres>, ids: &[String]) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO dedup_bench (consumer, message_id) SELECT 'bench', unnest($1::text[])",
+    )
+    .bind(ids)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+async fn sqlite_seen(pool: &Pool<sqlx::Sqlite>, ids: &[String]) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    for id in ids {
+        sqlx::query("INSERT INTO dedup_bench (consumer, message_id) VALUES ('bench', ?1)")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await
+}
+
+// ---------------------------------------------------------------------------------------
+// Report
+// ---------------------------------------------------------------------------------------
+
+/// `10000000` → `10,000,000`.
+fn thousands(n: i64) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    match values.len() {
+        0 => f64::NAN,
+        n if n % 2 == 1 => values[n / 2],
+        n => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
+}
+
+type Key = (BackendName, usize, Variant);
+
+struct Summary {
+    rate: BTreeMap<Key, f64>,
+    allocations: BTreeMap<Key, f64>,
+    /// Per (backend, tasks, pair): the median over rounds of the call-by-call ratio.
+    pair_ratio: BTreeMap<(BackendName, usize, usize), f64>,
+}
+
+impl Summary {
+    fn new(samples: &[Sample], pair_samples: &[PairSample]) -> Summary {
+        let mut pair_ratios: BTreeMap<(BackendName, usize, usize), Vec<f64>> = BTreeMap::new();
+        for sample in pair_samples {
+            pair_ratios
+                .entry((sample.backend, sample.tasks, sample.pair))
+                .or_default()
+                .push(sample.ratio());
+        }
+        let mut rates: BTreeMap<Key, Vec<f64>> = BTreeMap::new();
+        let mut allocations: BTreeMap<Key, Vec<f64>> = BTreeMap::new();
+        for sample in samples {
+            let key = (sample.backend, sample.tasks, sample.variant);
+            rates.entry(key).or_default().push(sample.rate());
+            if let Some(per_call) = sample.allocations {
+                allocations.entry(key).or_default().push(per_call);
+            }
+        }
+        Summary {
+            rate: rates.into_iter().map(|(k, v)| (k, median(v))).collect(),
+            allocations: allocations
+                .into_iter()
+                .map(|(k, v)| (k, median(v)))
+                .collect(),
+            pair_ratio: pair_ratios
+                .into_iter()
+                .map(|(k, v)| (k, median(v)))
+                .collect(),
+        }
+    }
+
+    fn ratio(&self, backend: BackendName, tasks: usize, a: Variant, b: Variant) -> Option<f64> {
+        Some(self.rate.get(&(backend, tasks, a))? / self.rate.get(&(backend, tasks, b))?)
+    }
+}
+
+fn write_csv(dir: &Path, samples: &[Sample], summary: &Summary) -> std::io::Result<()> {
+    let mut raw = String::from(
+        "backend,tasks,variant,round,calls,seconds,calls_per_second,allocations_per_call\n",
+    );
+    for s in samples {
+        let _ = writeln!(
+            raw,
+            "{},{},{},{},{},{:.6},{:.1},{}",
+            s.backend.name(),
+            s.tasks,
+            s.variant.name(),
+            s.round,
+            s.ops,
+            s.seconds,
+            s.rate(),
+            s.allocations
+                .map_or_else(String::new, |a| format!("{a:.1}"))
+        );
+    }
+    std::fs::write(dir.join("results.csv"), raw)?;
+    let mut table = String::from(
+        "backend,tasks,variant,median_calls_per_second,median_allocations_per_call,ratio_to_hand_written,ratio_to_generated\n",
+    );
+    for (&(backend, tasks, variant), rate) in &summary.rate {
+        let ratio = |of| {
+            summary
+                .ratio(backend, tasks, variant, of)
+                .map_or_else(String::new, |r| format!("{r:.3}"))
+        };
+        let _ = writeln!(
+            table,
+            "{},{tasks},{},{rate:.1},{},{},{}",
+            backend.name(),
+            variant.name(),
+            summary
+                .allocations
+                .get(&(backend, tasks, variant))
+                .map_or_else(String::new, |a| format!("{a:.1}")),
+            ratio(Variant::Handwritten),
+            ratio(Variant::Generated),
+        );
+    }
+    std::fs::write(dir.join("summary.csv"), table)
+}
+
+fn print_report(summary: &Summary, config: &Config, backends: &[BackendName]) {
+    println!(
+        "\nmedians over {} round(s) of {} calls; calls per second (allocations per call)",
+        config.rounds, config.ops
+    );
+    for &backend in backends {
+        println!("\n{}", backend.name());
+        print!("  {:<14}", "tasks");
+        for tasks in TASKS {
+            print!("{tasks:>22}");
+        }
+        println!();
+        for variant in Variant::ALL {
+            if !TASKS
+                .iter()
+                .any(|&tasks| summary.rate.contains_key(&(backend, tasks, variant)))
+            {
+                continue;
+            }
+            print!("  {:<14}", variant.name());
+            for tasks in TASKS {
+                let key = (backend, tasks, variant);
+                let cell = match (summary.rate.get(&key), summary.allocations.get(&key)) {
+                    (Some(rate), Some(allocs)) => format!("{rate:.0} ({allocs:.0})"),
+                    (Some(rate), None) => format!("{rate:.0}"),
+                    _ => "-".to_owned(),
+                };
+                print!("{cell:>22}");
+            }
+            println!();
+        }
+        let ratios = [
+            (
+                "generated / hand-written",
+                Variant::Generated,
+                Variant::Handwritten,
+            ),
+            (
+                "duplicate / processing",
+                Variant::Duplicate,
+                Variant::Generated,
+            ),
+            ("10M rows / empty", Variant::Big, Variant::Generated),
+            ("bare / generated", Variant::Bare, Variant::Generated),
+            (
+                "pgbench / hand-written",
+                Variant::Pgbench,
+                Variant::Handwritten,
+            ),
+        ];
+        println!("  ratios of the runs' medians (calls per second), by tasks:");
+        for (label, a, b) in ratios {
+            if summary.ratio(backend, 1, a, b).is_none() {
+                continue;
+            }
+            print!("    {label:<26}");
+            for tasks in TASKS {
+                match summary.ratio(backend, tasks, a, b) {
+                    Some(r) => print!("{:>10}", format!("{tasks}: {r:.3}")),
+                    None => print!("{:>10}", "-"),
+                }
+            }
+            println!();
+        }
+        println!("  ratios call by call (median latency of b / of a; median over rounds):");
+        for (pair, (_, _, label)) in PAIRS.iter().enumerate() {
+            print!("    {label:<26}");
+            for tasks in TASKS {
+                match summary.pair_ratio.get(&(backend, tasks, pair)) {
+                    Some(r) => print!("{:>10}", format!("{tasks}: {r:.3}")),
+                    None => print!("{:>10}", "-"),
+                }
+            }
+            println!();
+        }
+    }
+}
+
+/// Grouped bars, one panel per backend: calls per second by tasks and variant, with the
+/// the three call-by-call ratios written under each group.
+fn svg(summary: &Summary, config: &Config, backends: &[BackendName]) -> String {
+    const PANEL_W: f64 = 560.0;
+    const PANEL_H: f64 = 300.0;
+    const LEFT: f64 = 70.0;
+    const TOP: f64 = 70.0;
+    const COLORS: [&str; 6] = [
+        "#1f77b4", "#aec7e8", "#7f7f7f", "#2ca02c", "#ff7f0e", "#9467bd",
+    ];
+    let width = LEFT + PANEL_W * backends.len() as f64 + 20.0;
+    let height = TOP + PANEL_H + 90.0;
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" \
+         viewBox=\"0 0 {width} {height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{LEFT}\" y=\"24\" font-size=\"16\" font-weight=\"bold\">dedup: calls per second \
+         (median of {} rounds of {} calls; higher is better)</text>\n\
+         <text x=\"{LEFT}\" y=\"44\" fill=\"#555\">under each group, timed call by call: \
+         generated / hand-written · duplicate / processing · 10M rows / empty \
+         (10M rows: a dedup table of {} ids)</text>\n",
+        config.rounds,
+        config.ops,
+        thousands(config.big_rows)
+    );
+    for (index, &backend) in backends.iter().enumerate() {
+        let x0 = LEFT + PANEL_W * index as f64;
+        let variants: Vec<Variant> = Variant::ALL
+            .into_iter()
+            .filter(|&v| {
+                TASKS
+                    .iter()
+                    .any(|&t| summary.rate.contains_key(&(backend, t, v)))
+            })
+            .collect();
+        let top = TASKS
+            .iter()
+            .flat_map(|&t| {
+                variants
+                    .iter()
+                    .filter_map(move |&v| summary.rate.get(&(backend, t, v)))
+            })
+            .fold(1.0_f64, |a, &b| a.max(b));
+        // A round axis maximum: 1, 2 or 5 times a power of ten.
+        let magnitude = 10f64.powf(top.log10().floor());
+        let axis_max = [1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0]
+            .iter()
+            .map(|m| m * magnitude)
+            .find(|&m| m >= top)
+            .unwrap_or(top);
+        let plot_w = PANEL_W - 40.0;
+        let y = |value: f64| TOP + PANEL_H - value / axis_max * PANEL_H;
+        let _ = writeln!(
+            out,
+            "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"14\" font-weight=\"bold\">{}</text>",
+            x0,
+            TOP - 8.0,
+            backend.name()
+        );
+        for step in 0..=5 {
+            let value = axis_max * f64::from(step) / 5.0;
+            let (line_y, label_x) = (y(value), x0 - 4.0);
+            let _ = writeln!(
+                out,
+                "<line x1=\"{x0:.1}\" x2=\"{x1:.1}\" y1=\"{line_y:.1}\" y2=\"{line_y:.1}\" \
+                 stroke=\"#ddd\"/><text x=\"{label_x:.1}\" y=\"{label_y:.1}\" \
+                 text-anchor=\"end\" fill=\"#555\">{label}</text>",
+                x1 = x0 + plot_w,
+                label_y = line_y + 4.0,
+                label = value.round()
+            );
+        }
+        let group_w = plot_w / TASKS.len() as f64;
+        let bar_w = (group_w - 20.0) / variants.len().max(1) as f64;
+        for (g, &tasks) in TASKS.iter().enumerate() {
+            let gx = x0 + group_w * g as f64 + 10.0;
+            for (b, &variant) in variants.iter().enumerate() {
+                let Some(&rate) = summary.rate.get(&(backend, tasks, variant)) else {
+                    continue;
+                };
+                let color = COLORS[Variant::ALL.iter().position(|&v| v == variant).unwrap_or(0)];
+                let _ = writeln!(
+                    out,
+                    "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"{color}\">\
+                     <title>{} {} tasks: {rate:.0}/s</title></rect>",
+                    gx + bar_w * b as f64,
+                    y(rate),
+                    bar_w - 2.0,
+                    TOP + PANEL_H - y(rate),
+                    variant.name(),
+                    tasks
+                );
+            }
+            let _ = writeln!(
+                out,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{tasks} task{}</text>",
+                gx + (group_w - 20.0) / 2.0,
+                TOP + PANEL_H + 18.0,
+                if tasks == 1 { "" } else { "s" }
+            );
+            let ratios: Vec<String> = (0..PAIRS.len())
+                .map(|pair| {
+                    summary
+                        .pair_ratio
+                        .get(&(backend, tasks, pair))
+                        // Three decimals where the question is "1.00 or not".
+                        .map_or_else(
+                            || "-".to_owned(),
+                            |ratio| {
+                                if pair == 0 {
+                                    format!("{ratio:.3}×")
+                                } else {
+                                    format!("{ratio:.2}×")
+                                }
+                            },
+                        )
+                })
+                .collect();
+            let _ = writeln!(
+                out,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" fill=\"#333\">{}</text>",
+                gx + (group_w - 20.0) / 2.0,
+                TOP + PANEL_H + 34.0,
+                ratios.join(" · ")
+            );
+        }
+    }
+    // Legend.
+    let mut lx = LEFT;
+    let ly = TOP + PANEL_H + 60.0;
+    for (variant, color) in Variant::ALL.iter().zip(COLORS) {
+        let _ = writeln!(
+            out,
+            "<rect x=\"{lx:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{color}\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+            ly - 10.0,
+            lx + 16.0,
+            ly,
+            variant.name()
+        );
+        lx += 30.0 + 7.0 * variant.name().len() as f64;
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+// ---------------------------------------------------------------------------------------
+// Main
+// ---------------------------------------------------------------------------------------
+
+async fn run(config: Config) -> Result<(), Error> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = manifest.join("target/dedup-bench");
+    std::fs::create_dir_all(&dir)?;
+    let began = Instant::now();
+
+    let pg_url = dedup_suite::postgres_url();
+    let pg = PgPoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(60))
+        .connect(&pg_url)
+        .await
+        .map_err(|error| format!("PostgreSQL at {pg_url}: {error}"))?;
+    let sqlite_path: PathBuf = dir.join("sqlite.db");
+    let lite = SqlitePoolOptions::new()
+        .max_connections(8)
+        .acquire_timeout(Duration::from_secs(60))
+        .connect_with(
+            SqliteConnectOptions::new()
+                .filename(&sqlite_path)
+                .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
+                .busy_timeout(Duration::from_secs(60)),
+        )
+        .await?;
+    postgres_setup(&pg, &config).await?;
+    sqlite_setup(&lite, &config).await?;
+
+    let mut seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |elapsed| elapsed.as_nanos() as u64)
+        | 1;
+
+    // Statements (round trips) per call, counted once, untimed.
+    let _ = tracing::subscriber::set_global_default(StatementCounter);
+    counting(false);
+    let mut statements = Vec::new();
+    for (backend, counts) in [
+        (
+            BackendName::Postgres,
+            statements_per_call::<Postgres>(&pg, config.smoke, &mut seed, async |ids| {
+                postgres_seen(&pg, ids).await
+            })
+            .await?,
+        ),
+        (
+            BackendName::Sqlite,
+            statements_per_call::<Sqlite>(&lite, config.smoke, &mut seed, async |ids| {
+                sqlite_seen(&lite, ids).await
+            })
+            .await?,
+        ),
+    ] {
+        for (variant, count) in counts {
+            statements.push((backend, variant, count));
+        }
+    }
+
+    let script = dir.join("pgbench.sql");
+    std::fs::write(&script, PGBENCH_SCRIPT)?;
+    let have_pgbench = std::process::Command::new("pgbench")
+        .arg("--version")
+        .output()
+        .is_ok_and(|output| output.status.success());
+    if !have_pgbench {
+        eprintln!("pgbench is not installed: no reference client run");
+    }
+
+    let mut samples = Vec::new();
+    let mut pair_samples = Vec::new();
+    for round in 0..config.rounds {
+        for backend in [BackendName::Postgres, BackendName::Sqlite] {
+            for tasks in TASKS {
+                match backend {
+                    BackendName::Postgres => postgres_reset(&pg).await?,
+                    BackendName::Sqlite => sqlite_reset(&lite).await?,
+                }
+                // Each round starts the rotation one variant further.
+                let mut order: Vec<Variant> = Variant::ALL
+                    .into_iter()
+                    .filter(|&v| {
+                        v != Variant::Pgbench || (backend == BackendName::Postgres && have_pgbench)
+                    })
+                    .collect();
+                let shift = (round + tasks) % order.len();
+                order.rotate_left(shift);
+                for variant in order {
+                    let ids = Arc::new(random_ids(config.ops, &mut seed));
+                    if variant == Variant::Duplicate {
+                        match backend {
+                            BackendName::Postgres => postgres_seen(&pg, &ids).await?,
+                            BackendName::Sqlite => sqlite_seen(&lite, &ids).await?,
+                        }
+                    }
+                    let (seconds, allocations) = match (backend, variant) {
+                        (BackendName::Postgres, Variant::Pgbench) => {
+                            let (url, script, ops) = (pg_url.clone(), script.clone(), config.ops);
+                            let tps = tokio::task::spawn_blocking(move || {
+                                pgbench(&url, &script, tasks, ops)
+                            })
+                            .await??;
+                            (config.ops as f64 / tps, None)
+                        }
+                        (BackendName::Postgres, _) => {
+                            let (s, a) =
+                                measure::<Postgres>(&pg, variant, tasks, config.smoke, ids).await?;
+                            (s, Some(a))
+                        }
+                        (BackendName::Sqlite, _) => {
+                            let (s, a) =
+                                measure::<Sqlite>(&lite, variant, tasks, config.smoke, ids).await?;
+                            (s, Some(a))
+                        }
+                    };
+                    let sample = Sample {
+                        backend,
+                        tasks,
+                        variant,
+                        round,
+                        ops: config.ops / tasks * tasks,
+                        seconds,
+                        allocations,
+                    };
+                    eprintln!(
+                        "round {}/{} {:<10} {tasks} task(s) {:<12} {:>8.0} calls/s",
+                        round + 1,
+                        config.rounds,
+                        backend.name(),
+                        variant.name(),
+                        sample.rate()
+                    );
+                    samples.push(sample);
+                }
+                let mut pairs: Vec<usize> = (0..PAIRS.len()).collect();
+                pairs.rotate_left((round + tasks) % PAIRS.len());
+                for pair in pairs {
+                    let (a, b, label) = PAIRS[pair];
+                    let ids_a = Arc::new(random_ids(config.ops / 2, &mut seed));
+                    let ids_b = Arc::new(random_ids(config.ops / 2, &mut seed));
+                    if a == Variant::Duplicate {
+                        match backend {
+                            BackendName::Postgres => postgres_seen(&pg, &ids_a).await?,
+                            BackendName::Sqlite => sqlite_seen(&lite, &ids_a).await?,
+                        }
+                    }
+                    let ids = (ids_a, ids_b);
+                    let (lat_a, lat_b) = match backend {
+                        BackendName::Postgres => {
+                            measure_pair::<Postgres>(&pg, (a, b), tasks, config.smoke, ids).await?
+                        }
+                        BackendName::Sqlite => {
+                            measure_pair::<Sqlite>(&lite, (a, b), tasks, config.smoke, ids).await?
+                        }
+                    };
+                    let sample = PairSample {
+                        backend,
+                        tasks,
+                        round,
+                        pair,
+                        a: lat_a,
+                        b: lat_b,
+                    };
+                    eprintln!(
+                        "round {}/{} {:<10} {tasks} task(s) {label:<26} {:>6.3} (call by call)",
+                        round + 1,
+                        config.rounds,
+                        backend.name(),
+                        sample.ratio()
+                    );
+                    pair_samples.push(sample);
+                }
+            }
+        }
+    }
+
+    let backends = [BackendName::Postgres, BackendName::Sqlite];
+    let summary = Summary::new(&samples, &pair_samples);
+    write_csv(&dir, &samples, &summary)?;
+    let mut table = String::from("backend,variant,logged_queries_per_call\n");
+    for (backend, variant, count) in &statements {
+        let _ = writeln!(table, "{},{},{count}", backend.name(), variant.name());
+    }
+    std::fs::write(dir.join("statements.csv"), table)?;
+    let mut table = String::from(
+        "backend,tasks,pair,round,calls_each,median_latency_a_us,median_latency_b_us,ratio\n",
+    );
+    for sample in &pair_samples {
+        let _ = writeln!(
+            table,
+            "{},{},{},{},{},{:.1},{:.1},{:.4}",
+            sample.backend.name(),
+            sample.tasks,
+            PAIRS[sample.pair].2,
+            sample.round,
+            sample.a.len(),
+            median(sample.a.clone()),
+            median(sample.b.clone()),
+            sample.ratio()
+        );
+    }
+    std::fs::write(dir.join("pairs.csv"), table)?;
+    let plot = svg(&summary, &config, &backends);
+    std::fs::write(dir.join("bench.svg"), &plot)?;
+    if !config.smoke {
+        std::fs::create_dir_all(manifest.join("docs"))?;
+        std::fs::write(manifest.join("docs/bench.svg"), &plot)?;
+    }
+    print_report(&summary, &config, &backends);
+    println!(
+        "\nqueries per call, as sqlx logs them (its transaction manager sends BEGIN unlogged, \
+         and on SQLite COMMIT / ROLLBACK too: the same for every variant):"
+    );
+    for backend in backends {
+        let line: Vec<String> = statements
+            .iter()
+            .filter(|(b, ..)| *b == backend)
+            .map(|(_, variant, count)| format!("{} {count}", variant.name()))
+            .collect();
+        println!("  {:<12}{}", backend.name(), line.join(", "));
+    }
+    println!(
+        "\nwrote {}/results.csv, summary.csv and bench.svg{} in {:.0?}",
+        dir.display(),
+        if config.smoke {
+            ""
+        } else {
+            " (and docs/bench.svg)"
+        },
+        began.elapsed()
+    );
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    // `cargo bench` passes `--bench`; there is nothing to filter.
+    let config = Config::from_env();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("dedup bench: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("dedup bench: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! PostgreSQL: `DELETE` by `ctid` of the oldest rows below the cutoff, found in index order.
+
+use std::time::Duration;
+
+use sqlx::postgres::types::PgInterval;
+use sqlx::{AssertSqlSafe, Pool, Postgres, Row};
+
+use super::{ConsumerStats, PruneBackend, age_from_secs, count, micros_up, sealed};
+use crate::migrate::Table;
+
+impl sealed::Sealed for Postgres {}
+
+/// Walk the `processed_at` index in order and stop after `limit` rows. Without it, a
+/// planner that underestimates the old rows (a table never analyzed, or grown since)
+/// picks a bitmap scan that reads and sorts every old row, for every batch: measured
+/// 110 ms instead of 7 ms per batch of 2,000 among 200,000. `LOCAL`: this transaction only.
+const INDEX_ORDER: &str = "SET LOCAL enable_sort = off";
+
+impl PruneBackend for Postgres {
+    async fn cutoff(pool: &Pool<Self>, age: Duration) -> Result<String, sqlx::Error> {
+        // An interval of microseconds only is an absolute duration (no calendar days), and
+        // the text of a `timestamptz` reads back exactly (sqlx sessions use ISO and UTC).
+        let age = PgInterval {
+            months: 0,
+            days: 0,
+            microseconds: micros_up(age),
+        };
+        sqlx::query_scalar("SELECT (now() - $1)::text")
+            .bind(age)
+            .fetch_one(pool)
+            .await
+    }
+
+    async fn delete_batch<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: Option<&'a str>,
+        cutoff: &'a str,
+        after: Option<&'a str>,
+        limit: u32,
+    ) -> Result<(u64, Option<String>), sqlx::Error> {
+        // PostgreSQL's DELETE has no LIMIT: pick the oldest rows' physical ids through the
+        // `processed_at` index (a TID scan, where `ctid IN (…)` could become a join over the
+        // whole table), delete those, and check the cutoff again on each row, so that no
+        // row younger than it can go whatever the subquery returned.
+        let name = table.name();
+        let mut next = 2;
+        let mut param = || {
+            next += 1;
+            format!("${next}")
+        };
+        let after_sql = after.map_or_else(String::new, |_| {
+            format!(" AND processed_at >= {}::timestamptz", param())
+        });
+        let consumer_sql =
+            consumer.map_or_else(String::new, |_| format!(" AND consumer = {}", param()));
+        let sql = format!(
+            "WITH gone AS (\
+             DELETE FROM {name} WHERE ctid = ANY(ARRAY(\
+             SELECT ctid FROM {name} WHERE processed_at < $1::timestamptz{after_sql}{consumer_sql} \
+             ORDER BY processed_at LIMIT $2)) \
+             AND processed_at < $1::timestamptz{consumer_sql} \
+             RETURNING processed_at) \
+             SELECT count(*), max(processed_at)::text FROM gone"
+        );
+        let mut query = sqlx::query_as(AssertSqlSafe(sql))
+            .bind(cutoff)
+            .bind(i64::from(limit));
+        if let Some(after) = after {
+            query = query.bind(after);
+        }
+        if let Some(consumer) = consumer {
+            query = query.bind(consumer);
+        }
+        let mut tx = pool.begin().await?;
+        sqlx::raw_sql(INDEX_ORDER).execute(&mut *tx).await?;
+        let (deleted, last): (i64, Option<String>) = query.fetch_one(&mut *tx).await?;
+        tx.commit().await?;
+        Ok((count(deleted), last))
+    }
+
+    async fn stats<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: Option<&'a str>,
+        cutoff: &'a str,
+    ) -> Result<Vec<ConsumerStats>, sqlx::Error> {
+        let name = table.name();
+        let by_consumer = if consumer.is_some() {
+            " WHERE consumer = $2"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "SELECT consumer, count(*), \
+             count(*) FILTER (WHERE processed_at < $1::timestamptz), \
+             extract(epoch FROM now() - min(processed_at))::float8, \
+             extract(epoch FROM now() - min(processed_at) \
+                 FILTER (WHERE processed_at >= $1::timestamptz))::float8 \
+             FROM {name}{by_consumer} GROUP BY consumer ORDER BY consumer"
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(cutoff);
+        if let Some(consumer) = consumer {
+            query = query.bind(consumer);
+        }
+        let rows = query.fetch_all(pool).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(ConsumerStats {
+                    consumer: row.try_get(0)?,
+                    ids: count(row.try_get(1)?),
+                    prunable: count(row.try_get(2)?),
+                    oldest: age_from_secs(row.try_get(3)?),
+                    oldest_kept: row.try_get::<Option<f64>, _>(4)?.map(age_from_secs),
+                })
+            })
+            .collect()
+    }
+}
