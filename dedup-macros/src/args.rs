@@ -224,7 +224,7 @@ pub fn parse(tokens: TokenStream) -> (Option<Args>, Errors) {
 fn constraint_names(value: &Expr, errors: &mut Errors) -> Option<Vec<LitStr>> {
     const FORM: &str = "`unique` takes the name of a unique constraint or index, or a list of \
                         them: `unique = \"shipments_order_id_key\"` or `unique = [\"a\", \"b\"]`";
-    let literals: Vec<&Expr> = match value {
+    let literals: Vec<&Expr> = match ungrouped(value) {
         Expr::Array(array) => {
             if array.elems.is_empty() {
                 errors.add_spanned(value, format_args!("{FORM}; the list is empty"));
@@ -237,7 +237,7 @@ fn constraint_names(value: &Expr, errors: &mut Errors) -> Option<Vec<LitStr>> {
     let mut names: Vec<LitStr> = Vec::new();
     let mut ok = true;
     for expr in literals {
-        let lit = match expr {
+        let lit = match ungrouped(expr) {
             Expr::Lit(lit) => match &lit.lit {
                 Lit::Str(s) => s.clone(),
                 _ => {
@@ -313,6 +313,15 @@ fn closest(unknown: &str) -> Option<&'static str> {
         .find(|known| distance(&lower, known) <= 2 && lower.len() + 2 > known.len())
 }
 
+/// `value` without the invisible group around a `$name:literal` or `$name:expr` that a
+/// `macro_rules!` macro forwards to the attribute.
+fn ungrouped(value: &Expr) -> &Expr {
+    match value {
+        Expr::Group(group) => ungrouped(&group.expr),
+        other => other,
+    }
+}
+
 /// The string literal behind `name = "…"`, or an error that shows the expected form.
 fn string_literal(
     name: &Ident,
@@ -320,7 +329,7 @@ fn string_literal(
     example: &str,
     errors: &mut Errors,
 ) -> Option<LitStr> {
-    if let Expr::Lit(lit) = value
+    if let Expr::Lit(lit) = ungrouped(value)
         && let Lit::Str(s) = &lit.lit
     {
         return Some(s.clone());

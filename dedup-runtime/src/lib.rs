@@ -183,7 +183,10 @@ pub use retry::{BASE_DELAY, MAX_ATTEMPTS, MAX_DELAY};
 ///             == 1;
 ///         if !claimed {
 ///             // 3. A copy that was processed before: nothing runs, acknowledge it.
-///             tx.rollback().await?;
+///             //    Dropping the transaction queues its ROLLBACK, which sqlx sends before
+///             //    the connection's next use (inside a caller's transaction, the
+///             //    savepoint is rolled back at once instead).
+///             drop(tx);
 ///             return Ok(Outcome::Duplicate(Duplicate::AlreadyProcessed));
 ///         }
 ///         // 4. The body, on the same transaction.

@@ -103,7 +103,11 @@ impl<'k> Run<'k> {
             outcome = tracing::field::Empty,
             attempts = tracing::field::Empty,
         );
-        if let Some(claim) = &claim {
+        // Recording into a disabled span still costs a dispatch through `log`, which sqlx
+        // turns on in `tracing`: skip it on the hot path when nobody listens.
+        if let Some(claim) = &claim
+            && !span.is_disabled()
+        {
             span.record("consumer", claim.consumer);
             span.record("message_id", claim.id);
         }
@@ -121,8 +125,10 @@ impl<'k> Run<'k> {
     }
 
     fn finish(&self, outcome: &'static str) {
-        self.span.record("outcome", outcome);
-        self.span.record("attempts", self.attempt);
+        if !self.span.is_disabled() {
+            self.span.record("outcome", outcome);
+            self.span.record("attempts", self.attempt);
+        }
     }
 
     /// Begins the transaction (or savepoint) and inserts the dedup row, if any.
@@ -161,6 +167,16 @@ impl<'k> Run<'k> {
         let sql = DB::claim_sql(claim.statements);
         match DB::claim(&mut tx, sql, claim.consumer, claim.id).await {
             Ok(true) => Begin::Fresh(tx),
+            Ok(false) if self.owned => {
+                // Our own transaction wrote nothing: dropping it queues the ROLLBACK, which
+                // sqlx sends before the connection's next use (or as it returns to the
+                // pool), off the caller's path. The duplicate costs BEGIN and the claim.
+                drop(tx);
+                self.finish("duplicate");
+                Begin::Duplicate(Duplicate::AlreadyProcessed)
+            }
+            // A savepoint in the caller's transaction is released now, so that the
+            // caller's next statement finds its transaction as it left it.
             Ok(false) => match tx.rollback().await {
                 Ok(()) => {
                     self.finish("duplicate");
