@@ -118,33 +118,21 @@ pub fn is_transient<DB: Backend>(error: &(dyn StdError + 'static)) -> bool {
 /// Whether `error`'s chain says the database could not be reached or is going away (see
 /// [`Failure::of`]).
 fn is_unavailable<DB: Backend>(error: &(dyn StdError + 'static)) -> bool {
-    let mut link = Some(error);
-    while let Some(error) = link {
-        if let Some(error) = error.downcast_ref::<sqlx::Error>() {
-            match error {
+    crate::backend::find_in_chain(error, |link, database| {
+        let unavailable = matches!(
+            link.downcast_ref::<sqlx::Error>(),
+            Some(
                 sqlx::Error::Io(_)
-                | sqlx::Error::Tls(_)
-                | sqlx::Error::PoolTimedOut
-                | sqlx::Error::PoolClosed
-                | sqlx::Error::WorkerCrashed => return true,
-                sqlx::Error::Database(database) if unavailable_sqlstate::<DB>(&**database) => {
-                    return true;
-                }
-                _ => {}
-            }
-        }
-        // An `#[error(transparent)]` wrapper forwards `source()` past the `sqlx::Error`.
-        if let Some(database) = error.downcast_ref::<Box<dyn sqlx::error::DatabaseError>>()
-            && unavailable_sqlstate::<DB>(&**database)
-        {
-            return true;
-        }
-        if error.is::<std::io::Error>() {
-            return true;
-        }
-        link = error.source();
-    }
-    false
+                    | sqlx::Error::Tls(_)
+                    | sqlx::Error::PoolTimedOut
+                    | sqlx::Error::PoolClosed
+                    | sqlx::Error::WorkerCrashed
+            )
+        ) || link.is::<std::io::Error>()
+            || database.is_some_and(unavailable_sqlstate::<DB>);
+        unavailable.then_some(())
+    })
+    .is_some()
 }
 
 /// SQLSTATE classes `08`, `53` and `57`. SQLite reports its numeric result codes where

@@ -3,6 +3,7 @@
 use std::error::Error as StdError;
 use std::future::Future;
 
+use sqlx::error::DatabaseError;
 use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool, Transaction};
 
@@ -134,25 +135,23 @@ pub trait Backend: Database + sealed::Sealed {
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
 }
 
-/// The first `Some` that `look` finds in `error`'s chain of sources, looking at each link
-/// itself and at the database error it carries: a `sqlx::Error::Database`, or the boxed
-/// `DatabaseError` that `#[error(transparent)]` wrappers forward `source()` to (its
+/// The first `Some` that `look` finds in `error`'s chain of sources. `look` sees each
+/// link, and the database error it carries, if any: a `sqlx::Error::Database`, or the
+/// boxed `DatabaseError` that `#[error(transparent)]` wrappers forward `source()` to (its
 /// concrete type is the box itself).
-fn find_in_chain<T>(
+pub(crate) fn find_in_chain<T>(
     error: &(dyn StdError + 'static),
-    look: impl Fn(&(dyn StdError + 'static)) -> Option<T>,
+    look: impl Fn(&(dyn StdError + 'static), Option<&dyn DatabaseError>) -> Option<T>,
 ) -> Option<T> {
     let mut link = Some(error);
     while let Some(error) = link {
         let database = match error.downcast_ref::<sqlx::Error>() {
-            Some(sqlx::Error::Database(database)) => {
-                Some(database.as_error() as &(dyn StdError + 'static))
-            }
+            Some(sqlx::Error::Database(database)) => Some(&**database),
             _ => error
-                .downcast_ref::<Box<dyn sqlx::error::DatabaseError>>()
-                .map(|database| database.as_error() as &(dyn StdError + 'static)),
+                .downcast_ref::<Box<dyn DatabaseError>>()
+                .map(|database| &**database),
         };
-        if let Some(found) = database.and_then(&look).or_else(|| look(error)) {
+        if let Some(found) = look(error, database) {
             return Some(found);
         }
         link = error.source();
@@ -160,9 +159,24 @@ fn find_in_chain<T>(
     None
 }
 
+/// `look` applied to the database error of a link first, then to the link itself.
+fn either<T>(
+    look: impl Fn(&(dyn StdError + 'static)) -> Option<T>,
+) -> impl Fn(&(dyn StdError + 'static), Option<&dyn DatabaseError>) -> Option<T> {
+    move |link, database| {
+        database
+            .and_then(|database| look(database.as_error()))
+            .or_else(|| look(link))
+    }
+}
+
 /// Whether `error`, or any error in its chain of sources, is transient on `DB`.
 pub(crate) fn is_transient<DB: Backend>(error: &(dyn StdError + 'static)) -> bool {
-    find_in_chain(error, |link| DB::is_transient_link(link).then_some(())).is_some()
+    find_in_chain(
+        error,
+        either(|link| DB::is_transient_link(link).then_some(())),
+    )
+    .is_some()
 }
 
 /// A unique violation as a backend reports it.
@@ -189,7 +203,7 @@ pub(crate) fn matching_name(
 
 /// The unique violation reported by `error` or any error in its chain of sources.
 pub(crate) fn unique_violation<DB: Backend>(error: &(dyn StdError + 'static)) -> Option<Violation> {
-    find_in_chain(error, DB::unique_violation_link)
+    find_in_chain(error, either(DB::unique_violation_link))
 }
 
 /// Where a handler's transaction comes from: a pool, or a connection the caller lends
