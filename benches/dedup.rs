@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! cargo bench --bench dedup                      # the full run: about 9 minutes
+//! DEDUP_BENCH_ROUNDS=5 cargo bench --bench dedup  # the same with 5 rounds instead of 15
 //! DEDUP_BENCH_SMOKE=1 cargo test --bench dedup   # CI smoke run: tiny sizes, debug build
 //! ```
 //!
@@ -233,7 +234,12 @@ impl Config {
         } else {
             Config {
                 smoke: false,
-                rounds: 15,
+                // `DEDUP_BENCH_ROUNDS=n`: fewer rounds, for a quicker (noisier) full run.
+                rounds: std::env::var("DEDUP_BENCH_ROUNDS")
+                    .ok()
+                    .and_then(|rounds| rounds.parse().ok())
+                    .filter(|&rounds| rounds > 0)
+                    .unwrap_or(15),
                 ops: 1_500,
                 big_rows: 10_000_000,
             }

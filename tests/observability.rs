@@ -85,16 +85,21 @@ async fn observed(tx: &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
 #[tokio::test(flavor = "current_thread")]
 async fn one_span_and_no_extra_statement_per_call() {
     drop(dedup_suite::postgres().await); // migrated
-    let mut conn = PgConnection::connect(&dedup_suite::postgres_url())
+    // The hot path: a pool (of one connection, so that the queued rollback is seen to be
+    // flushed before the next use).
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&dedup_suite::postgres_url())
         .await
         .unwrap();
     let id = dedup_suite::unique("observed");
     let recorder = Arc::new(Recorder::default());
     let _default = tracing::subscriber::set_default(Shared(recorder.clone()));
 
-    assert!(observed(&mut conn, &id).await.unwrap().is_processed());
+    assert!(observed(&pool, &id).await.unwrap().is_processed());
     let statements = std::mem::take(&mut *recorder.statements.lock().unwrap());
     let statements: Vec<String> = statements.iter().map(|s| s.to_lowercase()).collect();
+    // BEGIN (unlogged), the claim, the body, and the checked COMMIT in one round trip.
     assert_eq!(statements.len(), 3, "{statements:#?}");
     assert!(
         statements[0].starts_with("insert into processed_messages"),
@@ -104,10 +109,12 @@ async fn one_span_and_no_extra_statement_per_call() {
         statements[1].starts_with("update processed_messages"),
         "{statements:#?}"
     );
-    assert!(statements[2].starts_with("commit"), "{statements:#?}");
-    assert!(!conn.is_in_transaction());
+    assert!(
+        statements[2].starts_with("select 1; commit; begin"),
+        "{statements:#?}"
+    );
 
-    assert!(observed(&mut conn, &id).await.unwrap().is_duplicate());
+    assert!(observed(&pool, &id).await.unwrap().is_duplicate());
     let statements = std::mem::take(&mut *recorder.statements.lock().unwrap());
     let statements: Vec<String> = statements.iter().map(|s| s.to_lowercase()).collect();
     // A duplicate is BEGIN and the claim; its ROLLBACK is queued, unlogged, and sent
@@ -121,12 +128,12 @@ async fn one_span_and_no_extra_statement_per_call() {
         statements[0].starts_with("insert into processed_messages"),
         "{statements:#?}"
     );
+    let mut conn = pool.acquire().await.unwrap();
     assert!(!conn.is_in_transaction());
-    let one: i32 = sqlx::query_scalar("SELECT 1")
-        .fetch_one(&mut conn)
-        .await
-        .unwrap();
-    assert_eq!(one, 1, "the connection is usable after the queued rollback");
+    // `SAVEPOINT` fails outside a transaction block (25P01).
+    let open = sqlx::raw_sql("SAVEPOINT probe").execute(&mut *conn).await;
+    assert!(open.is_err(), "no transaction is left open on the pooled connection");
+    drop(conn);
 
     let spans = recorder.spans.lock().unwrap();
     let calls: Vec<&BTreeMap<String, String>> = spans
@@ -135,6 +142,7 @@ async fn one_span_and_no_extra_statement_per_call() {
         .map(|(_, fields)| fields)
         .collect();
     assert_eq!(calls.len(), 2, "one span per call: {spans:#?}");
+    drop(pool);
     for (fields, outcome) in calls.iter().zip(["processed", "duplicate"]) {
         assert_eq!(fields["handler"], "observed");
         assert_eq!(fields["consumer"], "observed");

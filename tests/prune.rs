@@ -157,7 +157,7 @@ macro_rules! prune_suite {
                 let (a, b) = (&stats[0], &stats[1]);
                 assert_eq!((a.consumer.as_str(), b.consumer.as_str()), ("a", "b"));
                 assert!(
-                    (140..=141).contains(&a.ids) && a.prunable == a.ids - 140,
+                    (140..=141).contains(&a.ids) && a.prunable <= a.ids - 140,
                     "{a:?}"
                 );
                 assert!(a.oldest < older_than + secs(MINUTE), "{a:?}");
@@ -171,7 +171,8 @@ macro_rules! prune_suite {
                 );
                 let kept = b.oldest_kept.unwrap();
                 assert!(
-                    kept < older_than && kept >= older_than - secs(2 * MINUTE),
+                    kept < older_than + dedup_runtime::STAMP_AFTER
+                        && kept >= older_than - secs(2 * MINUTE),
                     "{b:?}"
                 );
 
@@ -185,7 +186,11 @@ macro_rules! prune_suite {
                 assert_eq!(left, expected(&[("a-", 0..120), ("fresh-", 0..20)]));
                 for stats in prune.stats(&*pool).await.unwrap() {
                     assert_eq!(stats.prunable, 0, "{stats:?}");
-                    assert!(stats.oldest < older_than, "{stats:?}");
+                    // The cutoff keeps `STAMP_AFTER` as a margin past the age.
+                    assert!(
+                        stats.oldest < older_than + dedup_runtime::STAMP_AFTER,
+                        "{stats:?}"
+                    );
                 }
                 drop_table(&pool, &table).await;
             }

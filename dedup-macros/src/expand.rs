@@ -28,7 +28,11 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let item_is_fn = item_fn.is_some();
-    let handler = item_fn.and_then(|item_fn| handler::analyze(item_fn, &mut errors));
+    let key = args
+        .as_ref()
+        .and_then(|args| args.key.as_ref())
+        .map(|(_, key)| key);
+    let handler = item_fn.and_then(|item_fn| handler::analyze(item_fn, key, &mut errors));
     match (errors.finish(), args, handler) {
         (Ok(()), Some(args), Some(handler)) => handler_fn(&args, handler),
         (result, _, _) => {
@@ -141,6 +145,7 @@ fn handler_fn(args: &Args, handler: Handler) -> TokenStream {
         item,
         connection,
         output,
+        retried,
     } = handler;
     let ItemFn {
         attrs,
@@ -176,11 +181,20 @@ fn handler_fn(args: &Args, handler: Handler) -> TokenStream {
     let inner = attrs
         .iter()
         .filter(|attr| !matches!(attr.style, AttrStyle::Outer));
-    let body = body(args, &sig.ident, &connection, &output, &block.stmts);
+    let retryable = retryable(&retried);
+    let body = body(
+        args,
+        &sig.ident,
+        &connection,
+        &output,
+        &block.stmts,
+        retried.at,
+    );
     quote! {
         #(#outer)*
         #vis #new_sig {
             #(#inner)*
+            #retryable
             #body
         }
     }
@@ -195,6 +209,7 @@ fn body(
     connection: &handler::Connection,
     output: &handler::Output,
     stmts: &[syn::Stmt],
+    at: Span,
 ) -> TokenStream {
     let krate = &args.krate;
     let private = quote!(#krate::__private);
@@ -214,13 +229,7 @@ fn body(
     let table = &args.table;
     let handler_name = LitStr::new(&name.to_string(), name.span());
     let unique = &args.unique;
-    let conn_pat = &connection.pat;
-    let conn_ty = &connection.ty;
-    let fake_return = fake_return(output);
-    let from_transaction = respan(
-        quote!(<#conn_ty as #private::HandlerConnection<'_>>::from_transaction),
-        conn_ty.span(),
-    );
+    let attempt = attempt(&private, connection, output, stmts, &tx, at);
     let into_error = {
         let at = handler::error_type(&output.ty).map_or_else(|| output.ty.span(), Spanned::span);
         // The whole call spanned at `E`, so that a missing `From<sqlx::Error>` points there.
@@ -240,14 +249,7 @@ fn body(
                     #private::Begin::Again => continue,
                     #private::Begin::Failed(#error) => break #private::Exit::Failed(#error),
                 };
-                let #result = {
-                    let #conn_pat: &mut #conn_ty = #from_transaction(&mut #tx);
-                    async {
-                        #fake_return
-                        #(#stmts)*
-                    }
-                    .await
-                };
+                let #result = { #attempt };
                 match #result {
                     ::core::result::Result::Ok(#value) => match #run.commit(#tx).await {
                         #private::Commit::Done => {
@@ -312,8 +314,83 @@ fn body(
     }
 }
 
+// Input: the handler's statements and connection parameter.
+// Output: one attempt of the body, on the attempt's transaction `__dedup_tx`:
+//     let __dedup_conn: &mut PgConnection = <PgConnection as HandlerConnection<'_>>
+//         ::from_transaction(&mut __dedup_tx);
+//     let __dedup_body = async |tx: &mut PgConnection| { <fake return> body };
+//     __DedupRetryable::<_, _>::__dedup_retryable(__dedup_body)(__dedup_conn).await
+// A closure rather than an `async` block in the loop: `__DedupRetryable` asks it to be
+// `AsyncFnMut`, so that a body moving out of a parameter fails with that trait's message
+// instead of "moved in previous iteration of loop". The connection is the closure's
+// argument, so a body may still move it. Only the argument of the check sits on the
+// parameter the message names: rustc reports the failed bound there, while everything
+// else keeps the call-site span the `async` block had (a connection type that is not one
+// then fails at the spans it always did, not once more at that parameter).
+fn attempt(
+    private: &TokenStream,
+    connection: &handler::Connection,
+    output: &handler::Output,
+    stmts: &[syn::Stmt],
+    tx: &Ident,
+    at: Span,
+) -> TokenStream {
+    let conn_pat = &connection.pat;
+    let conn_ty = &connection.ty;
+    let conn = local("__dedup_conn");
+    let from_transaction = respan(
+        quote!(<#conn_ty as #private::HandlerConnection<'_>>::from_transaction),
+        conn_ty.span(),
+    );
+    let fake_return = fake_return(output);
+    let body = local("__dedup_body");
+    let argument = Ident::new("__dedup_body", Span::mixed_site().located_at(at));
+    let check = quote!(__DedupRetryable::<_, _>::__dedup_retryable);
+    quote! {
+        let #conn: &mut #conn_ty = #from_transaction(&mut #tx);
+        let #body = async |#conn_pat: &mut #conn_ty| {
+            #fake_return
+            #(#stmts)*
+        };
+        #check(#argument)(#conn).await
+    }
+}
+
+// Input: the text of the error for a body that moves out of a parameter.
+// Output: a trait the body's closure implements when it can run more than once:
+//     #[diagnostic::on_unimplemented(message = "the body of `h` may run more than once…")]
+//     trait __DedupRetryable<C, R> { fn __dedup_retryable(self) -> Self { self } }
+//     #[diagnostic::do_not_recommend]
+//     impl<C, R, F: AsyncFnMut(&mut C) -> R> __DedupRetryable<C, R> for F {}
+// Generated inside the handler, so that the message can name its parameters; without
+// `do_not_recommend`, rustc would report the closure kind (E0525) instead of this trait.
+fn retryable(retried: &handler::Retried) -> TokenStream {
+    let escape = |text: &str| {
+        LitStr::new(
+            &text.replace('{', "{{").replace('}', "}}"),
+            Span::call_site(),
+        )
+    };
+    let message = escape(&retried.message);
+    let label = escape(&retried.label);
+    let notes = retried.notes.iter().map(|note| escape(note));
+    quote! {
+        #[diagnostic::on_unimplemented(message = #message, label = #label, #(note = #notes),*)]
+        trait __DedupRetryable<C: ?::core::marker::Sized, R>: ::core::marker::Sized {
+            fn __dedup_retryable(self) -> Self {
+                self
+            }
+        }
+        #[diagnostic::do_not_recommend]
+        impl<C: ?::core::marker::Sized, R, F: ::core::ops::AsyncFnMut(&mut C) -> R>
+            __DedupRetryable<C, R> for F
+        {
+        }
+    }
+}
+
 // Input: the return type `Result<T, E>`.
-// Output: an unreachable `return` of that type at the top of the body's async block, so
+// Output: an unreachable `return` of that type at the top of the body's closure, so
 // that `?` and type errors inside the body resolve against the handler's own types.
 fn fake_return(output: &handler::Output) -> TokenStream {
     // `impl Trait` cannot be named in a `let`: `_` leaves it to inference, while `E` (which

@@ -3,11 +3,14 @@
 //! A handler is an `async fn` whose first parameter (after `self`) is the connection its
 //! body works on, and which returns `Result<T, E>`. Everything else passes through.
 
-use proc_macro2::{TokenStream, TokenTree};
+use proc_macro2::{Spacing, Span, TokenStream, TokenTree};
+use quote::ToTokens;
 use syn::spanned::Spanned;
+use syn::visit::Visit;
 use syn::visit_mut::VisitMut;
 use syn::{
-    FnArg, GenericArgument, Ident, ItemFn, Lifetime, Pat, PathArguments, ReturnType, Type, TypePath,
+    Attribute, Expr, FnArg, GenericArgument, Ident, ItemFn, Lifetime, Pat, PathArguments,
+    ReceiverKind, ReturnType, Type, TypePath,
 };
 
 use crate::args::Errors;
@@ -32,10 +35,33 @@ pub struct Handler {
     pub item: ItemFn,
     pub connection: Connection,
     pub output: Output,
+    pub retried: Retried,
 }
 
-/// Checks the function; on success returns the parts the expansion needs.
-pub fn analyze(item: ItemFn, errors: &mut Errors) -> Option<Handler> {
+/// The error for a body that moves out of a parameter: it may run more than once, and the
+/// expansion only finds out from the type checker, so the text is prepared here.
+pub struct Retried {
+    pub message: String,
+    pub label: String,
+    pub notes: Vec<String>,
+    /// Where the caret goes: the parameter taken by value when there is only one, the
+    /// handler's name otherwise.
+    pub at: Span,
+}
+
+/// Checks the function, and the `key` expression against it; on success returns the
+/// parts the expansion needs.
+pub fn analyze(item: ItemFn, key: Option<&Expr>, errors: &mut Errors) -> Option<Handler> {
+    // The attribute below this one expands next and checks the same function: anything
+    // we reported too would show twice.
+    if let Some(again) = item.attrs.iter().find(|attr| is_idempotent(attr)) {
+        errors.add_spanned(
+            again,
+            "`#[idempotent]` is given twice; keep one attribute per handler, with every \
+             argument in it: `#[idempotent(consumer = \"name\", key = msg.id, unique = \"…\")]`",
+        );
+        return None;
+    }
     let sig = &item.sig;
     if sig.asyncness.is_none() {
         errors.add(
@@ -45,12 +71,275 @@ pub fn analyze(item: ItemFn, errors: &mut Errors) -> Option<Handler> {
         );
     }
     let connection = connection(&item, errors);
+    if let (Some(connection), Some(key)) = (&connection, key) {
+        check_key(key, connection, errors);
+    }
     let output = output(&item, errors);
+    let connection = connection?;
     Some(Handler {
-        connection: connection?,
+        retried: retried(&item.sig, &connection),
+        connection,
         output: output?,
         item,
     })
+}
+
+/// A parameter the body could move out of.
+struct Movable {
+    at: Span,
+    /// Its name, when it is a plain binding.
+    name: Option<String>,
+    /// How to write it by reference; `None` for `&mut` (moved into a generic callee
+    /// instead of reborrowed).
+    by_reference: Option<String>,
+}
+
+// Input: `async fn send(tx: &mut PgConnection, msg: Email, n: u32)`.
+// Output: the error for a body that moves out of `msg`, the one parameter it could move.
+fn retried(sig: &syn::Signature, connection: &Connection) -> Retried {
+    let handler = sig.ident.unraw_string();
+    let note = "transient failures (a serialization failure, a deadlock, a lock timeout) are \
+                retried, and a retry runs the whole transaction body again"
+        .to_owned();
+    let movable = movable(sig, connection);
+    match movable.as_slice() {
+        [
+            Movable {
+                at,
+                name: Some(name),
+                by_reference: Some(by_reference),
+            },
+        ] => Retried {
+            message: format!(
+                "the body of `{handler}` may run more than once, so it cannot move out of \
+                 `{name}`"
+            ),
+            label: format!("`{name}` is taken by value: the first attempt would use it up"),
+            notes: vec![
+                note,
+                format!(
+                    "take it by reference, `{by_reference}`, or clone what the body moves out \
+                     of it"
+                ),
+            ],
+            at: *at,
+        },
+        [
+            Movable {
+                at,
+                name: Some(name),
+                by_reference: None,
+            },
+        ] => Retried {
+            message: format!(
+                "the body of `{handler}` may run more than once, so it cannot move `{name}`"
+            ),
+            label: format!("the first attempt would use up `{name}`"),
+            notes: vec![
+                note,
+                format!("reborrow it where the body passes it on: `&mut *{name}`"),
+            ],
+            at: *at,
+        },
+        all => {
+            // Several taken by value: name them all when they are plain bindings.
+            let named: Option<Vec<(&str, &str)>> = all
+                .iter()
+                .map(|movable| Some((movable.name.as_deref()?, movable.by_reference.as_deref()?)))
+                .collect();
+            let (label, fix) = match named {
+                Some(named) if named.len() > 1 => (
+                    format!(
+                        "{} are taken by value: the first attempt may use them up",
+                        list(named.iter().map(|(name, _)| format!("`{name}`")))
+                    ),
+                    format!(
+                        "take them by reference ({}), or clone what the body moves out of them",
+                        named
+                            .iter()
+                            .map(|(_, by_reference)| format!("`{by_reference}`"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ),
+                _ => (
+                    "the body moves a value out of a parameter, and a retry needs it again"
+                        .to_owned(),
+                    "take the message by reference (`msg: &Msg`), or clone what the body \
+                     moves out of it"
+                        .to_owned(),
+                ),
+            };
+            Retried {
+                message: format!(
+                    "the body of `{handler}` may run more than once, so it cannot move out of \
+                     its parameters"
+                ),
+                label,
+                notes: vec![note, fix],
+                at: match all {
+                    [only] => only.at,
+                    _ => sig.ident.span(),
+                },
+            }
+        }
+    }
+}
+
+/// The parameters other than the connection that a body could move out of: by value and
+/// not a well-known `Copy` type, or `&mut`. (`&T` is `Copy`.)
+fn movable(sig: &syn::Signature, connection: &Connection) -> Vec<Movable> {
+    sig.inputs
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| *index != connection.index)
+        .filter_map(|(_, input)| match input {
+            FnArg::Receiver(receiver) => match receiver.kind {
+                ReceiverKind::Reference(..) => None,
+                _ => Some(Movable {
+                    at: receiver.self_token.span,
+                    name: Some("self".to_owned()),
+                    by_reference: Some("&self".to_owned()),
+                }),
+            },
+            FnArg::Typed(arg) => {
+                let ty = ungrouped(&arg.ty);
+                let by_reference = match ty {
+                    Type::Reference(reference) if reference.mutability.is_none() => return None,
+                    _ if is_known_copy(ty) => return None,
+                    Type::Reference(_) => None,
+                    ty => Some(type_text(ty)),
+                };
+                let (at, name) = match &*arg.pat {
+                    Pat::Ident(binding) if binding.subpat.is_none() => {
+                        (binding.ident.span(), Some(binding.ident.unraw_string()))
+                    }
+                    pat => (pat.span(), None),
+                };
+                let by_reference = by_reference.map(|ty| match &name {
+                    Some(name) => format!("{name}: &{ty}"),
+                    None => format!("&{ty}"),
+                });
+                Some(Movable {
+                    at,
+                    name,
+                    by_reference,
+                })
+            }
+        })
+        .collect()
+}
+
+/// `a`, `a and b`, `a, b and c`.
+fn list(items: impl Iterator<Item = String>) -> String {
+    let items: Vec<String> = items.collect();
+    match items.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
+
+fn ungrouped(ty: &Type) -> &Type {
+    match ty {
+        Type::Group(group) => ungrouped(&group.elem),
+        Type::Paren(paren) => ungrouped(&paren.elem),
+        other => other,
+    }
+}
+
+/// Primitives and `Uuid`: taken by value, a body copies them rather than moving them.
+fn is_known_copy(ty: &Type) -> bool {
+    const COPY: &[&str] = &[
+        "bool", "char", "u8", "u16", "u32", "u64", "u128", "usize", "i8", "i16", "i32", "i64",
+        "i128", "isize", "f32", "f64", "Uuid",
+    ];
+    match ty {
+        Type::Path(TypePath {
+            qself: None, path, ..
+        }) => path.segments.last().is_some_and(|last| {
+            last.arguments.is_none() && COPY.iter().any(|name| last.ident == name)
+        }),
+        Type::Tuple(tuple) => tuple
+            .elems
+            .iter()
+            .all(|elem| is_known_copy(ungrouped(elem))),
+        _ => false,
+    }
+}
+
+/// `ty` written out for a message, spaced as rustfmt would in the common cases
+/// (`Vec<String>`, `impl Message + Send`, `&'a mut T`, `fn(u8) -> u8`).
+fn type_text(ty: &Type) -> String {
+    /// What the previous token was, for deciding whether a space goes between.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Last {
+        Start,
+        Word,
+        Keyword,
+        Quote,
+        Spaced,
+        Other,
+    }
+    fn push(tokens: TokenStream, out: &mut String) {
+        let mut last = Last::Start;
+        for tree in tokens {
+            let (text, before, after) = match &tree {
+                TokenTree::Ident(ident) => {
+                    let keyword = ["mut", "dyn", "impl", "const", "unsafe"]
+                        .iter()
+                        .any(|keyword| ident == keyword);
+                    let after = if keyword { Last::Keyword } else { Last::Word };
+                    (
+                        tree.to_string(),
+                        matches!(last, Last::Word | Last::Keyword),
+                        after,
+                    )
+                }
+                TokenTree::Literal(_) => (
+                    tree.to_string(),
+                    matches!(last, Last::Word | Last::Keyword),
+                    Last::Word,
+                ),
+                TokenTree::Punct(punct) => match (punct.as_char(), punct.spacing()) {
+                    ('\'', _) => (
+                        "'".to_owned(),
+                        matches!(last, Last::Word | Last::Keyword),
+                        Last::Quote,
+                    ),
+                    (',' | ';', _) => (punct.to_string(), false, Last::Spaced),
+                    ('+' | '=', _) => (punct.to_string(), last != Last::Start, Last::Spaced),
+                    ('-', Spacing::Joint) => ("-".to_owned(), last != Last::Start, Last::Other),
+                    ('>', _) if out.ends_with('-') => (">".to_owned(), false, Last::Spaced),
+                    _ => (punct.to_string(), false, Last::Other),
+                },
+                TokenTree::Group(group) => {
+                    let (open, close) = match group.delimiter() {
+                        proc_macro2::Delimiter::Parenthesis => ("(", ")"),
+                        proc_macro2::Delimiter::Bracket => ("[", "]"),
+                        proc_macro2::Delimiter::Brace => ("{", "}"),
+                        proc_macro2::Delimiter::None => ("", ""),
+                    };
+                    let mut inner = String::new();
+                    push(group.stream(), &mut inner);
+                    // `mut [u8]`, `dyn (Trait)`, but `Fn(u8)`.
+                    (
+                        format!("{open}{inner}{close}"),
+                        last == Last::Keyword,
+                        Last::Other,
+                    )
+                }
+            };
+            if before || last == Last::Spaced {
+                out.push(' ');
+            }
+            out.push_str(&text);
+            last = after;
+        }
+    }
+    let mut out = String::new();
+    push(ty.to_token_stream(), &mut out);
+    out
 }
 
 fn connection(item: &ItemFn, errors: &mut Errors) -> Option<Connection> {
@@ -70,6 +359,19 @@ fn connection(item: &ItemFn, errors: &mut Errors) -> Option<Connection> {
         Type::Reference(reference) if reference.mutability.is_some() => {
             if let Some(connection) = pool_connection(&reference.elem) {
                 pool_error(&reference.elem, connection, errors);
+                return None;
+            }
+            if let Some(what) = generic_connection(&reference.elem, &sig.generics) {
+                errors.add_spanned(
+                    &reference.elem,
+                    format_args!(
+                        "the connection of an `#[idempotent]` handler cannot be {what}: the \
+                         generated function begins the transaction itself, on the database \
+                         the connection type names; write `&mut sqlx::PgConnection` (or \
+                         `SqliteConnection`, `MySqlConnection`, \
+                         `&mut sqlx::Transaction<'_, DB>`)"
+                    ),
+                );
                 return None;
             }
             (*reference.elem).clone()
@@ -100,7 +402,7 @@ fn connection(item: &ItemFn, errors: &mut Errors) -> Option<Connection> {
         );
         return None;
     };
-    if !uses_ident(&item.block, &binding.ident) {
+    if find_use(|visitor| visitor.visit_block(&item.block), &binding.ident).is_none() {
         errors.add(
             binding.ident.span(),
             format_args!(
@@ -117,6 +419,57 @@ fn connection(item: &ItemFn, errors: &mut Errors) -> Option<Connection> {
         ty,
         index,
     })
+}
+
+/// Whether `attr` is `#[idempotent(…)]`, however its path is written.
+fn is_idempotent(attr: &Attribute) -> bool {
+    attr.path()
+        .segments
+        .last()
+        .is_some_and(|segment| segment.ident == "idempotent")
+}
+
+/// What to call `ty` when it is not one concrete type: a type parameter of the handler,
+/// such as `C` in `fn h<C>(tx: &mut C)`, or `impl Trait`.
+fn generic_connection(ty: &Type, generics: &syn::Generics) -> Option<String> {
+    match ty {
+        Type::Group(group) => generic_connection(&group.elem, generics),
+        Type::Paren(paren) => generic_connection(&paren.elem, generics),
+        Type::ImplTrait(_) => Some("`impl Trait`".to_owned()),
+        Type::Path(TypePath {
+            qself: None, path, ..
+        }) if path.leading_colon.is_none() => {
+            let first = &path.segments.first()?.ident;
+            let what = if path.segments.len() == 1 {
+                format!("the type parameter `{first}`")
+            } else {
+                format!("a type of the type parameter `{first}`")
+            };
+            generics
+                .type_params()
+                .any(|param| param.ident == *first)
+                .then_some(what)
+        }
+        _ => None,
+    }
+}
+
+// Input: `key = session_id(tx)`, with `tx` the connection.
+// Output: an error at `tx`: the key is evaluated before the transaction exists.
+fn check_key(key: &Expr, connection: &Connection, errors: &mut Errors) {
+    let Pat::Ident(binding) = &connection.pat else {
+        return;
+    };
+    if let Some(at) = find_use(|visitor| visitor.visit_expr(key), &binding.ident) {
+        errors.add(
+            at,
+            format_args!(
+                "`key` is evaluated before the transaction begins, so it cannot use the \
+                 connection `{0}`: take the id from the message, such as `key = msg.id`",
+                binding.ident.unraw_string()
+            ),
+        );
+    }
 }
 
 /// `Some("PgConnection")` when `ty` names a pool, with the connection to write instead.
@@ -211,20 +564,88 @@ pub fn nameable(ty: &Type) -> Type {
     ty
 }
 
-/// Whether `ident` appears anywhere in `block`, macro arguments included.
-fn uses_ident(block: &syn::Block, ident: &Ident) -> bool {
-    fn walk(tokens: TokenStream, name: &str) -> bool {
-        tokens.into_iter().any(|tree| match tree {
-            TokenTree::Ident(ident) => ident.unraw_string() == name,
-            TokenTree::Group(group) => walk(group.stream(), name),
-            TokenTree::Punct(_) | TokenTree::Literal(_) => false,
-        })
-    }
+/// Where the variable `ident` is first used in what `visit` walks: as a path of its own
+/// (`tx`, `&mut *tx`, `tx.begin()`), not as a field or method name (`msg.tx`) or a path
+/// segment (`module::tx`). Macro arguments count where the name stands alone in them.
+fn find_use(visit: impl FnOnce(&mut FindUse<'_>), ident: &Ident) -> Option<Span> {
     let name = ident.unraw_string();
-    block
-        .stmts
-        .iter()
-        .any(|stmt| walk(quote::ToTokens::to_token_stream(stmt), &name))
+    let mut finder = FindUse {
+        name: &name,
+        found: None,
+    };
+    visit(&mut finder);
+    finder.found
+}
+
+struct FindUse<'a> {
+    name: &'a str,
+    found: Option<Span>,
+}
+
+impl FindUse<'_> {
+    fn found(&mut self, span: Span) {
+        self.found.get_or_insert(span);
+    }
+
+    /// Tokens we cannot parse as expressions (macro arguments): a standalone identifier
+    /// counts, one after `.`, `::` or `'` does not.
+    fn visit_tokens(&mut self, tokens: TokenStream) {
+        // The two punctuation characters before the current token, the first one only
+        // when it is joined to the second (`..`, `::`).
+        let mut last: Option<(char, Spacing)> = None;
+        let mut joined: Option<char> = None;
+        for tree in tokens {
+            match &tree {
+                TokenTree::Ident(ident) => {
+                    let after_field_dot =
+                        last == Some(('.', Spacing::Alone)) && joined != Some('.');
+                    let after_path = last.is_some_and(|(c, _)| c == ':') && joined == Some(':');
+                    let after_quote = last.is_some_and(|(c, _)| c == '\'');
+                    if ident.unraw_string() == self.name
+                        && !after_field_dot
+                        && !after_path
+                        && !after_quote
+                    {
+                        self.found(ident.span());
+                    }
+                }
+                TokenTree::Group(group) => self.visit_tokens(group.stream()),
+                TokenTree::Punct(_) | TokenTree::Literal(_) => {}
+            }
+            if let TokenTree::Punct(punct) = &tree {
+                joined = last
+                    .filter(|(_, spacing)| *spacing == Spacing::Joint)
+                    .map(|(c, _)| c);
+                last = Some((punct.as_char(), punct.spacing()));
+            } else {
+                (last, joined) = (None, None);
+            }
+        }
+    }
+}
+
+impl<'ast> Visit<'ast> for FindUse<'_> {
+    fn visit_expr_path(&mut self, expr: &'ast syn::ExprPath) {
+        if expr.qself.is_none()
+            && let Some(ident) = expr.path.get_ident()
+            && ident.unraw_string() == self.name
+        {
+            self.found(ident.span());
+        }
+        syn::visit::visit_expr_path(self, expr);
+    }
+
+    fn visit_macro(&mut self, mac: &'ast syn::Macro) {
+        self.visit_tokens(mac.tokens.clone());
+    }
+
+    fn visit_expr(&mut self, expr: &'ast Expr) {
+        if let Expr::Verbatim(tokens) = expr {
+            self.visit_tokens(tokens.clone());
+        } else {
+            syn::visit::visit_expr(self, expr);
+        }
+    }
 }
 
 trait UnrawString {
@@ -297,4 +718,74 @@ pub fn error_type(ty: &Type) -> Option<&Type> {
             _ => None,
         })
         .nth(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uses(body: &str) -> bool {
+        let block: syn::Block = syn::parse_str(&format!("{{ {body} }}")).unwrap();
+        let tx: Ident = syn::parse_str("tx").unwrap();
+        find_use(|visitor| visitor.visit_block(&block), &tx).is_some()
+    }
+
+    #[test]
+    fn a_use_is_the_variable_not_its_name() {
+        for body in [
+            "tx;",
+            "query().execute(&mut *tx).await?;",
+            "insert(tx, id).await",
+            "tx.begin().await",
+            "Shape { tx }",
+            "for _ in 0..tx {}",
+            "sqlx::query!(\"SELECT 1\").execute(&mut *tx);",
+            "println!(\"{}\", tx);",
+            "m!(a..tx);",
+            "r#tx;",
+        ] {
+            assert!(uses(body), "`{body}` uses `tx`");
+        }
+        for body in [
+            "msg.tx;",
+            "msg.tx();",
+            "module::tx();",
+            "Shape { tx: 1 }",
+            "let _: &'tx str;",
+            "println!(\"{}\", msg.tx);",
+            "m!(a::tx, msg?.tx, 'tx: loop {});",
+        ] {
+            assert!(!uses(body), "`{body}` does not use `tx`");
+        }
+    }
+
+    #[test]
+    fn types_in_messages() {
+        for text in [
+            "Email",
+            "Vec<String>",
+            "HashMap<String, Vec<u8>>",
+            "impl Message + Send",
+            "&'a mut [u8; 4]",
+            "Box<dyn Fn(u8) -> u8>",
+            "Transaction<'_, Postgres>",
+        ] {
+            let ty: Type = syn::parse_str(text).unwrap();
+            assert_eq!(type_text(&ty), text);
+        }
+    }
+
+    #[test]
+    fn generic_connections() {
+        let generics: syn::Generics = syn::parse_str("<'a, C, const N: usize>").unwrap();
+        let what = |ty: &str| generic_connection(&syn::parse_str(ty).unwrap(), &generics);
+        assert_eq!(what("C").as_deref(), Some("the type parameter `C`"));
+        assert_eq!(
+            what("C::Connection").as_deref(),
+            Some("a type of the type parameter `C`")
+        );
+        assert_eq!(what("impl Acquire").as_deref(), Some("`impl Trait`"));
+        assert_eq!(what("PgConnection"), None);
+        assert_eq!(what("sqlx::Transaction<'a, sqlx::Postgres>"), None);
+    }
 }

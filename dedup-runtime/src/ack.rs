@@ -69,10 +69,13 @@ impl Failure {
     ///   `PoolTimedOut`, `PoolClosed`, `WorkerCrashed`, an `std::io::Error`, and on
     ///   PostgreSQL and MySQL/MariaDB the SQLSTATE classes `08` (connection exception),
     ///   `53` (insufficient resources: too many connections, disk full, out of memory) and
-    ///   `57` (operator intervention: shutdown, query cancelled, statement timeout). Such a
-    ///   failure is the infrastructure's, not the message's, and a redelivery cannot apply
-    ///   the effect twice: the dedup record sees to that, even when a `COMMIT` was lost in
-    ///   flight and did commit;
+    ///   `57` (operator intervention: shutdown, query cancelled, statement timeout), and
+    ///   PostgreSQL's `25P03` and `25P04` (the server ended the session because it sat idle
+    ///   in its transaction longer than `idle_in_transaction_session_timeout`, or its
+    ///   transaction outlived `transaction_timeout`: FATAL, the transaction rolled back).
+    ///   Such a failure is the infrastructure's, not the message's, and a redelivery cannot
+    ///   apply the effect twice: the dedup record sees to that, even when a `COMMIT` was
+    ///   lost in flight and did commit;
     /// - anything else → `Permanent`: constraint violations and data errors raised by the
     ///   body, decoding errors, the handler's own errors.
     ///
@@ -135,20 +138,30 @@ fn is_unavailable<DB: Backend>(error: &(dyn StdError + 'static)) -> bool {
     .is_some()
 }
 
-/// SQLSTATE classes `08`, `53` and `57`. SQLite reports its numeric result codes where
-/// the others report SQLSTATE, so it has none of these.
+/// [`unavailable_code`]'s SQLSTATEs. SQLite reports its numeric result codes where the
+/// others report SQLSTATE, so it has none of these.
 fn unavailable_sqlstate<DB: Backend>(error: &dyn sqlx::error::DatabaseError) -> bool {
     #[cfg(feature = "sqlite")]
     if DB::NAME == <sqlx::Sqlite as sqlx::Database>::NAME {
         return false;
     }
-    error.code().is_some_and(|code| {
-        code.len() == 5
-            && matches!(
-                code.as_bytes()[..2],
-                [b'0', b'8'] | [b'5', b'3'] | [b'5', b'7']
-            )
-    })
+    error.code().is_some_and(|code| unavailable_code(&code))
+}
+
+/// The SQLSTATEs of a database that is away, not of a bad message: the classes `08`
+/// (connection exception), `53` (insufficient resources) and `57` (operator
+/// intervention), and the two codes of class `25` with which PostgreSQL ends a session
+/// whose transaction took too long: `25P03` (idle_in_transaction_session_timeout) and
+/// `25P04` (transaction_timeout, PostgreSQL 17). Both are FATAL: the server rolled the
+/// transaction back and closed the connection, and a redelivery on another one succeeds.
+/// The rest of class `25` (invalid transaction state, such as `25P02`, a statement in an
+/// aborted transaction) is the handler's doing: permanent.
+fn unavailable_code(code: &str) -> bool {
+    code.len() == 5
+        && (matches!(
+            code.as_bytes()[..2],
+            [b'0', b'8'] | [b'5', b'3'] | [b'5', b'7']
+        ) || matches!(code, "25P03" | "25P04"))
 }
 
 /// Your own classification, consulted before the default one.
@@ -403,6 +416,21 @@ mod tests {
         assert_eq!(policy.decide(&too_long, 1), Ack::DeadLetter);
         let decode: Result<Outcome<()>, sqlx::Error> = Err(sqlx::Error::ColumnNotFound("x".into()));
         assert_eq!(policy.decide(&decode, 1), Ack::DeadLetter);
+    }
+
+    #[test]
+    fn sqlstates_of_a_database_that_is_away() {
+        for code in [
+            "08006", "08P01", "53300", "57P01", "57P05", "57014", "25P03", "25P04",
+        ] {
+            assert!(unavailable_code(code), "{code}");
+        }
+        // Invalid transaction states the handler caused, constraint and data errors.
+        for code in [
+            "25P02", "25001", "25006", "23505", "22001", "42P01", "40001", "", "08",
+        ] {
+            assert!(!unavailable_code(code), "{code}");
+        }
     }
 
     #[test]

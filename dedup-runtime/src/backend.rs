@@ -2,6 +2,7 @@
 
 use std::error::Error as StdError;
 use std::future::Future;
+use std::sync::atomic::AtomicBool;
 
 use sqlx::error::DatabaseError;
 use sqlx::pool::PoolConnection;
@@ -16,7 +17,7 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
-/// The claim statements of one dedup table, one per backend, fixed at compile time.
+/// The statements of one dedup table, one per backend, fixed at compile time.
 ///
 /// Built by `statements!("table")`, so that nothing is formatted per call.
 #[doc(hidden)]
@@ -26,15 +27,33 @@ pub struct Statements {
     pub postgres: &'static str,
     pub mysql: &'static str,
     pub sqlite: &'static str,
+    /// Moves `processed_at` to the end of a slow transaction (see `run::STAMP_AFTER`).
+    pub postgres_stamp: &'static str,
+    pub sqlite_stamp: &'static str,
+    /// MySQL's checked commit: stamps the dedup row with the commit time, fails unless
+    /// the row is still this transaction's own, commits, and leaves autocommit mode again.
+    pub mysql_commit: &'static str,
 }
 
-/// The claim statements for a table name literal, as a `&'static Statements`.
+/// The statements for a table name literal, as a `&'static Statements`.
 ///
-/// PostgreSQL and SQLite insert or do nothing (zero rows means a duplicate). MySQL and
-/// MariaDB have no `DO NOTHING`: `INSERT IGNORE` would turn other errors into warnings and
-/// the driver reports found rows for `ON DUPLICATE KEY UPDATE`, so the claim is a plain
-/// insert whose duplicate-key error (1062, for this statement only ever the table's
-/// primary key) means a duplicate; MySQL keeps the transaction usable after it.
+/// PostgreSQL and SQLite insert or do nothing (zero rows means a duplicate); the row's
+/// `processed_at` is the claim statement's own time (PostgreSQL: `clock_timestamp()`, not
+/// the transaction's start). MySQL and MariaDB have no `DO NOTHING`: `INSERT IGNORE` would
+/// turn other errors into warnings and the driver reports found rows for `ON DUPLICATE
+/// KEY UPDATE`, so the claim is a plain insert whose duplicate-key error (1062, for this
+/// statement only ever the table's primary key) means a duplicate; MySQL keeps the
+/// transaction usable after it. It writes `processed_at` in UTC whatever the session's
+/// time zone, and remembers the row in session variables for the checked commit:
+///
+/// ```sql
+/// UPDATE t SET processed_at = UTC_TIMESTAMP(6)
+///  WHERE consumer = @dedup_consumer AND message_id = @dedup_message_id
+///    AND processed_at = @dedup_claimed_at;           -- only this transaction's own row
+/// SELECT (SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE ROW_COUNT() <> 1);
+///                                                     -- error 1242 unless it was there
+/// COMMIT; SET autocommit = 1
+/// ```
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __statements {
@@ -44,17 +63,40 @@ macro_rules! __statements {
             postgres: ::core::concat!(
                 "INSERT INTO ",
                 $table,
-                " (consumer, message_id) VALUES ($1, $2) ON CONFLICT DO NOTHING"
+                " (consumer, message_id, processed_at) VALUES ($1, $2, clock_timestamp()) \
+                 ON CONFLICT DO NOTHING"
             ),
             mysql: ::core::concat!(
                 "INSERT INTO ",
                 $table,
-                " (consumer, message_id) VALUES (?, ?)"
+                " (consumer, message_id, processed_at) \
+                 VALUES (@dedup_consumer := ?, @dedup_message_id := ?, \
+                 @dedup_claimed_at := UTC_TIMESTAMP(6))"
             ),
             sqlite: ::core::concat!(
                 "INSERT INTO ",
                 $table,
                 " (consumer, message_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING"
+            ),
+            postgres_stamp: ::core::concat!(
+                "UPDATE ",
+                $table,
+                " SET processed_at = clock_timestamp() WHERE consumer = $1 AND message_id = $2"
+            ),
+            sqlite_stamp: ::core::concat!(
+                "UPDATE ",
+                $table,
+                " SET processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+                 WHERE consumer = ?1 AND message_id = ?2"
+            ),
+            mysql_commit: ::core::concat!(
+                "UPDATE ",
+                $table,
+                " SET processed_at = UTC_TIMESTAMP(6) \
+                 WHERE consumer = @dedup_consumer AND message_id = @dedup_message_id \
+                 AND processed_at = @dedup_claimed_at; \
+                 SELECT (SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE ROW_COUNT() <> 1); \
+                 COMMIT; SET autocommit = 1"
             ),
         };
         STATEMENTS
@@ -73,6 +115,18 @@ pub trait Backend: Database + sealed::Sealed {
     #[doc(hidden)]
     fn claim_sql(statements: &Statements) -> &'static str;
 
+    /// The statement that moves a claimed row's `processed_at` to now, for a transaction
+    /// that ran long between its claim and its commit; `None` where the commit itself
+    /// always writes the commit time (MySQL).
+    #[doc(hidden)]
+    fn stamp_sql(statements: &Statements) -> Option<&'static str>;
+
+    /// Whether a transaction of the handler's changes the session (MySQL's
+    /// `autocommit`): a pooled connection whose call ended before the handler restored it
+    /// (cancelled, panicked) is closed instead of going back to the pool.
+    #[doc(hidden)]
+    const CHANGES_SESSION: bool = false;
+
     /// Inserts the dedup row; `Ok(false)` when it was already there.
     #[doc(hidden)]
     fn claim<'c>(
@@ -82,20 +136,44 @@ pub trait Backend: Database + sealed::Sealed {
         id: &'c str,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
 
-    /// Begins a transaction the handler owns (SQLite: `BEGIN IMMEDIATE`). With
-    /// `business_keys`, the session is prepared for [`Backend::unique_violation_link`].
+    /// Runs `sql` (a [`Backend::stamp_sql`]) for the claimed row.
+    #[doc(hidden)]
+    fn stamp<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &'static str,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+
+    /// Begins a transaction the handler owns (SQLite: `BEGIN IMMEDIATE`; MySQL: out of
+    /// autocommit mode first). With `business_keys`, the session is prepared for
+    /// [`Backend::unique_violation_link`].
     #[doc(hidden)]
     fn begin_owned(
         conn: &mut Self::Connection,
         business_keys: bool,
     ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_;
 
-    /// Begins a transaction on a connection of `pool` (SQLite: `BEGIN IMMEDIATE`).
+    /// Commits a transaction the handler owns — only if the database has not rolled it
+    /// back by itself in the meantime ([`RolledBack`](crate::RolledBack)). `claimed`: the
+    /// statements of its dedup row, if it claimed one. `pooled`: the connection goes
+    /// back to a pool (which flushes queued statements at once); otherwise it is the
+    /// caller's, and nothing may be left queued or open on it.
     #[doc(hidden)]
-    fn begin_pool(
-        pool: &Pool<Self>,
-        business_keys: bool,
-    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_;
+    fn commit_owned<'t>(
+        tx: Tx<'t, Self>,
+        claimed: Option<crate::run::Claimed<'t>>,
+        pooled: bool,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
+
+    /// Rolls back a transaction the handler owns. `wrote`: anything beyond a failed or
+    /// empty claim may have been written (a pooled duplicate's rollback may be queued).
+    #[doc(hidden)]
+    fn rollback_owned<'t>(
+        tx: Tx<'t, Self>,
+        pooled: bool,
+        wrote: bool,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
 
     /// Begins a savepoint inside the caller's transaction.
     #[doc(hidden)]
@@ -123,7 +201,8 @@ pub trait Backend: Database + sealed::Sealed {
     #[doc(hidden)]
     fn is_transient_link(error: &(dyn StdError + 'static)) -> bool;
 
-    /// The statements that create `table` and its pruning index.
+    /// The statements that create `table` and its pruning index, and upgrade an existing
+    /// one.
     #[doc(hidden)]
     fn ddl(table: &Table) -> Vec<String>;
 
@@ -133,6 +212,19 @@ pub trait Backend: Database + sealed::Sealed {
         pool: &Pool<Self>,
         ddl: Vec<String>,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
+}
+
+/// Ends a transaction whose end the backend has already sent as plain SQL (so that sqlx
+/// still counts it open): a pooled connection's pool flushes the queued `ROLLBACK` with
+/// the ping it sends anyway; on a caller's connection it is sent now, so that nothing is
+/// left queued or open. Its failure changes nothing of what was committed.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) async fn discard<DB: Backend>(tx: Transaction<'_, DB>, pooled: bool) {
+    if pooled {
+        drop(tx);
+    } else if let Err(error) = tx.rollback().await {
+        tracing::debug!(%error, "closing the transaction's bookkeeping failed");
+    }
 }
 
 /// The first `Some` that `look` finds in `error`'s chain of sources. `look` sees each
@@ -207,11 +299,48 @@ pub(crate) fn unique_violation<DB: Backend>(error: &(dyn StdError + 'static)) ->
 }
 
 /// Where a handler's transaction comes from: a pool, or a connection the caller lends
-/// (possibly inside the caller's own transaction).
+/// (possibly inside the caller's own transaction). Lives for one call of the generated
+/// function, across its attempts.
 #[doc(hidden)]
-pub enum Handle<'a, DB: Database> {
-    Pool(&'a Pool<DB>),
+pub struct Handle<'a, DB: Database> {
+    pub(crate) source: Source<'a, DB>,
+    /// Set while the session of a pooled connection is changed by an unfinished
+    /// transaction (MySQL's autocommit): if the call ends here, the connection is closed.
+    pub(crate) unclean: AtomicBool,
+}
+
+pub(crate) enum Source<'a, DB: Database> {
+    /// The pool, and the connection of the current attempt.
+    Pool(&'a Pool<DB>, Option<PoolConnection<DB>>),
     Conn(&'a mut DB::Connection),
+}
+
+impl<'a, DB: Database> Handle<'a, DB> {
+    fn new(source: Source<'a, DB>) -> Self {
+        Handle {
+            source,
+            unclean: AtomicBool::new(false),
+        }
+    }
+}
+
+impl<DB: Database> Drop for Handle<'_, DB> {
+    fn drop(&mut self) {
+        if *self.unclean.get_mut()
+            && let Source::Pool(_, Some(conn)) = &mut self.source
+        {
+            conn.close_on_drop();
+        }
+    }
+}
+
+/// One attempt's transaction (or savepoint), as the generated code holds it between
+/// [`Run::begin`](crate::run::Run::begin) and its commit or abort.
+#[doc(hidden)]
+pub struct Tx<'h, DB: Database> {
+    pub(crate) tx: Transaction<'h, DB>,
+    /// The handle's flag: set while the session is changed (see [`Handle`]).
+    pub(crate) unclean: &'h AtomicBool,
 }
 
 /// What the function generated by `#[idempotent]` accepts in place of the handler's
@@ -234,19 +363,19 @@ pub trait Db<'a, DB: Backend> {
 
 impl<'a, DB: Backend> Db<'a, DB> for &'a Pool<DB> {
     fn into_handle(self) -> Handle<'a, DB> {
-        Handle::Pool(self)
+        Handle::new(Source::Pool(self, None))
     }
 }
 
 impl<'a, DB: Backend> Db<'a, DB> for &'a mut Transaction<'_, DB> {
     fn into_handle(self) -> Handle<'a, DB> {
-        Handle::Conn(&mut **self)
+        Handle::new(Source::Conn(&mut **self))
     }
 }
 
 impl<'a, DB: Backend> Db<'a, DB> for &'a mut PoolConnection<DB> {
     fn into_handle(self) -> Handle<'a, DB> {
-        Handle::Conn(&mut **self)
+        Handle::new(Source::Conn(&mut **self))
     }
 }
 
@@ -264,15 +393,15 @@ pub trait HandlerConnection<'t> {
 
     /// The handler's view of the generated transaction.
     #[doc(hidden)]
-    fn from_transaction<'a>(tx: &'a mut Transaction<'t, Self::Database>) -> &'a mut Self;
+    fn from_transaction<'a>(tx: &'a mut Tx<'t, Self::Database>) -> &'a mut Self;
 }
 
 #[diagnostic::do_not_recommend]
 impl<'t, DB: Backend> HandlerConnection<'t> for Transaction<'t, DB> {
     type Database = DB;
 
-    fn from_transaction<'a>(tx: &'a mut Transaction<'t, DB>) -> &'a mut Self {
-        tx
+    fn from_transaction<'a>(tx: &'a mut Tx<'t, DB>) -> &'a mut Self {
+        &mut tx.tx
     }
 }
 
@@ -283,7 +412,7 @@ macro_rules! connection_impls {
 
         impl<'a> crate::backend::Db<'a, $database> for &'a mut $connection {
             fn into_handle(self) -> crate::backend::Handle<'a, $database> {
-                crate::backend::Handle::Conn(self)
+                crate::backend::Handle::new(crate::backend::Source::Conn(self))
             }
         }
 
@@ -291,12 +420,19 @@ macro_rules! connection_impls {
         impl<'t> crate::backend::HandlerConnection<'t> for $connection {
             type Database = $database;
 
-            fn from_transaction<'a>(
-                tx: &'a mut ::sqlx::Transaction<'t, $database>,
-            ) -> &'a mut Self {
-                &mut **tx
+            fn from_transaction<'a>(tx: &'a mut crate::backend::Tx<'t, $database>) -> &'a mut Self {
+                &mut *tx.tx
             }
         }
     };
 }
 pub(crate) use connection_impls;
+
+/// Rolls `tx` back, logging a failure: the error that made us roll back is the one that
+/// matters.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) async fn rollback_logged<DB: Backend>(tx: Transaction<'_, DB>) {
+    if let Err(error) = tx.rollback().await {
+        tracing::debug!(%error, "rollback failed; the transaction is discarded");
+    }
+}

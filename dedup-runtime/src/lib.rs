@@ -108,6 +108,7 @@ mod outcome;
 mod probe;
 mod prune;
 mod retry;
+mod rolled_back;
 mod run;
 
 #[doc(hidden)]
@@ -126,6 +127,8 @@ pub use prune::{
     PruneError, PruneProgress,
 };
 pub use retry::{BASE_DELAY, MAX_ATTEMPTS, MAX_DELAY};
+pub use rolled_back::RolledBack;
+pub use run::STAMP_AFTER;
 
 /// Makes an `async fn` message handler effectively-once.
 ///
@@ -198,6 +201,10 @@ pub use retry::{BASE_DELAY, MAX_ATTEMPTS, MAX_DELAY};
 ///             Ok(())
 ///         }
 ///         .await;
+///         // 5. COMMIT, checked in the same round trip: PostgreSQL sends
+///         //    `SELECT 1; COMMIT; BEGIN`, whose `SELECT` fails with 25P02 when a
+///         //    statement of the body failed and the body went on (PostgreSQL would
+///         //    answer a plain COMMIT with ROLLBACK and no error); see `RolledBack`.
 ///         let error = match result {
 ///             Ok(value) => match tx.commit().await {
 ///                 Ok(()) => return Ok(Outcome::Processed(value)),
@@ -208,7 +215,7 @@ pub use retry::{BASE_DELAY, MAX_ATTEMPTS, MAX_DELAY};
 ///                 error
 ///             }
 ///         };
-///         // 5. A deadlock, serialization failure or lock timeout runs the whole
+///         // 6. A deadlock, serialization failure or lock timeout runs the whole
 ///         //    transaction again, body included, after a random pause that doubles
 ///         //    in bound each time; up to MAX_ATTEMPTS attempts.
 ///         # let transient = false;
@@ -278,7 +285,16 @@ pub use retry::{BASE_DELAY, MAX_ATTEMPTS, MAX_DELAY};
 ///   session's `lc_messages` to `en_US`, in the same round trip as its `BEGIN` (inside a
 ///   caller's transaction, as one extra statement before its savepoint), and reads the key
 ///   name from that one known format. The setting stays on the pooled connection: later
-///   error messages on it are in English.
+///   error messages on it are in English. Key names are unique only per table (`UNIQUE
+///   (order_id)` is named `order_id` on every table that has one), and MariaDB's message
+///   does not say which table: a name in `unique` matches only when exactly one table of
+///   the connection's current database has a unique key of that name (looked up in
+///   `information_schema` when a violation happens). `unique = "table.key"` names the
+///   table too: MySQL 8, whose message says `table.key`, matches it as it is; on MariaDB
+///   that table must still be the only one with a key of that name. So give the keys the
+///   body may violate names unique in the database (`shipments_order_id_key`), not
+///   `order_id` or `PRIMARY` (every table has one): when several tables have a key of the
+///   violated name, the violation is returned as an error, never taken for a duplicate.
 /// - **SQLite**: extended codes 2067 / 1555 report the table and columns
 ///   (`UNIQUE constraint failed: shipments.order_id`), never translated. A name in
 ///   `unique` is resolved to its index's table and columns and compared; write the name of
@@ -309,6 +325,51 @@ pub use retry::{BASE_DELAY, MAX_ATTEMPTS, MAX_DELAY};
 /// `anyhow::Error` / `Box<dyn Error>`; an `E` that hides it (a string, a generic `E`)
 /// is returned to the caller instead of retried. Inside a caller's transaction the
 /// handler runs in a savepoint and never retries: the caller owns the transaction.
+///
+/// # Never swallow a database error in a body
+///
+/// A body that catches a database error and goes on (`let _ = query.execute(&mut *tx)
+/// .await;`, `.ok()`) works on a transaction the database may already have ended:
+/// PostgreSQL aborts it at the failed statement, InnoDB rolls it back on a deadlock,
+/// SQLite on `SQLITE_FULL`, an I/O error, `RAISE(ROLLBACK, …)` or `ON CONFLICT
+/// ROLLBACK`. The handler never reports such a call as processed: it commits only a
+/// transaction that still holds its dedup row, runs the call again (like a transient
+/// failure), and then returns [`RolledBack`]; nothing of it was committed. What it cannot
+/// undo: on SQLite the statements a body runs *after* an automatic rollback run in
+/// autocommit mode, each committed on its own. To try a statement that may fail, run it in
+/// a savepoint (`let mut sp = tx.begin().await?;` … `sp.commit()`), whose rollback
+/// leaves the handler's transaction intact.
+///
+/// On MySQL and MariaDB the handler's own transaction runs with `autocommit = 0` (set
+/// with its `BEGIN`, restored with its `COMMIT` or `ROLLBACK`, in the same round trips),
+/// so that statements after an InnoDB rollback are not committed one by one; a pooled
+/// connection whose call is cancelled or panics before that is closed instead of going
+/// back to the pool. DDL in a body (`TRUNCATE`, `CREATE`, `ALTER`…) commits implicitly on
+/// MySQL: it commits the dedup row and the work so far, and a later error can no longer
+/// roll them back. Keep DDL out of handlers.
+///
+/// # The caller's connection
+///
+/// Given `&mut` a connection that is not in a transaction, the handler begins and ends
+/// its own transaction on it, and ends it before it returns (a duplicate's rollback is
+/// not left queued, where the session would sit idle in a transaction holding locks until
+/// its next use; this costs one round trip more than with a pool, whose connections are
+/// flushed as they go back). If the call is *cancelled* (its future dropped) or panics,
+/// the rollback is queued on the connection and sent with its next statement; on MySQL the
+/// session may also be left with `autocommit = 0`. Do not keep such a connection: drop or
+/// close it (a `PoolConnection` goes back to its pool, which flushes it), or run
+/// `ROLLBACK` on it (and on MySQL `SET autocommit = 1`) before using it again.
+///
+/// # When an id counts as processed
+///
+/// `processed_at` is the time the redelivery window of [`Prune`] counts from. The claim
+/// writes its own statement's time (on PostgreSQL `clock_timestamp()`, not the
+/// transaction's start); a transaction that runs longer than [`STAMP_AFTER`] between its
+/// claim and its commit moves it to its end with one more statement, and MySQL/MariaDB
+/// always write the commit time, in UTC. Pruning keeps `STAMP_AFTER` as a margin. Inside a
+/// caller's transaction the handler's part ends at its savepoint's release: the time the
+/// caller's transaction goes on after that counts as if it were part of the redelivery
+/// window; keep it short, or prune that much later.
 ///
 /// On MySQL and MariaDB, a deadlock or lock wait timeout inside a caller's transaction
 /// rolls back the **whole** transaction, not only the handler's savepoint (InnoDB does

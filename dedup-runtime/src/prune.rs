@@ -84,8 +84,10 @@ pub const MAX_PRUNE_AGE: Duration = Duration::from_secs(1_000 * 365 * 24 * 60 * 
 /// # What it runs
 ///
 /// First the cutoff, on the server's clock (`now() - age` on PostgreSQL,
-/// `NOW(6) - INTERVAL … MICROSECOND` on MySQL and MariaDB, `strftime(…, 'now', '-N
-/// seconds')` on SQLite), read once: ids that age past it while the run goes on are left
+/// `UTC_TIMESTAMP(6) - INTERVAL … MICROSECOND` on MySQL and MariaDB, `strftime(…, 'now',
+/// '-N seconds')` on SQLite), where the age is `older_than` plus
+/// [`STAMP_AFTER`](crate::STAMP_AFTER): a `processed_at` lies at most that much before its
+/// transaction's commit, from which the redelivery window counts. It is read once: ids that age past it while the run goes on are left
 /// for the next run, so a run always ends. Then batches until one deletes fewer rows than
 /// the batch size, each its own short transaction that deletes the oldest ids below the
 /// cutoff through the `processed_at` index:
@@ -108,9 +110,18 @@ pub const MAX_PRUNE_AGE: Duration = Duration::from_secs(1_000 * 365 * 24 * 60 * 
 /// # Clocks and formats
 ///
 /// The cutoff and `processed_at` come from the same clock: the server's (PostgreSQL,
-/// MariaDB; sqlx sessions run in UTC) or the machine's (SQLite). On SQLite the comparison
-/// is on the text `strftime('%Y-%m-%dT%H:%M:%fZ')` that the column's default writes; rows
-/// you insert yourself must use that format.
+/// MySQL, MariaDB) or the machine's (SQLite), and no session setting shifts one against
+/// the other:
+///
+/// - PostgreSQL: `processed_at` is a `timestamptz`, an instant. The cutoff is read back
+///   as ISO 8601 text in UTC, which every session parses as the same instant, whatever
+///   its `DateStyle` and `TimeZone` (application code may change them on pooled
+///   sessions).
+/// - MySQL / MariaDB: `processed_at` is a `DATETIME(6)` in UTC (the claim writes
+///   `UTC_TIMESTAMP(6)`), and pruning reads `UTC_TIMESTAMP(6)`, never `NOW(6)`: the
+///   sessions' `time_zone` plays no part. Rows you insert yourself must be in UTC.
+/// - SQLite: the comparison is on the text `strftime('%Y-%m-%dT%H:%M:%fZ')` that the
+///   column's default writes (UTC); rows you insert yourself must use that format.
 #[derive(Debug, Clone)]
 pub struct Prune {
     older_than: Duration,
@@ -233,6 +244,12 @@ impl Prune {
         self.validate().map(drop)
     }
 
+    /// How far back the cutoff lies: the age, plus [`STAMP_AFTER`](crate::STAMP_AFTER),
+    /// the most a `processed_at` may lie before its transaction's commit.
+    fn cutoff_age(&self) -> Duration {
+        self.older_than.saturating_add(crate::STAMP_AFTER)
+    }
+
     fn validate(&self) -> Result<Table, PruneError> {
         if self.older_than < self.redelivery_window {
             return Err(PruneError::WindowTooShort {
@@ -301,7 +318,7 @@ impl Prune {
     ) -> Result<PruneProgress, PruneError> {
         let table = self.validate()?;
         let consumer = self.consumer.as_deref();
-        let cutoff = DB::cutoff(pool, self.older_than).await?;
+        let cutoff = DB::cutoff(pool, self.cutoff_age()).await?;
         let started = Instant::now();
         let mut state = PruneProgress {
             deleted: 0,
@@ -407,7 +424,7 @@ impl Prune {
         pool: &Pool<DB>,
     ) -> Result<Vec<ConsumerStats>, PruneError> {
         let table = self.validate()?;
-        let cutoff = DB::cutoff(pool, self.older_than).await?;
+        let cutoff = DB::cutoff(pool, self.cutoff_age()).await?;
         Ok(DB::stats(pool, &table, self.consumer.as_deref(), &cutoff).await?)
     }
 }
@@ -426,7 +443,11 @@ pub struct PruneProgress {
     pub elapsed: Duration,
     /// Whether this was the last batch.
     pub done: bool,
-    /// The cutoff, as the database printed it: ids processed before it are deleted.
+    /// The cutoff in UTC, as the database printed it: ids processed before it are
+    /// deleted. Its format is fixed per backend, whatever the session's settings:
+    /// PostgreSQL `2026-11-12T07:35:19.681609Z` (ISO 8601, microseconds), MySQL and
+    /// MariaDB `2026-11-12 07:35:19.681609` (a `DATETIME(6)`'s text, in UTC), SQLite
+    /// `2026-11-12T07:35:19.681Z` (the column's own format, milliseconds).
     pub cutoff: String,
 }
 
@@ -570,7 +591,8 @@ mod sealed {
 ///
 /// Sealed: its methods are the library's internals, the pruning SQL of each backend.
 pub trait PruneBackend: Backend + sealed::Sealed {
-    /// The cutoff `now - age` on the database's clock, as text its comparisons accept.
+    /// The cutoff `now - age` on the database's clock, as text its comparisons accept on
+    /// every session (see [`PruneProgress::cutoff`] for the formats).
     #[doc(hidden)]
     fn cutoff(
         pool: &Pool<Self>,
@@ -579,7 +601,8 @@ pub trait PruneBackend: Backend + sealed::Sealed {
 
     /// Deletes up to `limit` ids processed before `cutoff` (and not before `after`),
     /// oldest first, in one short transaction; returns how many it deleted and the
-    /// newest `processed_at` among them: no id left to delete is older.
+    /// newest `processed_at` among them (in the cutoff's format): no id left to delete
+    /// is older.
     #[doc(hidden)]
     fn delete_batch<'a>(
         pool: &'a Pool<Self>,

@@ -5,14 +5,17 @@
 #![allow(missing_docs)]
 
 use std::error::Error as StdError;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
-use sqlx::{Connection, Transaction};
+use sqlx::Connection;
 use tracing::Span;
 
-use crate::backend::{self, Backend, Handle, Statements};
+use crate::backend::{self, Backend, Handle, Source, Statements, Tx};
 use crate::key::{MessageId, MessageKey};
 use crate::outcome::{Duplicate, Outcome};
 use crate::retry;
+use crate::rolled_back::RolledBack;
 
 /// The validated id of `key`, or the typed error for a bad one.
 pub fn message_id<K: MessageKey + ?Sized>(key: &K) -> Result<MessageId<'_>, sqlx::Error> {
@@ -32,7 +35,7 @@ pub enum Exit<T, E> {
 /// Result of [`Run::begin`].
 pub enum Begin<'h, DB: Backend> {
     /// The dedup row is in; run the body on this transaction.
-    Fresh(Transaction<'h, DB>),
+    Fresh(Tx<'h, DB>),
     Duplicate(Duplicate),
     /// A transient failure, already backed off: try again.
     Again,
@@ -54,6 +57,22 @@ pub enum Commit {
     Done,
     Again,
     Failed(sqlx::Error),
+}
+
+/// A transaction that ran longer than this between its claim and its commit has its
+/// dedup row's `processed_at` moved to the commit (one more statement, on slow
+/// transactions only), so that the redelivery window counts from the commit; a faster
+/// one keeps the claim's time, at most this much early. [`Prune`](crate::Prune) keeps
+/// this margin in its cutoff. (MySQL and MariaDB always write the commit time.)
+pub const STAMP_AFTER: Duration = Duration::from_secs(1);
+
+/// The claimed dedup row, as the backend's commit needs it.
+pub struct Claimed<'c> {
+    pub statements: &'static Statements,
+    pub consumer: &'static str,
+    pub id: &'c str,
+    /// Claimed more than [`STAMP_AFTER`] ago: its `processed_at` must be moved.
+    pub slow: bool,
 }
 
 /// What a handler deduplicates on: the message id it claims (`key = …`) and the
@@ -87,6 +106,10 @@ pub struct Run<'k> {
     /// Whether the current attempt's transaction is ours (not a savepoint in the
     /// caller's): only then can a transient failure be retried.
     owned: bool,
+    /// Whether the current attempt's connection came from a pool (and goes back to it).
+    pooled: bool,
+    /// When the current attempt's claim was sent.
+    claimed_at: Option<Instant>,
 }
 
 impl<'k> Run<'k> {
@@ -117,6 +140,8 @@ impl<'k> Run<'k> {
             span,
             attempt: 0,
             owned: false,
+            pooled: false,
+            claimed_at: None,
         }
     }
 
@@ -137,13 +162,32 @@ impl<'k> Run<'k> {
         handle: &'h mut Handle<'_, DB>,
     ) -> Begin<'h, DB> {
         self.attempt += 1;
+        self.claimed_at = None;
         let business_keys = !self.unique.is_empty();
-        let begun = match handle {
-            Handle::Pool(pool) => {
+        let Handle { source, unclean } = handle;
+        let unclean: &'h AtomicBool = unclean;
+        let begun = match source {
+            Source::Pool(pool, slot) => {
                 self.owned = true;
-                DB::begin_pool(pool, business_keys).await
+                self.pooled = true;
+                // Each attempt on a connection of its own, as `pool.begin()` would; one
+                // that an earlier attempt left with a changed session is closed.
+                if let Some(mut previous) = slot.take()
+                    && unclean.swap(false, Ordering::Relaxed)
+                {
+                    previous.close_on_drop();
+                }
+                match pool.acquire().await {
+                    Ok(conn) => {
+                        let conn = slot.insert(conn);
+                        unclean.store(DB::CHANGES_SESSION, Ordering::Relaxed);
+                        DB::begin_owned(conn, business_keys).await
+                    }
+                    Err(error) => Err(error),
+                }
             }
-            Handle::Conn(conn) => {
+            Source::Conn(conn) => {
+                self.pooled = false;
                 self.owned = !conn.is_in_transaction();
                 if self.owned {
                     DB::begin_owned(conn, business_keys).await
@@ -152,7 +196,7 @@ impl<'k> Run<'k> {
                 }
             }
         };
-        let mut tx = match begun {
+        let tx = match begun {
             Ok(tx) => tx,
             Err(error) => {
                 return self
@@ -161,23 +205,32 @@ impl<'k> Run<'k> {
                     .map_or(Begin::Again, Begin::Failed);
             }
         };
+        let mut tx = Tx { tx, unclean };
         let Some(claim) = &self.claim else {
             return Begin::Fresh(tx);
         };
         let sql = DB::claim_sql(claim.statements);
-        match DB::claim(&mut tx, sql, claim.consumer, claim.id).await {
-            Ok(true) => Begin::Fresh(tx),
+        let sent = Instant::now();
+        match DB::claim(&mut tx.tx, sql, claim.consumer, claim.id).await {
+            Ok(true) => {
+                self.claimed_at = Some(sent);
+                Begin::Fresh(tx)
+            }
+            // Our own transaction wrote nothing. On a pooled connection its ROLLBACK may
+            // be queued: sqlx sends it with the ping the pool sends as it takes the
+            // connection back, off the caller's path, so the duplicate costs BEGIN and the
+            // claim. On a caller's connection it is sent now, so that the session does not
+            // sit idle in a transaction, holding the claim's lock, until its next use.
             Ok(false) if self.owned => {
-                // Our own transaction wrote nothing: dropping it queues the ROLLBACK, which
-                // sqlx sends before the connection's next use (or as it returns to the
-                // pool), off the caller's path. The duplicate costs BEGIN and the claim.
-                drop(tx);
+                if let Err(error) = DB::rollback_owned(tx, self.pooled, false).await {
+                    tracing::debug!(%error, "rollback after a duplicate failed");
+                }
                 self.finish("duplicate");
                 Begin::Duplicate(Duplicate::AlreadyProcessed)
             }
             // A savepoint in the caller's transaction is released now, so that the
             // caller's next statement finds its transaction as it left it.
-            Ok(false) => match tx.rollback().await {
+            Ok(false) => match tx.tx.rollback().await {
                 Ok(()) => {
                     self.finish("duplicate");
                     Begin::Duplicate(Duplicate::AlreadyProcessed)
@@ -188,7 +241,7 @@ impl<'k> Run<'k> {
                 }
             },
             Err(error) => {
-                rollback(tx).await;
+                self.rollback(tx).await;
                 self.failed::<DB>(error)
                     .await
                     .map_or(Begin::Again, Begin::Failed)
@@ -197,8 +250,21 @@ impl<'k> Run<'k> {
     }
 
     /// Commits the body's work together with the dedup row.
-    pub async fn commit<DB: Backend>(&mut self, tx: Transaction<'_, DB>) -> Commit {
-        match tx.commit().await {
+    pub async fn commit<DB: Backend>(&mut self, tx: Tx<'_, DB>) -> Commit {
+        let claimed = self.claim.as_ref().map(|claim| Claimed {
+            statements: claim.statements,
+            consumer: claim.consumer,
+            id: claim.id,
+            slow: self
+                .claimed_at
+                .is_some_and(|sent| sent.elapsed() >= STAMP_AFTER),
+        });
+        let committed = if self.owned {
+            DB::commit_owned(tx, claimed, self.pooled).await
+        } else {
+            commit_nested(tx, claimed).await
+        };
+        match committed {
             Ok(()) => {
                 self.finish("processed");
                 Commit::Done
@@ -215,7 +281,7 @@ impl<'k> Run<'k> {
     /// makes the call a duplicate, a transient failure runs it again.
     pub fn abort<'a, 't, DB: Backend>(
         &'a mut self,
-        mut tx: Transaction<'t, DB>,
+        mut tx: Tx<'t, DB>,
         cause: Option<&(dyn StdError + 'static)>,
     ) -> impl Future<Output = Abort> + use<'a, 'k, 't, DB> {
         // Classify before the first await, so that the future holds no borrow of the
@@ -227,10 +293,10 @@ impl<'k> Run<'k> {
         };
         async move {
             let business_key = match violation {
-                Some(violation) => DB::matching(&mut tx, violation, self.unique).await,
+                Some(violation) => DB::matching(&mut tx.tx, violation, self.unique).await,
                 None => None,
             };
-            rollback(tx).await;
+            self.rollback(tx).await;
             if let Some(constraint) = business_key {
                 self.finish("duplicate");
                 return Abort::Duplicate(Duplicate::BusinessKey { constraint });
@@ -243,10 +309,24 @@ impl<'k> Run<'k> {
         }
     }
 
+    /// Rolls back, keeping the error that made us roll back as the one that matters: a
+    /// failed rollback means the connection is gone, and the transaction with it.
+    async fn rollback<DB: Backend>(&self, tx: Tx<'_, DB>) {
+        let rolled_back = if self.owned {
+            DB::rollback_owned(tx, self.pooled, true).await
+        } else {
+            tx.tx.rollback().await
+        };
+        if let Err(error) = rolled_back {
+            tracing::debug!(%error, "rollback failed; the transaction is discarded");
+        }
+    }
+
     /// `None` after backing off from a transient `error` that may be retried; otherwise
-    /// the error to return.
+    /// the error to return. A transaction the database rolled back by itself
+    /// ([`RolledBack`]) is run again too: a swallowed deadlock succeeds the next time.
     async fn failed<DB: Backend>(&mut self, error: sqlx::Error) -> Option<sqlx::Error> {
-        if backend::is_transient::<DB>(&error) {
+        if backend::is_transient::<DB>(&error) || RolledBack::find(&error).is_some() {
             tracing::debug!(attempt = self.attempt, %error, "transient database error");
             if self.back_off().await {
                 return None;
@@ -274,10 +354,21 @@ impl<'k> Run<'k> {
     }
 }
 
-/// Rolls back, keeping the error that made us roll back as the one that matters: a
-/// failed rollback means the connection is gone, and the transaction with it.
-async fn rollback<DB: Backend>(tx: Transaction<'_, DB>) {
-    if let Err(error) = tx.rollback().await {
-        tracing::debug!(%error, "rollback failed; the transaction is discarded");
+/// Releases a savepoint in the caller's transaction (its `RELEASE` fails if the database
+/// rolled the transaction back meanwhile), after moving a slow claim's `processed_at` to
+/// now. The caller's own commit comes later: see [`STAMP_AFTER`].
+async fn commit_nested<DB: Backend>(
+    mut tx: Tx<'_, DB>,
+    claimed: Option<Claimed<'_>>,
+) -> Result<(), sqlx::Error> {
+    if let Some(claimed) = claimed.filter(|claimed| claimed.slow)
+        && let Some(sql) = DB::stamp_sql(claimed.statements)
+        && let Err(error) = DB::stamp(&mut tx.tx, sql, claimed.consumer, claimed.id).await
+    {
+        if let Err(error) = tx.tx.rollback().await {
+            tracing::debug!(%error, "rollback failed; the transaction is discarded");
+        }
+        return Err(error);
     }
+    tx.tx.commit().await
 }

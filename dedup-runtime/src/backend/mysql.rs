@@ -5,8 +5,10 @@ use std::error::Error as StdError;
 use sqlx::mysql::{MySqlConnection, MySqlDatabaseError};
 use sqlx::{AssertSqlSafe, Connection, MySql, Pool, Transaction};
 
-use super::{Backend, Statements, Violation};
+use super::{Backend, Statements, Tx, Violation};
 use crate::migrate::Table;
+use crate::rolled_back::RolledBack;
+use crate::run::Claimed;
 
 super::connection_impls!(MySql, MySqlConnection);
 
@@ -15,15 +17,73 @@ const ER_DUP_ENTRY: u16 = 1062;
 /// message language changes; it is the library's to set on connections that run
 /// handlers with `unique = …`.
 const ENGLISH: &str = "SET SESSION lc_messages = 'en_US'";
-const ENGLISH_THEN_BEGIN: &str = "SET SESSION lc_messages = 'en_US'; BEGIN";
 
-/// The key name at the end of an English 1062 message.
+/// The handler's own transactions run out of autocommit mode. InnoDB rolls the whole
+/// transaction back on a deadlock and ends it: in autocommit mode a body that swallowed
+/// the error would write the rest of its effects one committed statement at a time, with
+/// no dedup row. With `autocommit = 0` they go into a new transaction that the checked
+/// commit refuses to commit. Every end of the transaction sets it back
+/// ([`RESTORE_ROLLBACK`], `Statements::mysql_commit`); a pooled connection whose call
+/// ends without that is closed (see `Backend::CHANGES_SESSION`).
+const BEGIN: &str = "SET autocommit = 0; BEGIN";
+const ENGLISH_THEN_BEGIN: &str = "SET SESSION lc_messages = 'en_US'; SET autocommit = 0; BEGIN";
+
+/// The commit of a handler without a dedup row (`unique = …` alone).
+const RESTORE_COMMIT: &str = "COMMIT; SET autocommit = 1";
+const RESTORE_ROLLBACK: &str = "ROLLBACK; SET autocommit = 1";
+
+/// ER_SUBQUERY_NO_1_ROW: what the checked commit's check raises when the dedup row is no
+/// longer this transaction's own.
+const CLAIM_GONE: u16 = 1242;
+
+/// The key at the end of an English 1062 message, as the server names it: `key`
+/// (MariaDB) or `table.key` (MySQL 8). Key names are unique only per table, so MySQL 8's
+/// table is kept: it is half of the key's identity.
 fn key_name(message: &str) -> Option<&str> {
     const MARKER: &str = "for key '";
     let quoted = &message[message.rfind(MARKER)? + MARKER.len()..];
-    let name = quoted.strip_suffix('\'')?;
-    // MySQL 8 qualifies the key with its table; key names cannot contain a dot unquoted.
-    Some(name.rsplit('.').next().unwrap_or(name))
+    quoted.strip_suffix('\'')
+}
+
+/// `table.key` split into its table and key; a plain `key` has no table. (Names in
+/// `unique` have at most one dot; a reported table name may contain dots, a key name has
+/// none there.)
+fn split_key(name: &str) -> (Option<&str>, &str) {
+    match name.rsplit_once('.') {
+        Some((table, key)) => (Some(table), key),
+        None => (None, name),
+    }
+}
+
+/// The tables of the connection's current database that have a unique key (or primary
+/// key) named `?`. (`INDEX_NAME` compares case-insensitively, as MySQL's key names do.)
+const KEY_OWNERS: &str = "SELECT DISTINCT CAST(TABLE_NAME AS CHAR) \
+     FROM information_schema.STATISTICS \
+     WHERE TABLE_SCHEMA = DATABASE() AND NON_UNIQUE = 0 AND INDEX_NAME = ?";
+
+/// Which of `candidates` (names in `unique` whose key part is the violated key) a
+/// violation is, given `owners`, the tables of the current database with a unique key of
+/// that name, and the table the server reported (MySQL 8) if any.
+///
+/// The key is identified only when exactly one table has it (and it is the reported
+/// table, if one was reported): then a plain name matches, and a `table.key` of that
+/// table. Several tables with a key of that name, or none in this database, leave the
+/// violation unidentified: an error, never a guessed duplicate.
+fn resolve(
+    reported_table: Option<&str>,
+    candidates: &[&'static str],
+    owners: &[String],
+) -> Option<&'static str> {
+    let [owner] = owners else {
+        return None;
+    };
+    if reported_table.is_some_and(|table| table != owner) {
+        return None;
+    }
+    candidates
+        .iter()
+        .copied()
+        .find(|name| split_key(name).0.is_none_or(|table| table == owner))
 }
 
 /// ER_LOCK_WAIT_TIMEOUT, ER_LOCK_DEADLOCK.
@@ -54,26 +114,89 @@ impl Backend for MySql {
         }
     }
 
+    async fn stamp<'c>(
+        conn: &'c mut MySqlConnection,
+        sql: &'static str,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(sql)
+            .bind(consumer)
+            .bind(id)
+            .execute(conn)
+            .await
+            .map(drop)
+    }
+
+    fn stamp_sql(_: &Statements) -> Option<&'static str> {
+        None
+    }
+
+    const CHANGES_SESSION: bool = true;
+
     fn begin_owned(
         conn: &mut MySqlConnection,
         business_keys: bool,
     ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
-        if business_keys {
-            conn.begin_with(ENGLISH_THEN_BEGIN)
+        conn.begin_with(if business_keys {
+            ENGLISH_THEN_BEGIN
         } else {
-            conn.begin_with("BEGIN")
+            BEGIN
+        })
+    }
+
+    /// The checked commit: the dedup row gets the commit time (UTC), `COMMIT` goes out
+    /// only if that row is still this transaction's own, and autocommit is restored; one
+    /// round trip. (sqlx still counts the transaction open: its queued `ROLLBACK` is a
+    /// no-op.)
+    async fn commit_owned<'t>(
+        tx: Tx<'t, Self>,
+        claimed: Option<Claimed<'t>>,
+        pooled: bool,
+    ) -> Result<(), sqlx::Error> {
+        let Tx { mut tx, unclean } = tx;
+        let sql = claimed.map_or(RESTORE_COMMIT, |claimed| claimed.statements.mysql_commit);
+        match sqlx::raw_sql(sql).execute(&mut *tx).await {
+            Ok(_) => {
+                unclean.store(false, std::sync::atomic::Ordering::Relaxed);
+                super::discard(tx, pooled).await;
+                Ok(())
+            }
+            Err(error) => {
+                let gone = error
+                    .as_database_error()
+                    .and_then(|error| error.try_downcast_ref::<MySqlDatabaseError>())
+                    .is_some_and(|error| error.number() == CLAIM_GONE);
+                if sqlx::raw_sql(RESTORE_ROLLBACK)
+                    .execute(&mut *tx)
+                    .await
+                    .is_ok()
+                {
+                    unclean.store(false, std::sync::atomic::Ordering::Relaxed);
+                }
+                super::discard(tx, pooled).await;
+                Err(if gone {
+                    RolledBack::error("MySQL", Some(error))
+                } else {
+                    error
+                })
+            }
         }
     }
 
-    fn begin_pool(
-        pool: &Pool<Self>,
-        business_keys: bool,
-    ) -> impl Future<Output = Result<Transaction<'static, Self>, sqlx::Error>> + Send + '_ {
-        pool.begin_with(if business_keys {
-            ENGLISH_THEN_BEGIN
-        } else {
-            "BEGIN"
-        })
+    /// Always awaited: the session's autocommit is restored in the same round trip.
+    async fn rollback_owned<'t>(
+        tx: Tx<'t, Self>,
+        pooled: bool,
+        _: bool,
+    ) -> Result<(), sqlx::Error> {
+        let Tx { mut tx, unclean } = tx;
+        let result = sqlx::raw_sql(RESTORE_ROLLBACK).execute(&mut *tx).await;
+        if result.is_ok() {
+            unclean.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+        super::discard(tx, pooled).await;
+        result.map(drop)
     }
 
     async fn begin_nested(
@@ -91,6 +214,8 @@ impl Backend for MySql {
     /// in the same round trip as their `BEGIN` (before their savepoint, inside a caller's
     /// transaction), so the message has the one format parsed here:
     /// `Duplicate entry '…' for key 'name'` (MariaDB) or `… for key 'table.name'` (MySQL 8).
+    /// The violation is the name as reported, table and all; [`Backend::matching`] decides
+    /// which table's key it was.
     fn unique_violation_link(error: &(dyn StdError + 'static)) -> Option<Violation> {
         let error = error.downcast_ref::<MySqlDatabaseError>()?;
         if error.number() != ER_DUP_ENTRY {
@@ -99,12 +224,58 @@ impl Backend for MySql {
         key_name(error.message()).map(|name| Violation::Named(name.to_owned()))
     }
 
+    /// Key names are unique only per table, and MariaDB's message does not say which
+    /// table's key it was: a `unique = "order_id"` must not match another table's
+    /// `order_id`. MySQL 8's `table.key` matches a `unique = "table.key"` as it is;
+    /// otherwise the current database's tables with a unique key of that name are looked
+    /// up (the rare path: one query, on the failed transaction's connection) and
+    /// [`resolve`] decides.
     async fn matching(
-        _: &mut MySqlConnection,
+        conn: &mut MySqlConnection,
         violation: Violation,
         names: &'static [&'static str],
     ) -> Option<&'static str> {
-        super::matching_name(&violation, names)
+        let Violation::Named(reported) = violation else {
+            return None;
+        };
+        let (table, key) = split_key(&reported);
+        let candidates: Vec<&'static str> = names
+            .iter()
+            .copied()
+            .filter(|name| split_key(name).1 == key)
+            .collect();
+        if let Some(table) = table
+            && let Some(name) = candidates
+                .iter()
+                .copied()
+                .find(|name| split_key(name).0 == Some(table))
+        {
+            return Some(name);
+        }
+        if candidates.is_empty() {
+            return None;
+        }
+        let owners: Vec<String> = match sqlx::query_scalar(KEY_OWNERS)
+            .bind(key)
+            .fetch_all(&mut *conn)
+            .await
+        {
+            Ok(owners) => owners,
+            Err(error) => {
+                tracing::debug!(%error, key, "looking up the violated key's table failed");
+                return None;
+            }
+        };
+        let found = resolve(table, &candidates, &owners);
+        if found.is_none() {
+            tracing::debug!(
+                key = reported.as_str(),
+                ?owners,
+                "a unique key named in `unique` was violated, but on which table is \
+                 ambiguous: reported as an error"
+            );
+        }
+        found
     }
 
     fn is_transient_link(error: &(dyn StdError + 'static)) -> bool {
@@ -115,17 +286,23 @@ impl Backend for MySql {
 
     fn ddl(table: &Table) -> Vec<String> {
         // VARBINARY: ids compare byte for byte, with no case folding and no PAD SPACE
-        // (`a` and `a ` are different messages).
+        // (`a` and `a ` are different messages). `processed_at` is UTC whatever the
+        // sessions' time zones (the claim and the commit write `UTC_TIMESTAMP(6)`, pruning
+        // compares with it); the `ALTER` upgrades a table created with the session-zone
+        // default of earlier versions (metadata only, idempotent).
         let name = table.name();
-        vec![format!(
-            "CREATE TABLE IF NOT EXISTS {name} (\n    \
+        vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {name} (\n    \
              consumer     VARBINARY(255) NOT NULL,\n    \
              message_id   VARBINARY(255) NOT NULL,\n    \
-             processed_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6),\n    \
+             processed_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),\n    \
              PRIMARY KEY (consumer, message_id),\n    \
              KEY processed_at_idx (processed_at)\n\
              ) ENGINE = InnoDB"
-        )]
+            ),
+            format!("ALTER TABLE {name} ALTER COLUMN processed_at SET DEFAULT (UTC_TIMESTAMP(6))"),
+        ]
     }
 
     async fn create(pool: &Pool<Self>, ddl: Vec<String>) -> Result<(), sqlx::Error> {
@@ -142,7 +319,7 @@ impl Backend for MySql {
 
 #[cfg(test)]
 mod tests {
-    use super::key_name;
+    use super::{key_name, resolve, split_key};
 
     #[test]
     fn key_names_from_english_messages() {
@@ -150,9 +327,19 @@ mod tests {
             key_name("Duplicate entry 'o-1' for key 'shipments_order_id_key'"),
             Some("shipments_order_id_key")
         );
+        // MySQL 8 names the table too: it is kept.
         assert_eq!(
             key_name("Duplicate entry 'o-1' for key 'shipments.shipments_order_id_key'"),
-            Some("shipments_order_id_key")
+            Some("shipments.shipments_order_id_key")
+        );
+        assert_eq!(
+            split_key("shipments.order_id"),
+            (Some("shipments"), "order_id")
+        );
+        assert_eq!(split_key("order_id"), (None, "order_id"));
+        assert_eq!(
+            split_key("odd.table.order_id"),
+            (Some("odd.table"), "order_id")
         );
         // The entry itself may contain the marker; the last one is the key's.
         assert_eq!(
@@ -160,5 +347,47 @@ mod tests {
             Some("PRIMARY")
         );
         assert_eq!(key_name("Doppelter Eintrag 'o-1' für Schlüssel 'k'"), None);
+    }
+
+    #[test]
+    fn a_key_is_identified_only_when_one_table_has_it() {
+        let owners = |tables: &[&str]| -> Vec<String> {
+            tables.iter().map(|table| (*table).to_owned()).collect()
+        };
+        let plain: &[&'static str] = &["order_id"];
+        let qualified: &[&'static str] = &["shipments.order_id"];
+        // MariaDB (no table reported): one table has the key.
+        assert_eq!(
+            resolve(None, plain, &owners(&["shipments"])),
+            Some("order_id")
+        );
+        assert_eq!(
+            resolve(None, qualified, &owners(&["shipments"])),
+            Some("shipments.order_id")
+        );
+        assert_eq!(resolve(None, qualified, &owners(&["invoices"])), None);
+        // Two tables have a key of that name, or none in this database: ambiguous.
+        let twins = owners(&["shipments", "invoices"]);
+        assert_eq!(resolve(None, plain, &twins), None);
+        assert_eq!(resolve(None, qualified, &twins), None);
+        assert_eq!(resolve(None, plain, &[]), None);
+        // MySQL 8 reported the table: it must be the one table with the key.
+        assert_eq!(
+            resolve(Some("shipments"), plain, &owners(&["shipments"])),
+            Some("order_id")
+        );
+        assert_eq!(
+            resolve(Some("invoices"), plain, &owners(&["shipments"])),
+            None
+        );
+        assert_eq!(resolve(Some("shipments"), plain, &twins), None);
+        assert_eq!(
+            resolve(
+                Some("shipments"),
+                &["invoices.order_id"],
+                &owners(&["shipments"])
+            ),
+            None
+        );
     }
 }

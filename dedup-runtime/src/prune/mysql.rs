@@ -1,4 +1,12 @@
 //! MySQL and MariaDB: `DELETE` joined to the oldest keys below the cutoff, at `READ COMMITTED`.
+//!
+//! `processed_at` is a `DATETIME(6)`: a wall-clock reading with no zone, which the claim
+//! writes in UTC (`UTC_TIMESTAMP(6)`) whatever the writer session's `time_zone`. Every
+//! clock reading here is therefore `UTC_TIMESTAMP(6)` too, never `NOW(6)`, whose value
+//! follows the pruner session's `time_zone`: a pruner on `+05:00` would put the cutoff
+//! five hours in the future and delete fresh ids. The cutoff travels as the text of a
+//! `DATETIME(6)` (`2026-11-12 07:35:19.681609`), which no session setting changes on its
+//! way back in through `CAST(? AS DATETIME(6))`.
 
 use std::time::Duration;
 
@@ -19,9 +27,8 @@ const BEGIN_READ_COMMITTED: &str =
 
 impl PruneBackend for MySql {
     async fn cutoff(pool: &Pool<Self>, age: Duration) -> Result<String, sqlx::Error> {
-        // `processed_at` is a DATETIME(6) written by `CURRENT_TIMESTAMP(6)` in the session's
-        // time zone (sqlx: UTC); the cutoff is the same kind of value, as its text.
-        sqlx::query_scalar("SELECT CAST(NOW(6) - INTERVAL ? MICROSECOND AS CHAR)")
+        // UTC, like `processed_at`, whatever this session's `time_zone` is.
+        sqlx::query_scalar("SELECT CAST(UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AS CHAR)")
             .bind(micros_up(age))
             .fetch_one(pool)
             .await
@@ -95,10 +102,10 @@ impl PruneBackend for MySql {
         let sql = format!(
             "SELECT consumer, COUNT(*), \
              CAST(SUM(processed_at < CAST(? AS DATETIME(6))) AS SIGNED), \
-             TIMESTAMPDIFF(MICROSECOND, MIN(processed_at), NOW(6)), \
+             TIMESTAMPDIFF(MICROSECOND, MIN(processed_at), UTC_TIMESTAMP(6)), \
              TIMESTAMPDIFF(MICROSECOND, \
                  MIN(CASE WHEN processed_at >= CAST(? AS DATETIME(6)) THEN processed_at END), \
-                 NOW(6)) \
+                 UTC_TIMESTAMP(6)) \
              FROM {name}{by_consumer} GROUP BY consumer ORDER BY consumer"
         );
         let mut query = sqlx::query(AssertSqlSafe(sql)).bind(cutoff).bind(cutoff);

@@ -1,4 +1,14 @@
 //! PostgreSQL: `DELETE` by `ctid` of the oldest rows below the cutoff, found in index order.
+//!
+//! Two timestamps travel as text between statements, and so between pooled sessions: the
+//! cutoff, and each batch's newest `processed_at` (where the next batch starts). A
+//! `timestamptz` cast to text is printed in the session's `DateStyle` and `TimeZone`,
+//! which application code may have changed on any pooled session: `SET DateStyle = 'SQL,
+//! DMY'` prints `12/11/2026 …`, which a session on the default `MDY` reads as December
+//! 11th; `Asia/Kolkata` prints the abbreviation `IST`, which every session reads back as
+//! Israel's +02. So nothing here is printed with `::text`: `utc_text!` writes an instant
+//! as ISO 8601 in UTC (`2026-11-12T07:35:19.681609Z`), which `::timestamptz` reads back as
+//! the same instant under every `DateStyle` and `TimeZone`, to the microsecond.
 
 use std::time::Duration;
 
@@ -16,16 +26,28 @@ impl sealed::Sealed for Postgres {}
 /// 110 ms instead of 7 ms per batch of 2,000 among 200,000. `LOCAL`: this transaction only.
 const INDEX_ORDER: &str = "SET LOCAL enable_sort = off";
 
+/// SQL for the instant `$instant` as text that every session reads back as the same instant:
+/// ISO 8601 in UTC, to the microsecond, `2026-11-12T07:35:19.681609Z`.
+macro_rules! utc_text {
+    ($instant:literal) => {
+        concat!(
+            "to_char((",
+            $instant,
+            ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.US\"Z\"')"
+        )
+    };
+}
+
 impl PruneBackend for Postgres {
     async fn cutoff(pool: &Pool<Self>, age: Duration) -> Result<String, sqlx::Error> {
-        // An interval of microseconds only is an absolute duration (no calendar days), and
-        // the text of a `timestamptz` reads back exactly (sqlx sessions use ISO and UTC).
+        // An interval of microseconds only is an absolute duration (no calendar days); the
+        // text is ISO 8601 in UTC, whatever this session's DateStyle and TimeZone.
         let age = PgInterval {
             months: 0,
             days: 0,
             microseconds: micros_up(age),
         };
-        sqlx::query_scalar("SELECT (now() - $1)::text")
+        sqlx::query_scalar(concat!("SELECT ", utc_text!("now() - $1")))
             .bind(age)
             .fetch_one(pool)
             .await
@@ -61,7 +83,8 @@ impl PruneBackend for Postgres {
              ORDER BY processed_at LIMIT $2)) \
              AND processed_at < $1::timestamptz{consumer_sql} \
              RETURNING processed_at) \
-             SELECT count(*), max(processed_at)::text FROM gone"
+             SELECT count(*), {newest} FROM gone",
+            newest = utc_text!("max(processed_at)"),
         );
         let mut query = sqlx::query_as(AssertSqlSafe(sql))
             .bind(cutoff)

@@ -1,0 +1,143 @@
+//! Issue 8, defect 3 — MariaDB/MySQL: a swallowed deadlock doubled the effect.
+//!
+//! InnoDB rolls the whole transaction back on a deadlock (1213) and the session returns
+//! to autocommit. A body that caught the error and went on wrote the rest of its effect in
+//! autocommit, the final `COMMIT` was a no-op, and the handler returned `Processed` with
+//! no dedup row: the redelivery applied the effect again. The handler's transaction now
+//! keeps the session out of autocommit, and its `COMMIT` goes out only while the dedup
+//! row is still its own (checked in the same round trip).
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use dedup_runtime::{Outcome, idempotent};
+use sqlx::MySqlConnection;
+use sqlx::mysql::MySqlPool;
+use tokio::sync::Barrier;
+
+async fn pool() -> MySqlPool {
+    let pool = dedup_suite::mysql().await;
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS regress_deadlock_effects \
+         (message_id VARBINARY(255) NOT NULL) ENGINE = InnoDB; \
+         CREATE TABLE IF NOT EXISTS regress_deadlock_locks \
+         (name VARBINARY(255) PRIMARY KEY, n INT NOT NULL) ENGINE = InnoDB",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool
+}
+
+/// Effect, then the two rows in the given order (the first run waits for the other task
+/// in between, so that the two deadlock), then more effect. A failed update is swallowed.
+#[idempotent(consumer = "regress-my-deadlock", key = id)]
+async fn swallow_deadlock(
+    tx: &mut MySqlConnection,
+    id: &str,
+    first: &str,
+    second: &str,
+    barrier: &Barrier,
+    runs: &AtomicU32,
+) -> Result<(), sqlx::Error> {
+    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+    sqlx::query("INSERT INTO regress_deadlock_effects (message_id) VALUES (?)")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    for (step, name) in [first, second].into_iter().enumerate() {
+        if step == 1 && run == 1 {
+            barrier.wait().await;
+        }
+        // The mistake: the deadlock error is dropped.
+        let _ = sqlx::query("UPDATE regress_deadlock_locks SET n = n + 1 WHERE name = ?")
+            .bind(name)
+            .execute(&mut *tx)
+            .await;
+    }
+    sqlx::query("INSERT INTO regress_deadlock_effects (message_id) VALUES (?)")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+async fn counts(pool: &MySqlPool, id: &str) -> (i64, i64) {
+    let effects =
+        sqlx::query_scalar("SELECT COUNT(*) FROM regress_deadlock_effects WHERE message_id = ?")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    let claims = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM processed_messages \
+         WHERE consumer = 'regress-my-deadlock' AND message_id = ?",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    (effects, claims)
+}
+
+#[tokio::test]
+async fn a_swallowed_deadlock_commits_all_or_nothing() {
+    let pool = pool().await;
+    let (a, b) = (dedup_suite::unique("dl-a"), dedup_suite::unique("dl-b"));
+    sqlx::query("INSERT INTO regress_deadlock_locks (name, n) VALUES (?, 0), (?, 0)")
+        .bind(&a)
+        .bind(&b)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (id_1, id_2) = (dedup_suite::unique("dl-1"), dedup_suite::unique("dl-2"));
+    let barrier = Barrier::new(2);
+    let (runs_1, runs_2) = (AtomicU32::new(0), AtomicU32::new(0));
+    let (first, second) = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+        tokio::join!(
+            swallow_deadlock(&pool, &id_1, &a, &b, &barrier, &runs_1),
+            swallow_deadlock(&pool, &id_2, &b, &a, &barrier, &runs_2),
+        )
+    })
+    .await
+    .expect("the deadlock is broken");
+    assert_eq!(first.unwrap(), Outcome::Processed(()));
+    assert_eq!(second.unwrap(), Outcome::Processed(()));
+    let mut runs = [runs_1.load(Ordering::SeqCst), runs_2.load(Ordering::SeqCst)];
+    runs.sort_unstable();
+    assert_eq!(
+        runs,
+        [1, 2],
+        "the victim's transaction is not committed: run again"
+    );
+    // Each message: its dedup row and its whole effect (two rows), once.
+    assert_eq!(counts(&pool, &id_1).await, (2, 1));
+    assert_eq!(counts(&pool, &id_2).await, (2, 1));
+
+    // Redeliveries change nothing.
+    for (id, first, second) in [(&id_1, &a, &b), (&id_2, &b, &a)] {
+        let outcome = swallow_deadlock(
+            &pool,
+            id,
+            first,
+            second,
+            &Barrier::new(1),
+            &AtomicU32::new(9),
+        )
+        .await
+        .unwrap();
+        assert!(outcome.is_duplicate());
+        assert_eq!(counts(&pool, id).await, (2, 1));
+    }
+
+    // Every pooled connection is back in autocommit mode.
+    let mut conns = Vec::new();
+    for _ in 0..4 {
+        let mut conn = pool.acquire().await.unwrap();
+        let autocommit: i64 = sqlx::query_scalar("SELECT @@autocommit")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(autocommit, 1);
+        conns.push(conn);
+    }
+}
