@@ -132,7 +132,10 @@ async fn one_span_and_no_extra_statement_per_call() {
     assert!(!conn.is_in_transaction());
     // `SAVEPOINT` fails outside a transaction block (25P01).
     let open = sqlx::raw_sql("SAVEPOINT probe").execute(&mut *conn).await;
-    assert!(open.is_err(), "no transaction is left open on the pooled connection");
+    assert!(
+        open.is_err(),
+        "no transaction is left open on the pooled connection"
+    );
     drop(conn);
 
     let spans = recorder.spans.lock().unwrap();
