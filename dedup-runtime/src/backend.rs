@@ -214,6 +214,28 @@ pub trait Backend: Database + sealed::Sealed {
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
 }
 
+/// Runs `sql`, one of a table's [`Statements`], with the two parameters every one of them
+/// takes: the consumer and the message id. The one place they are bound, for every
+/// backend's claim and stamp.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+pub(crate) async fn execute_keyed<'c, DB>(
+    conn: &'c mut DB::Connection,
+    sql: &'static str,
+    consumer: &'static str,
+    id: &'c str,
+) -> Result<DB::QueryResult, sqlx::Error>
+where
+    DB: Database,
+    for<'e> &'e mut DB::Connection: sqlx::Executor<'e, Database = DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    sqlx::query(sql).bind(consumer).bind(id).execute(conn).await
+}
+
 /// Ends a transaction whose end the backend has already sent as plain SQL (so that sqlx
 /// still counts it open): a pooled connection's pool flushes the queued `ROLLBACK` with
 /// the ping it sends anyway; on a caller's connection it is sent now, so that nothing is
@@ -430,7 +452,6 @@ pub(crate) use connection_impls;
 
 /// Rolls `tx` back, logging a failure: the error that made us roll back is the one that
 /// matters.
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
 pub(crate) async fn rollback_logged<DB: Backend>(tx: Transaction<'_, DB>) {
     if let Err(error) = tx.rollback().await {
         tracing::debug!(%error, "rollback failed; the transaction is discarded");

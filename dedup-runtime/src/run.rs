@@ -365,9 +365,7 @@ async fn commit_nested<DB: Backend>(
         && let Some(sql) = DB::stamp_sql(claimed.statements)
         && let Err(error) = DB::stamp(&mut tx.tx, sql, claimed.consumer, claimed.id).await
     {
-        if let Err(error) = tx.tx.rollback().await {
-            tracing::debug!(%error, "rollback failed; the transaction is discarded");
-        }
+        backend::rollback_logged(tx.tx).await;
         return Err(error);
     }
     tx.tx.commit().await

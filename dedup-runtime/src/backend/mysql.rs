@@ -100,7 +100,7 @@ impl Backend for MySql {
         consumer: &'static str,
         id: &'c str,
     ) -> Result<bool, sqlx::Error> {
-        let result = sqlx::query(sql).bind(consumer).bind(id).execute(conn).await;
+        let result = super::execute_keyed::<Self>(conn, sql, consumer, id).await;
         match result {
             Ok(_) => Ok(true),
             Err(sqlx::Error::Database(error))
@@ -120,10 +120,7 @@ impl Backend for MySql {
         consumer: &'static str,
         id: &'c str,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(sql)
-            .bind(consumer)
-            .bind(id)
-            .execute(conn)
+        super::execute_keyed::<Self>(conn, sql, consumer, id)
             .await
             .map(drop)
     }

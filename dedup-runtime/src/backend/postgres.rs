@@ -61,11 +61,7 @@ impl Backend for Postgres {
         consumer: &'static str,
         id: &'c str,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(sql)
-            .bind(consumer)
-            .bind(id)
-            .execute(conn)
-            .await?;
+        let done = super::execute_keyed::<Self>(conn, sql, consumer, id).await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -75,10 +71,7 @@ impl Backend for Postgres {
         consumer: &'static str,
         id: &'c str,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(sql)
-            .bind(consumer)
-            .bind(id)
-            .execute(conn)
+        super::execute_keyed::<Self>(conn, sql, consumer, id)
             .await
             .map(drop)
     }

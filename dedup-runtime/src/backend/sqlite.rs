@@ -106,11 +106,7 @@ impl Backend for Sqlite {
         consumer: &'static str,
         id: &'c str,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(sql)
-            .bind(consumer)
-            .bind(id)
-            .execute(conn)
-            .await?;
+        let done = super::execute_keyed::<Self>(conn, sql, consumer, id).await?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -120,10 +116,7 @@ impl Backend for Sqlite {
         consumer: &'static str,
         id: &'c str,
     ) -> Result<(), sqlx::Error> {
-        sqlx::query(sql)
-            .bind(consumer)
-            .bind(id)
-            .execute(conn)
+        super::execute_keyed::<Self>(conn, sql, consumer, id)
             .await
             .map(drop)
     }
