@@ -35,8 +35,16 @@
 //! same moment, and the ratio of their median latencies is taken (median over rounds).
 //! On a shared machine this is the steadier measure; the runs above give throughput.
 //!
+//! Pruning is measured once per backend, after the rounds: 200,000 ids (2,000 in the smoke
+//! run) aged 3 to 5 days are pruned at 2 days while 4 tasks run the generated handler on
+//! fresh messages. The figures are the prune's rate (ids per second, wall time of the
+//! whole run, its rests between batches included) and the consumers' calls per second
+//! before and during it: what retention costs the consumers. Printed, never asserted
+//! (tests/prune.rs checks that such a prune is correct, not how fast it goes).
+//!
 //! Results in `target/dedup-bench/`: `results.csv` (every run), `summary.csv` (medians),
-//! `statements.csv`, and the plot `bench.svg`, copied to `docs/bench.svg` by a full run. The
+//! `statements.csv`, `prune.csv`, and the plot `bench.svg`, copied to `docs/bench.svg` by a
+//! full run. The
 //! 10-million-row tables are kept between runs (`dedup_bench_10m` in the PostgreSQL
 //! database, `target/dedup-bench/sqlite.db`); filling them takes about two minutes, once.
 //!
@@ -220,6 +228,10 @@ struct Config {
     ops: usize,
     /// Rows in the big dedup table.
     big_rows: i64,
+    /// Old ids in the table the pruning figure prunes.
+    prune_rows: i64,
+    /// How long the consumers' rate before the prune is measured.
+    prune_baseline: Duration,
 }
 
 impl Config {
@@ -230,6 +242,8 @@ impl Config {
                 rounds: 1,
                 ops: 48,
                 big_rows: 10_000,
+                prune_rows: 2_000,
+                prune_baseline: Duration::from_millis(100),
             }
         } else {
             Config {
@@ -242,6 +256,8 @@ impl Config {
                     .unwrap_or(15),
                 ops: 1_500,
                 big_rows: 10_000_000,
+                prune_rows: 200_000,
+                prune_baseline: Duration::from_secs(2),
             }
         }
     }
@@ -277,13 +293,20 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// A backend's handlers, behind one name per variant.
 trait Target: Send + Sync + 'static {
-    type Db: sqlx::Database;
+    type Db: dedup_runtime::PruneBackend;
 
     /// Runs one call of `variant`; `true` when it processed the message.
     fn call<'a>(
         pool: &'a Pool<Self::Db>,
         variant: Variant,
         smoke: bool,
+        id: &'a str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// Runs one call of the generated handler on the pruned table (`dedup_bench_prune`);
+    /// `true` when it processed the message.
+    fn consume<'a>(
+        pool: &'a Pool<Self::Db>,
         id: &'a str,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 }
@@ -317,6 +340,11 @@ mod pg {
 
     #[idempotent(consumer = "bench", key = id, table = "dedup_bench_10k")]
     pub async fn big_smoke(tx: &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
+        body(tx, id).await
+    }
+
+    #[idempotent(consumer = "bench-prune", key = id, table = "dedup_bench_prune")]
+    pub async fn consume(tx: &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
         body(tx, id).await
     }
 
@@ -370,6 +398,10 @@ impl Target for Postgres {
             Variant::Bare | Variant::Pgbench => pg::bare(pool, id).await,
         }
     }
+
+    async fn consume(pool: &Pool<sqlx::Postgres>, id: &str) -> Result<bool, sqlx::Error> {
+        Ok(pg::consume(pool, id).await?.is_processed())
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -401,6 +433,11 @@ mod lite {
 
     #[idempotent(consumer = "bench", key = id, table = "dedup_bench_10k")]
     pub async fn big_smoke(tx: &mut SqliteConnection, id: &str) -> Result<(), sqlx::Error> {
+        body(tx, id).await
+    }
+
+    #[idempotent(consumer = "bench-prune", key = id, table = "dedup_bench_prune")]
+    pub async fn consume(tx: &mut SqliteConnection, id: &str) -> Result<(), sqlx::Error> {
         body(tx, id).await
     }
 
@@ -454,6 +491,10 @@ impl Target for Sqlite {
             Variant::Handwritten => lite::handwritten(pool, id).await,
             Variant::Bare | Variant::Pgbench => lite::bare(pool, id).await,
         }
+    }
+
+    async fn consume(pool: &Pool<sqlx::Sqlite>, id: &str) -> Result<bool, sqlx::Error> {
+        Ok(lite::consume(pool, id).await?.is_processed())
     }
 }
 
@@ -633,6 +674,86 @@ async fn statements_per_call<T: Target>(
     Ok(counts)
 }
 
+/// The pruning figure of one backend.
+struct PruneFigure {
+    backend: BackendName,
+    /// Old ids in the table, all older than the age.
+    rows: i64,
+    /// The prune's own report: ids deleted, batches, wall time.
+    done: dedup_runtime::PruneProgress,
+    /// The consumers' calls per second before the prune and during it.
+    before: f64,
+    during: f64,
+}
+
+/// How many consumer tasks run while the table is pruned.
+const PRUNE_CONSUMERS: usize = 4;
+
+/// Prunes the `config.prune_rows` old ids `fill` put into `dedup_bench_prune` while
+/// [`PRUNE_CONSUMERS`] tasks run the generated handler on fresh ids; measures the
+/// consumers for `config.prune_baseline` first.
+async fn measure_prune<T: Target>(
+    backend: BackendName,
+    pool: &Pool<T::Db>,
+    config: &Config,
+    seed: &mut u64,
+) -> Result<PruneFigure, Error> {
+    const DAY: Duration = Duration::from_secs(24 * 60 * 60);
+    let run = random_ids(1, seed).remove(0);
+    let calls = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let tasks: Vec<_> = (0..PRUNE_CONSUMERS)
+        .map(|task| {
+            let (pool, run) = (pool.clone(), run.clone());
+            let (calls, stop) = (calls.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut n = 0_u64;
+                while !stop.load(Ordering::SeqCst) {
+                    if !T::consume(&pool, &format!("{run}-{task}-{n}")).await? {
+                        return Err(
+                            format!("{}: a fresh id was a duplicate", backend.name()).into()
+                        );
+                    }
+                    n += 1;
+                    calls.fetch_add(1, Ordering::SeqCst);
+                }
+                Ok::<(), Error>(())
+            })
+        })
+        .collect();
+    let baseline_from = calls.load(Ordering::SeqCst);
+    let began = Instant::now();
+    tokio::time::sleep(config.prune_baseline).await;
+    let before =
+        (calls.load(Ordering::SeqCst) - baseline_from) as f64 / began.elapsed().as_secs_f64();
+    let prune_from = calls.load(Ordering::SeqCst);
+    let done = dedup_runtime::Prune::new(2 * DAY, DAY)
+        .table("dedup_bench_prune")
+        .run(pool, |_| {})
+        .await?;
+    let during = (calls.load(Ordering::SeqCst) - prune_from) as f64 / done.elapsed.as_secs_f64();
+    stop.store(true, Ordering::SeqCst);
+    for task in tasks {
+        task.await??;
+    }
+    if done.deleted != config.prune_rows as u64 {
+        return Err(format!(
+            "{}: pruned {} of {} old ids",
+            backend.name(),
+            done.deleted,
+            config.prune_rows
+        )
+        .into());
+    }
+    Ok(PruneFigure {
+        backend,
+        rows: config.prune_rows,
+        done,
+        before,
+        during,
+    })
+}
+
 /// The hand-written transaction through pgbench; its own tps (connections excluded).
 fn pgbench(url: &str, script: &Path, tasks: usize, ops: usize) -> Result<f64, Error> {
     let output = std::process::Command::new("pgbench")
@@ -810,6 +931,33 @@ async fn sqlite_setup(pool: &Pool<sqlx::Sqlite>, config: &Config) -> Result<(), 
     Ok(())
 }
 
+/// A fresh `dedup_bench_prune` holding `rows` ids aged 3 days and up, one a second apart.
+async fn postgres_prune_setup(pool: &Pool<sqlx::Postgres>, rows: i64) -> Result<(), Error> {
+    execute(pool, &["DROP TABLE IF EXISTS dedup_bench_prune"]).await?;
+    dedup_runtime::migrate_table(pool, "dedup_bench_prune").await?;
+    let fill = format!(
+        "INSERT INTO dedup_bench_prune (consumer, message_id, processed_at) \
+         SELECT 'bench-prune', md5(i::text), now() - interval '3 days' - i * interval '1 second' \
+         FROM generate_series(1, {rows}) i"
+    );
+    execute(pool, &[&fill, "VACUUM ANALYZE dedup_bench_prune"]).await?;
+    Ok(())
+}
+
+async fn sqlite_prune_setup(pool: &Pool<sqlx::Sqlite>, rows: i64) -> Result<(), Error> {
+    execute(pool, &["DROP TABLE IF EXISTS dedup_bench_prune"]).await?;
+    dedup_runtime::migrate_table(pool, "dedup_bench_prune").await?;
+    let fill = format!(
+        "WITH RECURSIVE s(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM s WHERE i < {rows}) \
+         INSERT INTO dedup_bench_prune (consumer, message_id, processed_at) \
+         SELECT 'bench-prune', lower(hex(randomblob(16))), \
+                strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-' || (259200 + i) || ' seconds') \
+         FROM s"
+    );
+    execute(pool, &[&fill, "PRAGMA wal_checkpoint(TRUNCATE)"]).await?;
+    Ok(())
+}
+
 /// Empties the small tables, so that every (round, tasks) block starts alike.
 async fn postgres_reset(pool: &Pool<sqlx::Postgres>) -> Result<(), sqlx::Error> {
     execute(pool, &["TRUNCATE dedup_bench, dedup_bench_effects"]).await
@@ -964,6 +1112,32 @@ fn write_csv(dir: &Path, samples: &[Sample], summary: &Summary) -> std::io::Resu
         );
     }
     std::fs::write(dir.join("summary.csv"), table)
+}
+
+/// The pruning figures: the prune's rate and what it left the consumers.
+fn print_prune(prunes: &[PruneFigure]) {
+    let Some(first) = prunes.first() else {
+        return;
+    };
+    println!(
+        "\npruning {} ids aged 3 days and more (age 2 days, batches of {}) while {PRUNE_CONSUMERS} \
+         tasks run the generated handler:",
+        thousands(first.rows),
+        thousands(i64::from(dedup_runtime::DEFAULT_PRUNE_BATCH))
+    );
+    for figure in prunes {
+        println!(
+            "  {:<12}{:>9.0} ids/s ({} batches in {:.2?}); consumers {:.0} calls/s before, \
+             {:.0} during ({:.2}×)",
+            figure.backend.name(),
+            figure.done.rate(),
+            figure.done.batches,
+            figure.done.elapsed,
+            figure.before,
+            figure.during,
+            figure.during / figure.before
+        );
+    }
 }
 
 fn print_report(summary: &Summary, config: &Config, backends: &[BackendName]) {
@@ -1369,6 +1543,28 @@ async fn run(config: Config) -> Result<(), Error> {
         }
     }
 
+    // Pruning, once per backend, after the rounds: it disturbs what runs beside it.
+    let mut prunes = Vec::new();
+    for backend in [BackendName::Postgres, BackendName::Sqlite] {
+        let figure = match backend {
+            BackendName::Postgres => {
+                postgres_prune_setup(&pg, config.prune_rows).await?;
+                measure_prune::<Postgres>(backend, &pg, &config, &mut seed).await?
+            }
+            BackendName::Sqlite => {
+                sqlite_prune_setup(&lite, config.prune_rows).await?;
+                measure_prune::<Sqlite>(backend, &lite, &config, &mut seed).await?
+            }
+        };
+        eprintln!(
+            "{:<10} pruned {} ids in {:.2?} while {PRUNE_CONSUMERS} tasks consumed",
+            backend.name(),
+            figure.done.deleted,
+            figure.done.elapsed
+        );
+        prunes.push(figure);
+    }
+
     let backends = [BackendName::Postgres, BackendName::Sqlite];
     let summary = Summary::new(&samples, &pair_samples);
     write_csv(&dir, &samples, &summary)?;
@@ -1395,6 +1591,25 @@ async fn run(config: Config) -> Result<(), Error> {
         );
     }
     std::fs::write(dir.join("pairs.csv"), table)?;
+    let mut table = String::from(
+        "backend,old_ids,deleted,batches,seconds,ids_per_second,\
+         consumer_calls_per_second_before,consumer_calls_per_second_during\n",
+    );
+    for figure in &prunes {
+        let _ = writeln!(
+            table,
+            "{},{},{},{},{:.3},{:.0},{:.1},{:.1}",
+            figure.backend.name(),
+            figure.rows,
+            figure.done.deleted,
+            figure.done.batches,
+            figure.done.elapsed.as_secs_f64(),
+            figure.done.rate(),
+            figure.before,
+            figure.during
+        );
+    }
+    std::fs::write(dir.join("prune.csv"), table)?;
     let plot = svg(&summary, &config, &backends);
     std::fs::write(dir.join("bench.svg"), &plot)?;
     if !config.smoke {
@@ -1402,6 +1617,7 @@ async fn run(config: Config) -> Result<(), Error> {
         std::fs::write(manifest.join("docs/bench.svg"), &plot)?;
     }
     print_report(&summary, &config, &backends);
+    print_prune(&prunes);
     println!(
         "\nqueries per call, as sqlx logs them (its transaction manager sends BEGIN unlogged, \
          and on SQLite COMMIT / ROLLBACK too: the same for every variant):"
@@ -1415,7 +1631,7 @@ async fn run(config: Config) -> Result<(), Error> {
         println!("  {:<12}{}", backend.name(), line.join(", "));
     }
     println!(
-        "\nwrote {}/results.csv, summary.csv and bench.svg{} in {:.0?}",
+        "\nwrote {}/results.csv, summary.csv, prune.csv and bench.svg{} in {:.0?}",
         dir.display(),
         if config.smoke {
             ""

@@ -1,50 +1,25 @@
 //! Quickstart: an effectively-once payment consumer on top of an at-least-once broker.
 //!
 //! A broker (here an in-memory queue) delivers 200 payment messages the way real brokers
-//! do: some more than once, out of order, and some again after the consumer committed
-//! its work but "crashed" before acknowledging. Four consumer tasks handle the deliveries
-//! with an `#[idempotent]` handler that inserts one row per payment into
-//! `quickstart_payments`. The row and the message id commit in one transaction, so
-//! however often a message arrives, its payment is booked once. At the end the example
-//! reads the rows back and checks: one row per message, and the amounts add up.
+//! do: some more than once, out of order, some to two consumers at the same moment, and
+//! some again after the consumer committed its work but "crashed" before acknowledging.
+//! The `#[idempotent]` handler below books each payment; the payment row and the message
+//! id commit in one transaction, so however often a message arrives, it is booked once.
+//! At the end the program reads the database back and checks that.
 //!
-//! Run it on an embedded SQLite file (created in the temporary directory, removed at the
-//! end; no server needed):
-//!
-//! ```text
-//! cargo run --example quickstart
-//! ```
-//!
-//! or on PostgreSQL, MySQL or MariaDB, chosen by the URL's scheme:
-//!
-//! ```text
-//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run --example quickstart
-//! DATABASE_URL=mysql://root@127.0.0.1:3306/test cargo run --example quickstart
-//! ```
-//!
-//! On a server the tables outlive the run: message ids carry a per-run prefix, and only
-//! this run's rows are counted. The program exits with an error if any payment was
-//! booked twice or not at all.
+//! `cargo run --example quickstart`: embedded SQLite in a temporary file, removed at the
+//! end, no server needed. `examples/any_backend.rs` runs it on PostgreSQL or MySQL too.
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use dedup_runtime::{Outcome, idempotent};
-use sqlx::mysql::MySqlPoolOptions;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
+use futures_util::future::try_join_all;
+use sqlx::SqliteConnection;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool};
 
-/// Distinct messages the producer sends.
-const MESSAGES: usize = 200;
-/// Consumer tasks handling deliveries concurrently.
-const WORKERS: u32 = 4;
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
-
-/// The message: "`amount_cents` were paid for `order_id`". `id` is the message id the
-/// producer assigned; it is the same on every copy, so it is the dedup key.
+/// The message: "`amount_cents` were paid for `order_id`". The producer gave it an `id`;
+/// every copy carries the same one, so it is the dedup key.
 #[derive(Debug, Clone)]
 struct Payment {
     id: String,
@@ -52,220 +27,116 @@ struct Payment {
     amount_cents: i64,
 }
 
-/// The business table; this SQL is valid on all three backends. It has no unique
-/// constraint (an order may be paid in several installments): only the dedup record
-/// stands between a redelivery and a second payment row.
-const CREATE_PAYMENTS: &str = "CREATE TABLE IF NOT EXISTS quickstart_payments (\
-                               order_id VARCHAR(100) NOT NULL, \
-                               amount_cents BIGINT NOT NULL)";
+/// Books one payment. `#[idempotent]` rewrites it into (conceptually)
+/// `async fn record_payment(db: &SqlitePool, msg: &Payment) -> Result<Outcome<()>, sqlx::Error>`
+/// (your own connection or transaction works too): it begins a transaction, records `msg.id`
+/// for consumer "quickstart", runs this body in the same transaction and commits both. If
+/// `msg.id` was recorded before, the body does not run and the outcome is a duplicate.
+#[idempotent(consumer = "quickstart", key = msg.id)]
+async fn record_payment(tx: &mut SqliteConnection, msg: &Payment) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO quickstart_payments (order_id, amount_cents) VALUES (?, ?)")
+        .bind(&msg.order_id)
+        .bind(msg.amount_cents)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
 
-// ---------------------------------------------------------------------------------------
-// The handler, once per backend
-// ---------------------------------------------------------------------------------------
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let path = std::env::temp_dir().join(format!("dedup-quickstart-{}.db", std::process::id()));
+    let options = SqliteConnectOptions::new()
+        .filename(&path)
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .busy_timeout(Duration::from_secs(10));
+    let pool = SqlitePool::connect_with(options).await?;
+    let result = run(&pool).await;
+    pool.close().await;
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+    result
+}
 
-/// The handler's first parameter picks the database, so each backend gets its own copy of
-/// the handler; this macro writes it, and the run that uses it, in a module per backend.
-/// Only the SQL placeholders differ (`$1` on PostgreSQL, `?` on MySQL and SQLite).
-macro_rules! backend {
-    (
-        $module:ident,
-        connection = $connection:ty,
-        database = $database:ty,
-        insert_payment = $insert_payment:literal,
-        this_runs_amounts = $this_runs_amounts:literal $(,)?
-    ) => {
-        mod $module {
-            use super::*;
+async fn run(pool: &SqlitePool) -> Result<(), Box<dyn std::error::Error>> {
+    dedup_runtime::migrate(pool).await?; // creates the dedup table, `processed_messages`
+    // No unique constraint (an order may be paid in installments): only the dedup record
+    // stands between a redelivery and a second payment row.
+    let payments_table = "CREATE TABLE quickstart_payments (order_id TEXT, amount_cents INTEGER)";
+    sqlx::query(payments_table).execute(pool).await?;
 
-            /// Books one payment. `#[idempotent]` turns this into
-            /// `async fn record_payment(db: impl Db<'_, Database>, msg: &Payment)
-            ///     -> Result<Outcome<()>, sqlx::Error>`:
-            /// given the pool, it begins a transaction, records `msg.id` for consumer
-            /// "quickstart", runs this body on the same transaction and commits both, or
-            /// returns `Outcome::Duplicate` without running the body if `msg.id` was
-            /// recorded before.
-            #[idempotent(consumer = "quickstart", key = msg.id)]
-            async fn record_payment(
-                tx: &mut $connection,
-                msg: &Payment,
-            ) -> Result<(), sqlx::Error> {
-                sqlx::query($insert_payment)
-                    .bind(&msg.order_id)
-                    .bind(msg.amount_cents)
-                    .execute(&mut *tx)
-                    .await?;
-                Ok(())
+    let (payments, mut broker) = plan();
+    let (mut delivered, mut processed, mut duplicates, mut crashes) = (0, 0, 0, 0);
+    while let Some(copies) = broker.pop_front() {
+        // Usually one copy; several are a message handed to several consumers at the same
+        // moment. They run concurrently: the later ones wait for the first one's commit.
+        let handled = copies.iter().map(|(msg, _)| record_payment(pool, msg));
+        // An error (say, the database is down) would mean: do not acknowledge, let the
+        // broker redeliver. Here it stops the example.
+        let outcomes = try_join_all(handled).await?;
+        for ((msg, crash_before_ack), outcome) in copies.into_iter().zip(outcomes) {
+            delivered += 1;
+            match outcome {
+                Outcome::Processed(()) => processed += 1,
+                // Processed before, by this or another consumer: the body did not run.
+                Outcome::Duplicate(_) => duplicates += 1,
             }
-
-            /// Creates the tables, drains the broker with `WORKERS` tasks, and reads back
-            /// what this run booked.
-            pub async fn run(
-                pool: &sqlx::Pool<$database>,
-                broker: Arc<Broker>,
-                run_id: &str,
-            ) -> Result<Report, Error> {
-                sqlx::query(CREATE_PAYMENTS).execute(pool).await?;
-                dedup_runtime::migrate(pool).await?;
-
-                let handler_pool = pool.clone();
-                let tally = consume(broker, move |payment| {
-                    let pool = handler_pool.clone();
-                    async move { record_payment(&pool, &payment).await }
-                })
-                .await?;
-
-                let amounts: Vec<i64> = sqlx::query_scalar($this_runs_amounts)
-                    .bind(format!("{run_id}/%"))
-                    .fetch_all(pool)
-                    .await?;
-                Ok(Report {
-                    tally,
-                    rows: amounts.len(),
-                    booked_cents: amounts.iter().sum(),
-                })
-            }
+            if crash_before_ack {
+                // Committed, but no ack reached the broker: it delivers the message again.
+                crashes += 1;
+                broker.push_back(vec![(msg, false)]);
+            } // else acknowledge: a processed message and a duplicate alike.
         }
-    };
-}
-
-backend!(
-    postgres,
-    connection = sqlx::PgConnection,
-    database = sqlx::Postgres,
-    insert_payment = "INSERT INTO quickstart_payments (order_id, amount_cents) VALUES ($1, $2)",
-    this_runs_amounts = "SELECT amount_cents FROM quickstart_payments WHERE order_id LIKE $1",
-);
-
-backend!(
-    mysql,
-    connection = sqlx::MySqlConnection,
-    database = sqlx::MySql,
-    insert_payment = "INSERT INTO quickstart_payments (order_id, amount_cents) VALUES (?, ?)",
-    this_runs_amounts = "SELECT amount_cents FROM quickstart_payments WHERE order_id LIKE ?",
-);
-
-backend!(
-    sqlite,
-    connection = sqlx::SqliteConnection,
-    database = sqlx::Sqlite,
-    insert_payment = "INSERT INTO quickstart_payments (order_id, amount_cents) VALUES (?, ?)",
-    this_runs_amounts = "SELECT amount_cents FROM quickstart_payments WHERE order_id LIKE ?",
-);
-
-// ---------------------------------------------------------------------------------------
-// The broker and the consumer loop, the same for every backend
-// ---------------------------------------------------------------------------------------
-
-/// One delivery of a message. `crash_before_ack` scripts this consumer to die after the
-/// handler returned (its transaction committed) but before it acknowledged the message.
-struct Delivery {
-    payment: Payment,
-    crash_before_ack: bool,
-}
-
-/// An at-least-once broker: a queue of deliveries. A message that is not acknowledged is
-/// delivered again.
-struct Broker {
-    queue: Mutex<VecDeque<Delivery>>,
-}
-
-impl Broker {
-    fn receive(&self) -> Option<Delivery> {
-        self.queue.lock().expect("broker lock").pop_front()
     }
 
-    /// The message is done with. (This broker forgot it at `receive`; a real one would
-    /// delete it now.)
-    fn ack(&self, _delivery: Delivery) {}
+    // The effects, read back from the database.
+    let (rows, booked_cents): (i64, i64) =
+        sqlx::query_as("SELECT COUNT(*), COALESCE(SUM(amount_cents), 0) FROM quickstart_payments")
+            .fetch_one(pool)
+            .await?;
+    let records: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM processed_messages WHERE consumer = 'quickstart'")
+            .fetch_one(pool)
+            .await?;
+    let unique = payments.len() as i64;
+    let sent_cents: i64 = payments.iter().map(|payment| payment.amount_cents).sum();
+    let exact = rows == unique && booked_cents == sent_cents;
+    let (booked, sent) = (cents(booked_cents), cents(sent_cents));
+    let verdict = if exact { "yes" } else { "NO" };
 
-    /// The consumer holding `payment` died without acknowledging it: deliver it again,
-    /// after everything already queued.
-    fn redeliver(&self, payment: Payment) {
-        self.queue.lock().expect("broker lock").push_back(Delivery {
-            payment,
-            crash_before_ack: false,
-        });
+    println!("backend: SQLite (temporary file)");
+    println!("deliveries:          {delivered:>8}");
+    println!("crashes before ack:  {crashes:>8}  (redelivered)");
+    println!("processed:           {processed:>8}");
+    println!("duplicates skipped:  {duplicates:>8}");
+    println!("effects applied:     {rows:>8}  (rows in quickstart_payments)");
+    println!("unique messages:     {unique:>8}");
+    println!("amount booked:       {booked:>8}  (sent: {sent})");
+    println!("effects == unique messages: {verdict}");
+
+    if !exact || records != unique || processed != unique {
+        let found = format!("{rows} payments, {records} dedup records, {processed} processed");
+        return Err(format!("{unique} messages, but {found}").into());
     }
+    Ok(())
 }
 
-/// What the consumer tasks saw.
-#[derive(Debug, Default)]
-struct Tally {
-    deliveries: usize,
-    processed: usize,
-    duplicates: usize,
-    crashes: usize,
-}
-
-/// Runs `WORKERS` consumer tasks until the broker is empty. `handle` is the idempotent
-/// handler, bound to a pool.
-async fn consume<H, F>(broker: Arc<Broker>, handle: H) -> Result<Tally, Error>
-where
-    H: Fn(Payment) -> F + Clone + Send + 'static,
-    F: Future<Output = Result<Outcome<()>, sqlx::Error>> + Send,
-{
-    let workers: Vec<_> = (0..WORKERS)
-        .map(|_| {
-            let (broker, handle) = (broker.clone(), handle.clone());
-            tokio::spawn(async move {
-                let mut tally = Tally::default();
-                while let Some(delivery) = broker.receive() {
-                    tally.deliveries += 1;
-                    // An error (say, the database is down) would mean: do not acknowledge,
-                    // let the broker redeliver. Here it stops the example.
-                    match handle(delivery.payment.clone()).await? {
-                        Outcome::Processed(()) => tally.processed += 1,
-                        // Processed before, by this or another task: the body did not run.
-                        Outcome::Duplicate(_) => tally.duplicates += 1,
-                    }
-                    if delivery.crash_before_ack {
-                        // Committed, but no ack reached the broker: it delivers again.
-                        tally.crashes += 1;
-                        broker.redeliver(delivery.payment);
-                    } else {
-                        // Both outcomes mean "acknowledge".
-                        broker.ack(delivery);
-                    }
-                }
-                Ok::<_, sqlx::Error>(tally)
-            })
-        })
-        .collect();
-
-    let mut total = Tally::default();
-    for worker in workers {
-        let tally = worker.await??;
-        total.deliveries += tally.deliveries;
-        total.processed += tally.processed;
-        total.duplicates += tally.duplicates;
-        total.crashes += tally.crashes;
-    }
-    Ok(total)
-}
-
-/// The messages of this run, and the broker loaded with their deliveries. Every message
-/// is delivered one to three times, in shuffled order. A quarter of the repeated messages
-/// come as a burst, their copies back to back, so that two tasks handle the same message
-/// at the same moment (the later one waits for the earlier one's commit, then finds a
-/// duplicate). About one delivery in twenty crashes before its acknowledgement. The plan
-/// is the same on every run (fixed seed); only the ids are new.
-fn plan(run_id: &str) -> (Vec<Payment>, Broker) {
+/// The 200 messages, and the broker loaded with their deliveries: each message one to
+/// three times, in shuffled order, a quarter of the repeated ones as simultaneous copies;
+/// one delivery in twenty crashes before its ack. A fixed seed: the same on every run.
+fn plan() -> (Vec<Payment>, VecDeque<Vec<(Payment, bool)>>) {
     let mut random = dedup_suite::Shuffle::new(0x0051_c0de);
-    let payments: Vec<Payment> = (0..MESSAGES)
+    let payments: Vec<Payment> = (0..200)
         .map(|n| Payment {
-            id: format!("{run_id}/payment-{n}"),
-            order_id: format!("{run_id}/order-{}", n % 50),
+            id: format!("payment-{n}"),
+            order_id: format!("order-{}", n % 50),
             amount_cents: 100 + (random.next_u64() % 9_900) as i64,
         })
         .collect();
-
     let mut groups: Vec<Vec<Payment>> = Vec::new();
     for payment in &payments {
-        let copies = match random.next_u64() % 10 {
-            0..=3 => 1,
-            4..=7 => 2,
-            _ => 3,
-        };
+        let copies = 1 + (random.next_u64() % 10 / 4) as usize; // 1, 2, 3 at 40%, 40%, 20%
         if copies > 1 && random.next_u64().is_multiple_of(4) {
             groups.push(vec![payment.clone(); copies]);
         } else {
@@ -273,145 +144,14 @@ fn plan(run_id: &str) -> (Vec<Payment>, Broker) {
         }
     }
     random.shuffle(&mut groups);
-    let deliveries = groups
-        .into_iter()
-        .flatten()
-        .map(|payment| Delivery {
-            payment,
-            crash_before_ack: random.next_u64().is_multiple_of(20),
-        })
-        .collect();
-    let broker = Broker {
-        queue: Mutex::new(deliveries),
-    };
+    let mut crash = || random.next_u64().is_multiple_of(20);
+    let mut broker = VecDeque::new();
+    for copies in groups {
+        broker.push_back(copies.into_iter().map(|msg| (msg, crash())).collect());
+    }
     (payments, broker)
-}
-
-// ---------------------------------------------------------------------------------------
-// Main: pick the backend, run, check
-// ---------------------------------------------------------------------------------------
-
-/// What a run observed, and what the database holds for it.
-struct Report {
-    tally: Tally,
-    /// Rows of `quickstart_payments` booked by this run.
-    rows: usize,
-    /// Their amounts, summed.
-    booked_cents: i64,
-}
-
-#[tokio::main]
-async fn main() -> Result<(), Error> {
-    // A prefix that no earlier run used, for message and order ids.
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos();
-    let run_id = format!("run-{nanos:x}-{}", std::process::id());
-    let (payments, broker) = plan(&run_id);
-    let broker = Arc::new(broker);
-
-    let url = std::env::var("DATABASE_URL").ok();
-    let (backend, report) = match url.as_deref() {
-        None => {
-            let path = std::env::temp_dir().join(format!("dedup-quickstart-{run_id}.db"));
-            // Declared before the pool, so dropped (the files removed) after it.
-            let _remove_at_end = TempFile(path.clone());
-            let options = SqliteConnectOptions::new()
-                .filename(&path)
-                .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
-                .busy_timeout(Duration::from_secs(10));
-            let pool = SqlitePoolOptions::new()
-                .max_connections(WORKERS)
-                .connect_with(options)
-                .await?;
-            let report = sqlite::run(&pool, broker, &run_id).await;
-            pool.close().await;
-            ("SQLite (temporary file)", report?)
-        }
-        Some(url) if url.starts_with("postgres://") || url.starts_with("postgresql://") => {
-            let pool = PgPoolOptions::new()
-                .max_connections(WORKERS)
-                .acquire_timeout(Duration::from_secs(10))
-                .connect(url)
-                .await
-                .map_err(cannot_connect)?;
-            ("PostgreSQL", postgres::run(&pool, broker, &run_id).await?)
-        }
-        Some(url) if url.starts_with("mysql://") || url.starts_with("mariadb://") => {
-            let pool = MySqlPoolOptions::new()
-                .max_connections(WORKERS)
-                .acquire_timeout(Duration::from_secs(10))
-                .connect(url)
-                .await
-                .map_err(cannot_connect)?;
-            ("MySQL / MariaDB", mysql::run(&pool, broker, &run_id).await?)
-        }
-        Some(_) => {
-            let expected = "postgres://… or mysql://…, or unset for a temporary SQLite file";
-            return Err(format!("DATABASE_URL: expected {expected}").into());
-        }
-    };
-
-    let Report {
-        tally,
-        rows,
-        booked_cents,
-    } = report;
-    let unique = payments.len();
-    let sent_cents: i64 = payments.iter().map(|payment| payment.amount_cents).sum();
-    let exact = rows == unique && booked_cents == sent_cents;
-
-    println!("backend: {backend}");
-    println!("deliveries:          {:>8}", tally.deliveries);
-    println!("crashes before ack:  {:>8}  (redelivered)", tally.crashes);
-    println!("processed:           {:>8}", tally.processed);
-    println!("duplicates skipped:  {:>8}", tally.duplicates);
-    println!("effects applied:     {rows:>8}  (rows in quickstart_payments)");
-    println!("unique messages:     {unique:>8}");
-    println!(
-        "amount booked:       {:>8}  (sent: {})",
-        cents(booked_cents),
-        cents(sent_cents)
-    );
-    println!(
-        "effects == unique messages: {}",
-        if exact { "yes" } else { "NO" }
-    );
-
-    if !exact {
-        return Err(format!(
-            "{rows} payments booked for {unique} messages ({} booked, {} sent)",
-            cents(booked_cents),
-            cents(sent_cents)
-        )
-        .into());
-    }
-    if tally.processed != unique {
-        return Err(format!(
-            "{} deliveries reported Outcome::Processed for {unique} messages",
-            tally.processed
-        )
-        .into());
-    }
-    Ok(())
-}
-
-fn cannot_connect(error: sqlx::Error) -> Error {
-    format!("cannot connect to the database of DATABASE_URL: {error}").into()
 }
 
 fn cents(amount: i64) -> String {
     format!("{}.{:02}", amount / 100, amount % 100)
-}
-
-/// A SQLite database file, removed together with its `-wal` and `-shm` files on drop.
-struct TempFile(PathBuf);
-
-impl Drop for TempFile {
-    fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let mut path = self.0.clone().into_os_string();
-            path.push(suffix);
-            let _ = std::fs::remove_file(path);
-        }
-    }
 }

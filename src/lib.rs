@@ -1,18 +1,35 @@
-//! Shared helpers of dedup's own integration tests and examples. Not published.
+//! Shared helpers of dedup's own integration tests, examples and benchmark. Not published.
 //!
 //! The servers are the machine's: PostgreSQL on 127.0.0.1:5432 and MariaDB on
 //! 127.0.0.1:3306 (override with `DEDUP_TEST_POSTGRES_URL` / `DEDUP_TEST_MYSQL_URL`).
 //! A server that cannot be reached fails the test that needs it, loudly: tests never skip.
+//!
+//! | helper | what for |
+//! | --- | --- |
+//! | [`postgres`], [`mysql`], [`sqlite`], [`sqlite_with`] | a migrated pool on each backend (SQLite: a temporary file, [`TempSqlite`]) |
+//! | [`claims`], [`claims_in`] | dedup rows of one `(consumer, message_id)` |
+//! | [`rows`] | rows of a test's own table whose column has a value (its effects) |
+//! | [`ddl`], [`ddl_lock`] | test tables created one at a time |
+//! | [`error_code`] | a database error's vendor code, for assertions |
+//! | [`unique`], [`unique_table`] | names no other test or run uses |
+//! | [`Runs`] | counts the runs of a handler's body (retries re-run it) |
+//! | [`Shuffle`] | a reproducible shuffle of deliveries |
 
+#![warn(missing_docs)]
+
+use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sqlx::Pool;
-use sqlx::mysql::MySqlPool;
+use sqlx::mysql::{MySql, MySqlDatabaseError, MySqlPool};
 use sqlx::pool::PoolOptions;
-use sqlx::postgres::PgPool;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::postgres::{PgPool, Postgres};
+use sqlx::sqlite::{
+    Sqlite, SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool,
+    SqlitePoolOptions,
+};
+use sqlx::{AssertSqlSafe, Connection as _, Pool};
 
 /// PostgreSQL used by the tests.
 pub fn postgres_url() -> String {
@@ -58,29 +75,58 @@ async fn server<DB: dedup_runtime::Backend>(name: &str, url: &str, variable: &st
     pool
 }
 
-/// A pool on a fresh SQLite file in the temporary directory (WAL, 8 connections), with
-/// `processed_messages` migrated. The file is removed when the [`TempSqlite`] is dropped.
+/// A pool on a fresh SQLite file in the temporary directory (WAL, 8 connections, a busy
+/// timeout of 10 s), with `processed_messages` migrated. The file is removed when the
+/// [`TempSqlite`] is dropped.
 pub async fn sqlite() -> TempSqlite {
+    sqlite_with(8, Duration::from_secs(10)).await
+}
+
+/// Like [`sqlite`], with `max_connections` in the pool and each connection's
+/// `busy_timeout`: one connection for a test about what happens to *the* connection, a
+/// short timeout for a test that holds the write lock elsewhere.
+///
+/// # Panics
+/// When the file cannot be created or migrated.
+pub async fn sqlite_with(max_connections: u32, busy_timeout: Duration) -> TempSqlite {
     let path = std::env::temp_dir().join(format!("dedup-test-{}.db", unique("db")));
     let options = SqliteConnectOptions::new()
         .filename(&path)
         .create_if_missing(true)
         .journal_mode(SqliteJournalMode::Wal)
-        .busy_timeout(Duration::from_secs(10));
+        .busy_timeout(busy_timeout);
     let pool = SqlitePoolOptions::new()
-        .max_connections(8)
-        .connect_with(options)
+        .max_connections(max_connections)
+        .connect_with(options.clone())
         .await
         .expect("open a SQLite file in the temporary directory");
     dedup_runtime::migrate(&pool).await.expect("migrate SQLite");
-    TempSqlite { pool, path }
+    TempSqlite {
+        pool,
+        options,
+        path,
+    }
 }
 
 /// A SQLite pool on a temporary file, deleted on drop.
 pub struct TempSqlite {
     /// The pool.
     pub pool: SqlitePool,
+    options: SqliteConnectOptions,
     path: PathBuf,
+}
+
+impl TempSqlite {
+    /// Another connection to the same file, outside the pool (with the pool's options),
+    /// e.g. to hold the write lock while the pool's connections wait for it.
+    ///
+    /// # Panics
+    /// When the file cannot be opened.
+    pub async fn connect(&self) -> SqliteConnection {
+        SqliteConnection::connect_with(&self.options)
+            .await
+            .expect("open the temporary SQLite file again")
+    }
 }
 
 impl std::ops::Deref for TempSqlite {
@@ -100,6 +146,131 @@ impl Drop for TempSqlite {
     }
 }
 
+/// The three backends as the helpers query them: PostgreSQL numbers its placeholders,
+/// MariaDB and SQLite take `?`.
+pub trait TestDatabase: dedup_runtime::Backend {
+    /// The placeholders of a statement's first and second bound values.
+    const PLACEHOLDERS: [&'static str; 2];
+
+    /// Runs `sql`, a `COUNT(*)` with `binds` bound in order, and returns the count.
+    ///
+    /// # Panics
+    /// When the statement fails.
+    fn count(
+        pool: &Pool<Self>,
+        sql: String,
+        binds: Vec<String>,
+    ) -> impl Future<Output = i64> + Send;
+
+    /// Runs `sql` (one or more statements), with whatever the backend needs so that
+    /// concurrent runs of the same DDL do not race.
+    ///
+    /// # Panics
+    /// When the statements fail.
+    fn execute_ddl(pool: &Pool<Self>, sql: String) -> impl Future<Output = ()> + Send;
+}
+
+/// A key for `pg_advisory_xact_lock`: the suite's DDL, one process at a time.
+const DDL_ADVISORY_KEY: i64 = 0x0de0_d0dd_1001;
+
+macro_rules! test_database {
+    ($db:ty, [$first:literal, $second:literal], |$pool:ident, $sql:ident| $ddl:expr) => {
+        impl TestDatabase for $db {
+            const PLACEHOLDERS: [&'static str; 2] = [$first, $second];
+
+            async fn count(pool: &Pool<Self>, sql: String, binds: Vec<String>) -> i64 {
+                let mut query = sqlx::query_scalar(AssertSqlSafe(sql.clone()));
+                for bind in binds {
+                    query = query.bind(bind);
+                }
+                query
+                    .fetch_one(pool)
+                    .await
+                    .unwrap_or_else(|error| panic!("{sql}: {error}"))
+            }
+
+            async fn execute_ddl($pool: &Pool<Self>, $sql: String) {
+                let statements = $ddl;
+                sqlx::raw_sql(AssertSqlSafe(statements))
+                    .execute($pool)
+                    .await
+                    .unwrap_or_else(|error| panic!("{}: {error}", $sql));
+            }
+        }
+    };
+}
+
+// `CREATE … IF NOT EXISTS` from two sessions at once races on PostgreSQL's catalog (a
+// unique violation on `pg_type`), also between processes: the statements run in one
+// implicit transaction that first takes an advisory lock.
+test_database!(Postgres, ["$1", "$2"], |pool, sql| format!(
+    "SELECT pg_advisory_xact_lock({DDL_ADVISORY_KEY}); {sql}"
+));
+test_database!(MySql, ["?", "?"], |pool, sql| sql.clone());
+test_database!(Sqlite, ["?", "?"], |pool, sql| sql.clone());
+
+/// Dedup rows of `(consumer, id)` in `processed_messages`: 1 once the message was
+/// processed and committed, 0 before and after anything that must leave nothing.
+pub async fn claims<DB: TestDatabase>(pool: &Pool<DB>, consumer: &str, id: &str) -> i64 {
+    claims_in(pool, dedup_runtime::DEFAULT_TABLE, consumer, id).await
+}
+
+/// Dedup rows of `(consumer, id)` in the dedup table `table` (a name the test chose).
+pub async fn claims_in<DB: TestDatabase>(
+    pool: &Pool<DB>,
+    table: &str,
+    consumer: &str,
+    id: &str,
+) -> i64 {
+    let [first, second] = DB::PLACEHOLDERS;
+    let sql =
+        format!("SELECT COUNT(*) FROM {table} WHERE consumer = {first} AND message_id = {second}");
+    DB::count(pool, sql, vec![consumer.to_owned(), id.to_owned()]).await
+}
+
+/// Rows of the test's own `table` whose `column` equals `value`: how many times an
+/// effect was applied.
+pub async fn rows<DB: TestDatabase>(
+    pool: &Pool<DB>,
+    table: &str,
+    column: &str,
+    value: &str,
+) -> i64 {
+    let [first, _] = DB::PLACEHOLDERS;
+    let sql = format!("SELECT COUNT(*) FROM {table} WHERE {column} = {first}");
+    DB::count(pool, sql, vec![value.to_owned()]).await
+}
+
+/// The lock that runs the suite's DDL one test at a time within a process (tests run in
+/// parallel threads). Hold it around DDL that [`ddl`] cannot run, such as
+/// `dedup_runtime::migrate_table`.
+pub async fn ddl_lock() -> tokio::sync::MutexGuard<'static, ()> {
+    static DDL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    DDL.lock().await
+}
+
+/// Runs a test's DDL (`CREATE TABLE IF NOT EXISTS …`, one or more statements) one test at
+/// a time: under [`ddl_lock`], and on PostgreSQL under an advisory lock too, against other
+/// processes running the suite on the same server.
+///
+/// # Panics
+/// When the statements fail.
+pub async fn ddl<DB: TestDatabase>(pool: &Pool<DB>, sql: &str) {
+    let _one_at_a_time = ddl_lock().await;
+    DB::execute_ddl(pool, sql.to_owned()).await;
+}
+
+/// The vendor code of a database error, as tests assert it: the SQLSTATE on PostgreSQL,
+/// the error number on MariaDB/MySQL (`1213`: more precise than its SQLSTATE), SQLite's
+/// extended result code. `None` for an error that is not the database's.
+pub fn error_code(error: &sqlx::Error) -> Option<String> {
+    let database = error.as_database_error()?;
+    if let Some(mysql) = database.try_downcast_ref::<MySqlDatabaseError>() {
+        return Some(mysql.number().to_string());
+    }
+    database.code().map(|code| code.into_owned())
+}
+
 /// A name no other test, run or process uses: `prefix-<time>-<pid>-<counter>`.
 ///
 /// The dedup table outlives a test run on the servers, so every test draws its message
@@ -114,6 +285,37 @@ pub fn unique(prefix: &str) -> String {
         std::process::id(),
         COUNTER.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// A table name no other test, run or process uses: [`unique`] as an SQL identifier.
+pub fn unique_table(prefix: &str) -> String {
+    unique(prefix).replace('-', "_")
+}
+
+/// Counts the runs of a handler's body: a retry runs the whole body again.
+#[derive(Debug, Default)]
+pub struct Runs(AtomicU32);
+
+impl Runs {
+    /// A counter at zero.
+    pub fn new() -> Self {
+        Runs::default()
+    }
+
+    /// A counter at `runs`.
+    pub fn starting_at(runs: u32) -> Self {
+        Runs(AtomicU32::new(runs))
+    }
+
+    /// Counts a run; returns its 1-based number.
+    pub fn next(&self) -> u32 {
+        self.0.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// The runs so far.
+    pub fn get(&self) -> u32 {
+        self.0.load(Ordering::SeqCst)
+    }
 }
 
 /// A small deterministic generator (xorshift64*), for shuffling deliveries reproducibly.

@@ -272,22 +272,3 @@ async fn send_when_the_body_is() {
         Outcome::Processed(5)
     );
 }
-
-/// Arguments forwarded through `macro_rules!` arrive wrapped in invisible groups.
-macro_rules! forwarding_handler {
-    ($name:ident, $consumer:literal, $table:literal) => {
-        #[idempotent(consumer = $consumer, key = id, table = $table)]
-        async fn $name(tx: &mut SqliteConnection, id: &str) -> Result<(), sqlx::Error> {
-            insert(tx, id).await
-        }
-    };
-}
-
-forwarding_handler!(forwarded, "accepted-forwarded", "processed_messages");
-
-#[tokio::test]
-async fn arguments_forwarded_by_macro_rules() {
-    let pool = pool().await;
-    assert!(forwarded(&*pool, "f-1").await.unwrap().is_processed());
-    assert!(forwarded(&*pool, "f-1").await.unwrap().is_duplicate());
-}

@@ -36,10 +36,8 @@ macro_rules! business_key_suite {
         conn = $conn:ty,
         db = $db:ty,
         pool = $pool:expr,
-        ddl = [$($ddl:literal),* $(,)?],
-        insert = $insert:literal,
-        count = $count:literal,
-        count_claims = $count_claims:literal $(,)?
+        ddl = [$($ddl:expr),* $(,)?],
+        insert = $insert:literal $(,)?
     ) => {
         mod $backend {
             use super::*;
@@ -48,24 +46,17 @@ macro_rules! business_key_suite {
             type Db = $db;
 
             async fn pool() -> impl std::ops::Deref<Target = Pool<Db>> {
-                static DDL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
                 let pool = $pool;
-                let _one_at_a_time = DDL.lock().await;
-                $(sqlx::raw_sql($ddl).execute(&*pool).await.expect($ddl);)*
+                $(dedup_suite::ddl(&*pool, $ddl).await;)*
                 pool
             }
 
             async fn shipments(pool: &Pool<Db>, order_id: &str) -> i64 {
-                sqlx::query_scalar($count).bind(order_id).fetch_one(pool).await.unwrap()
+                dedup_suite::rows(pool, "dedup_shipments", "order_id", order_id).await
             }
 
             async fn claims(pool: &Pool<Db>, consumer: &str, id: &str) -> i64 {
-                sqlx::query_scalar($count_claims)
-                    .bind(consumer)
-                    .bind(id)
-                    .fetch_one(pool)
-                    .await
-                    .unwrap()
+                dedup_suite::claims(pool, consumer, id).await
             }
 
             async fn insert(tx: &mut $conn, msg: &ShipOrder) -> Result<(), sqlx::Error> {
@@ -182,10 +173,13 @@ macro_rules! business_key_suite {
                 assert_eq!(shipments(&pool, &order).await, 1);
             }
 
-            /// The violation is found through the user's error type.
+            /// The violation is found through the user's error type: a thiserror enum with
+            /// a `#[from] sqlx::Error` variant of its own message, and anyhow with context.
+            /// (`#[error(transparent)]` is tests/regressions/
+            /// thiserror_transparent_source_chain.rs's.)
             #[derive(Debug, thiserror::Error)]
             enum ShippingError {
-                #[error(transparent)]
+                #[error("the shipment could not be stored")]
                 Database(#[from] sqlx::Error),
             }
 
@@ -229,24 +223,21 @@ business_key_suite!(
              CONSTRAINT dedup_shipments_order_key UNIQUE (order_id), \
              CONSTRAINT dedup_shipments_tracking_key UNIQUE (tracking))",],
     insert = "INSERT INTO dedup_shipments (order_id, message_id, tracking) VALUES ($1, $2, $3)",
-    count = "SELECT COUNT(*) FROM dedup_shipments WHERE order_id = $1",
-    count_claims =
-        "SELECT COUNT(*) FROM processed_messages WHERE consumer = $1 AND message_id = $2",
 );
+
+const MYSQL_SHIPMENTS: &str = "CREATE TABLE IF NOT EXISTS dedup_shipments (\
+     order_id VARBINARY(255) NOT NULL, message_id VARBINARY(255) NOT NULL, \
+     tracking VARBINARY(255) NULL, \
+     UNIQUE KEY dedup_shipments_order_key (order_id), \
+     UNIQUE KEY dedup_shipments_tracking_key (tracking)) ENGINE = InnoDB";
 
 business_key_suite!(
     mysql,
     conn = sqlx::MySqlConnection,
     db = sqlx::MySql,
     pool = Box::new(german_mysql().await),
-    ddl = ["CREATE TABLE IF NOT EXISTS dedup_shipments (\
-             order_id VARBINARY(255) NOT NULL, message_id VARBINARY(255) NOT NULL, \
-             tracking VARBINARY(255) NULL, \
-             UNIQUE KEY dedup_shipments_order_key (order_id), \
-             UNIQUE KEY dedup_shipments_tracking_key (tracking)) ENGINE = InnoDB",],
+    ddl = [MYSQL_SHIPMENTS],
     insert = "INSERT INTO dedup_shipments (order_id, message_id, tracking) VALUES (?, ?, ?)",
-    count = "SELECT COUNT(*) FROM dedup_shipments WHERE order_id = ?",
-    count_claims = "SELECT COUNT(*) FROM processed_messages WHERE consumer = ? AND message_id = ?",
 );
 
 business_key_suite!(
@@ -262,8 +253,6 @@ business_key_suite!(
              ON dedup_shipments (tracking)",
     ],
     insert = "INSERT INTO dedup_shipments (order_id, message_id, tracking) VALUES (?, ?, ?)",
-    count = "SELECT COUNT(*) FROM dedup_shipments WHERE order_id = ?",
-    count_claims = "SELECT COUNT(*) FROM processed_messages WHERE consumer = ? AND message_id = ?",
 );
 
 /// MariaDB whose sessions report errors in German, as a server configured for German
@@ -290,15 +279,7 @@ async fn mysql_messages_really_are_german() {
     let pool = german_mysql().await;
     let order = dedup_suite::unique("order");
     let insert = "INSERT INTO dedup_shipments (order_id, message_id) VALUES (?, 'x')";
-    let _ = sqlx::raw_sql(
-        "CREATE TABLE IF NOT EXISTS dedup_shipments (\
-             order_id VARBINARY(255) NOT NULL, message_id VARBINARY(255) NOT NULL, \
-             tracking VARBINARY(255) NULL, \
-             UNIQUE KEY dedup_shipments_order_key (order_id), \
-             UNIQUE KEY dedup_shipments_tracking_key (tracking)) ENGINE = InnoDB",
-    )
-    .execute(&pool)
-    .await;
+    dedup_suite::ddl(&pool, MYSQL_SHIPMENTS).await;
     let mut conn = pool.acquire().await.unwrap();
     sqlx::query(insert)
         .bind(&order)

@@ -38,8 +38,6 @@ macro_rules! backend_suite {
         pool = $pool:expr,
         effects_ddl = $effects_ddl:literal,
         insert_effect = $insert_effect:literal,
-        count_effects = $count_effects:literal,
-        count_claims = $count_claims:literal,
         select_ids = $select_ids:literal $(,)?
     ) => {
         mod $backend {
@@ -49,33 +47,17 @@ macro_rules! backend_suite {
             type Db = $db;
 
             async fn pool() -> impl std::ops::Deref<Target = Pool<Db>> {
-                // Tests run in parallel, and concurrent `CREATE TABLE IF NOT EXISTS` races on
-                // PostgreSQL's catalog: one at a time.
-                static DDL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
                 let pool = $pool;
-                let _one_at_a_time = DDL.lock().await;
-                sqlx::raw_sql($effects_ddl)
-                    .execute(&*pool)
-                    .await
-                    .expect("create dedup_effects");
+                dedup_suite::ddl(&*pool, $effects_ddl).await;
                 pool
             }
 
             async fn effects(pool: &Pool<Db>, id: &str) -> i64 {
-                sqlx::query_scalar($count_effects)
-                    .bind(id)
-                    .fetch_one(pool)
-                    .await
-                    .unwrap()
+                dedup_suite::rows(pool, "dedup_effects", "message_id", id).await
             }
 
             async fn claims(pool: &Pool<Db>, consumer: &str, id: &str) -> i64 {
-                sqlx::query_scalar($count_claims)
-                    .bind(consumer)
-                    .bind(id)
-                    .fetch_one(pool)
-                    .await
-                    .unwrap()
+                dedup_suite::claims(pool, consumer, id).await
             }
 
             #[idempotent(consumer = "core-effects", key = msg.id)]
@@ -431,9 +413,6 @@ backend_suite!(
     effects_ddl = "CREATE TABLE IF NOT EXISTS dedup_effects \
                    (consumer text NOT NULL, message_id text NOT NULL)",
     insert_effect = "INSERT INTO dedup_effects (consumer, message_id) VALUES ($1, $2)",
-    count_effects = "SELECT COUNT(*) FROM dedup_effects WHERE message_id = $1",
-    count_claims = "SELECT COUNT(*) FROM processed_messages \
-                    WHERE consumer = $1 AND message_id = $2",
     select_ids = "$1",
 );
 
@@ -446,8 +425,6 @@ backend_suite!(
                    (consumer VARBINARY(255) NOT NULL, message_id VARBINARY(255) NOT NULL, \
                     KEY (message_id)) ENGINE = InnoDB",
     insert_effect = "INSERT INTO dedup_effects (consumer, message_id) VALUES (?, ?)",
-    count_effects = "SELECT COUNT(*) FROM dedup_effects WHERE message_id = ?",
-    count_claims = "SELECT COUNT(*) FROM processed_messages WHERE consumer = ? AND message_id = ?",
     select_ids = "?",
 );
 
@@ -459,7 +436,5 @@ backend_suite!(
     effects_ddl = "CREATE TABLE IF NOT EXISTS dedup_effects \
                    (consumer TEXT NOT NULL, message_id TEXT NOT NULL)",
     insert_effect = "INSERT INTO dedup_effects (consumer, message_id) VALUES (?, ?)",
-    count_effects = "SELECT COUNT(*) FROM dedup_effects WHERE message_id = ?",
-    count_claims = "SELECT COUNT(*) FROM processed_messages WHERE consumer = ? AND message_id = ?",
     select_ids = "?",
 );

@@ -6,11 +6,14 @@
 //! dedicated table (rows backdated by inserting `processed_at`), never the shared
 //! `processed_messages`, and drops it at the end. The concurrent case needs a table name
 //! literal for its handler: one fixed table per backend, emptied at its start.
+//!
+//! These are correctness tests: how fast pruning goes, and how much it slows the
+//! consumers, is the benchmark's to measure (`benches/dedup.rs`, its pruning figures).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dedup_runtime::{Outcome, Prune, PruneError, PruneProgress, idempotent};
 
@@ -23,7 +26,7 @@ fn secs(seconds: i64) -> Duration {
 
 /// A table name no other test or run uses (the servers keep tables between runs).
 fn fresh_table() -> String {
-    dedup_suite::unique("prune").replace('-', "_")
+    dedup_suite::unique_table("prune")
 }
 
 /// `progress` was reported once per batch, growing, and only the last one is `done`.
@@ -53,9 +56,9 @@ macro_rules! prune_suite {
         // seconds. Binds: consumer, prefix, first, step.
         insert_aged = $insert_aged:literal,
         ids = $ids:literal,
-        // `tt`, not `literal`: a `literal` fragment reaches the attribute wrapped in an
-        // invisible group, which `#[idempotent]` does not accept as a string literal.
-        storm_table = $storm_table:tt,
+        // The storm handler's `table = …`: a `literal` forwarded to the attribute (in an
+        // invisible group, which it accepts: tests/regressions/macro_rules_invisible_groups.rs).
+        storm_table = $storm_table:literal,
         storm_effects = $storm_effects:literal,
         storm_effects_ddl = $storm_effects_ddl:literal,
         storm_insert_effect = $storm_insert_effect:literal,
@@ -68,9 +71,7 @@ macro_rules! prune_suite {
             type Db = $db;
 
             async fn create(pool: &Pool<Db>, table: &str) {
-                // Concurrent `CREATE TABLE IF NOT EXISTS` races on PostgreSQL's catalog.
-                static DDL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-                let _one_at_a_time = DDL.lock().await;
+                let _one_at_a_time = dedup_suite::ddl_lock().await;
                 dedup_runtime::migrate_table(pool, table).await.unwrap();
             }
 
@@ -284,9 +285,7 @@ macro_rules! prune_suite {
                     .execute(&*pool)
                     .await
                     .unwrap();
-                let started = Instant::now();
                 insert_aged(&pool, table, "prune-storm", "old-", OLD, 3 * DAY, 1).await;
-                let filled = started.elapsed();
 
                 let run = dedup_suite::unique("storm");
                 let next = Arc::new(AtomicU64::new(0));
@@ -315,11 +314,15 @@ macro_rules! prune_suite {
                     })
                     .collect();
 
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                let warm = next.load(Ordering::SeqCst);
-                tokio::time::sleep(Duration::from_millis(1000)).await;
+                // The consumers are under way before the prune starts.
+                tokio::time::timeout(Duration::from_secs(15), async {
+                    while next.load(Ordering::SeqCst) < 2 * WORKERS as u64 {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                })
+                .await
+                .expect("the consumers process messages");
                 let before = next.load(Ordering::SeqCst);
-                let baseline = before - warm;
                 let done = Prune::new(secs(2 * DAY), secs(DAY))
                     .table(table)
                     .run(&*pool, |_| {})
@@ -334,25 +337,11 @@ macro_rules! prune_suite {
                     duplicates += d;
                 }
                 let messages = next.load(Ordering::SeqCst);
-                eprintln!(
-                    "{}: filled {OLD} in {filled:?}; pruned {} in {:?} ({:.0}/s, {} batches) \
-                     while the consumers took {during} messages ({:.0}/s; {baseline}/s before)",
-                    stringify!($backend),
-                    done.deleted,
-                    done.elapsed,
-                    done.rate(),
-                    done.batches,
-                    during as f64 / done.elapsed.as_secs_f64(),
-                );
 
                 assert_eq!(done.deleted, OLD as u64, "{done:?}");
-                // The consumers keep their pace (loosely: the machine is shared). Pruning
-                // flat out on SQLite left them 3% of it.
-                let rate = during as f64 / done.elapsed.as_secs_f64();
-                assert!(
-                    rate >= baseline as f64 / 5.0,
-                    "the consumers slowed from {baseline}/s to {rate:.0}/s during the prune"
-                );
+                // What the test is about: the prune ran while the consumers processed. How
+                // much it slowed them is the benchmark's figure, not asserted here.
+                assert!(during > 0, "the consumers kept processing during the prune");
                 assert_eq!(processed, messages, "each message processed once");
                 assert_eq!(
                     duplicates,

@@ -1,36 +1,75 @@
-//! Regression fixtures: one module per fixed bug, named after it, each with a comment that
-//! says what broke. They run against the real servers (PostgreSQL, MariaDB) and temporary
-//! SQLite files, like the rest of the suite.
+//! Regression fixtures: one module per fixed bug, named after it, each with a comment here
+//! that names the bug and the commit that fixed it, and a module doc that says what broke.
+//! They run against the real servers (PostgreSQL, MariaDB) and temporary SQLite files,
+//! like the rest of the suite. Every fix adds one, in the order of the fixes.
 
+// `#[error(transparent)]` hid the database error from the chain walker: a transient
+// error behind it was not retried (and a business-key violation would not have been
+// found). Fixed in d1de1dc ("Failure injection on real servers; see through
+// #[error(transparent)] wrappers").
+#[path = "regressions/thiserror_transparent_source_chain.rs"]
+mod thiserror_transparent_source_chain;
+
+// Literals forwarded through `macro_rules!` arrive in invisible groups, which the
+// attribute refused as "not a string literal". Fixed in 86eb8f9 ("Cheaper hot paths: no
+// span records when nobody listens, no awaited ROLLBACK on a duplicate").
+#[path = "regressions/macro_rules_invisible_groups.rs"]
+mod macro_rules_invisible_groups;
+
+// The fixes of issue 8, all in 07188d2 ("Core correctness: never report Processed for a
+// transaction that did not commit"):
+
+// Defect 1: PostgreSQL answered COMMIT of an aborted transaction with ROLLBACK and no
+// error: a body that swallowed a database error got `Processed`, and nothing committed.
 #[path = "regressions/postgres_swallowed_error.rs"]
 mod postgres_swallowed_error;
 
+// Defect 2: an automatic rollback inside SQLite poisoned the pooled connection
+// (`InvalidSavePointStatement` on every later call).
 #[path = "regressions/sqlite_automatic_rollback.rs"]
 mod sqlite_automatic_rollback;
 
+// Defect 3: MariaDB: a swallowed deadlock left the session in autocommit, so the rest of
+// the body committed without its dedup row and the redelivery doubled the effect.
 #[path = "regressions/mysql_swallowed_deadlock.rs"]
 mod mysql_swallowed_deadlock;
 
+// Defect 4: on a lent connection a duplicate only queued its ROLLBACK: the session sat
+// idle in a transaction, holding locks.
 #[path = "regressions/lent_connection_left_in_transaction.rs"]
 mod lent_connection_left_in_transaction;
 
+// Defect 5, the writer's half: MariaDB wrote `processed_at` in the consumer session's
+// time zone, so pruning deleted fresh ids.
 #[path = "regressions/mysql_claim_time_zone.rs"]
 mod mysql_claim_time_zone;
 
-#[path = "regressions/processed_at_is_the_commit_time.rs"]
-mod processed_at_is_the_commit_time;
-
+// Defect 5, the pruner's half: MariaDB pruning computed its cutoff in the pruner
+// session's time zone.
 #[path = "regressions/prune_mysql_time_zone.rs"]
 mod prune_mysql_time_zone;
 
-#[path = "regressions/prune_postgres_datestyle.rs"]
-mod prune_postgres_datestyle;
-
-#[path = "regressions/ack_idle_in_transaction.rs"]
-mod ack_idle_in_transaction;
-
+// Defect 6: MariaDB business keys matched another table's unique key of the same name,
+// so a message whose work was never done was acknowledged.
 #[path = "regressions/mysql_business_key_other_table.rs"]
 mod mysql_business_key_other_table;
 
+// Defect 7: integer 42 and text "42" are one message id; the README recommended bare
+// Kafka offsets and JetStream sequences as ids, which repeat across partitions.
 #[path = "regressions/same_id_integer_and_string.rs"]
 mod same_id_integer_and_string;
+
+// Defect 8: `processed_at` was the claim time (on PostgreSQL inside a caller's
+// transaction, its BEGIN), not the commit time, so pruning at age = window came early.
+#[path = "regressions/processed_at_is_the_commit_time.rs"]
+mod processed_at_is_the_commit_time;
+
+// Defect 9: PostgreSQL pruning read timestamps back through the session's `DateStyle` and
+// `TimeZone`: a day-first cutoff deleted an id processed a second ago.
+#[path = "regressions/prune_postgres_datestyle.rs"]
+mod prune_postgres_datestyle;
+
+// Defect 10: `AckPolicy` dead-lettered a message whose session PostgreSQL had ended for
+// idling in its transaction (25P03), a transient failure.
+#[path = "regressions/ack_idle_in_transaction.rs"]
+mod ack_idle_in_transaction;

@@ -63,25 +63,3 @@ fn schema_sql_refuses_bad_names() {
             .contains("CREATE INDEX IF NOT EXISTS processed_processed_at_idx ON audit.processed")
     );
 }
-
-#[test]
-fn limits_agree_with_the_macro() {
-    // The macro checks consumer names against its own copy of the limit.
-    let macro_source = include_str!("../dedup-macros/src/args.rs");
-    let line = format!(
-        "const MAX_CONSUMER_LEN: usize = {};",
-        dedup_runtime::MAX_CONSUMER_LEN
-    );
-    assert!(
-        macro_source.contains(&line),
-        "dedup-macros must say `{line}`"
-    );
-    let line = format!(
-        "const MAX_IDENT_LEN: usize = {};",
-        dedup_runtime::MAX_TABLE_NAME_LEN
-    );
-    assert!(
-        macro_source.contains(&line),
-        "dedup-macros must say `{line}`"
-    );
-}

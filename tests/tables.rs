@@ -39,18 +39,8 @@ async fn postgres_schema_qualified_table() {
         audited_pg(&pool, &id).await.unwrap(),
         Outcome::Duplicate(Duplicate::AlreadyProcessed)
     );
-    let in_custom: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM dedup_audit.processed WHERE message_id = $1")
-            .bind(&id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    let in_default: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM processed_messages WHERE message_id = $1")
-            .bind(&id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    let in_custom = dedup_suite::claims_in(&pool, "dedup_audit.processed", "audit", &id).await;
+    let in_default = dedup_suite::claims(&pool, "audit", &id).await;
     assert_eq!((in_custom, in_default), (1, 0));
 }
 
@@ -63,11 +53,7 @@ async fn mysql_database_qualified_table() {
     let id = dedup_suite::unique("audit");
     assert!(audited_mysql(&pool, &id).await.unwrap().is_processed());
     assert!(audited_mysql(&pool, &id).await.unwrap().is_duplicate());
-    let in_custom: i64 =
-        sqlx::query_scalar("SELECT COUNT(*) FROM test.dedup_audit_processed WHERE message_id = ?")
-            .bind(&id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    assert_eq!(in_custom, 1);
+    let in_custom = dedup_suite::claims_in(&pool, "test.dedup_audit_processed", "audit", &id).await;
+    let in_default = dedup_suite::claims(&pool, "audit", &id).await;
+    assert_eq!((in_custom, in_default), (1, 0));
 }

@@ -1,25 +1,16 @@
 //! The arguments of `#[idempotent(…)]`: each set once, remembered with the span of the
 //! token that gave it, so that a conflict points at the value that caused it.
 
-use proc_macro2::{Span, TokenStream};
+// The limits are the runtime's own: one source for compile time and run time.
+use dedup_limits::{MAX_CONSTRAINT_LEN, MAX_CONSUMER_LEN, MAX_TABLE_NAME_LEN};
+use proc_macro2::{Span, TokenStream, TokenTree};
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
-use syn::punctuated::Punctuated;
 use syn::spanned::Spanned;
 use syn::{Expr, Ident, Lit, LitStr, Path, Token};
 
 /// Every argument the attribute knows, in the order the messages list them.
 const KNOWN: &str = "`consumer`, `key`, `unique`, `table`, `crate`";
-
-/// The longest consumer name the dedup table stores, in bytes (the runtime's
-/// `MAX_CONSUMER_LEN`; the two are checked against each other by a test).
-const MAX_CONSUMER_LEN: usize = 255;
-
-/// The longest constraint or index name every backend reports (MySQL's limit).
-const MAX_CONSTRAINT_LEN: usize = 64;
-
-/// The longest table or schema name every backend accepts (PostgreSQL's is the shortest).
-const MAX_IDENT_LEN: usize = 63;
 
 /// The parsed and validated arguments.
 pub struct Args {
@@ -29,6 +20,9 @@ pub struct Args {
     pub unique: Vec<LitStr>,
     pub table: LitStr,
     pub krate: Path,
+    /// False when `crate = …` was given but could not be read: `krate` is then only the
+    /// default, and code that names the runtime through it would fail once more.
+    pub krate_known: bool,
 }
 
 /// One `name = value` pair, before we know what the name means.
@@ -95,23 +89,83 @@ impl<T> Once<T> {
     }
 }
 
+/// What of the arguments could not be read (its error reported already).
+#[derive(Default)]
+struct Unread {
+    /// Something: what is missing cannot be judged then.
+    any: bool,
+    /// An argument that names `crate`: the runtime's path is unknown then.
+    krate: bool,
+}
+
+/// The comma-separated `name = value` pairs. One that does not parse is reported and
+/// skipped up to the next `,`, so that the others still count.
+fn read(tokens: TokenStream, errors: &mut Errors) -> (Vec<RawArg>, Unread) {
+    let parser = |input: ParseStream| {
+        let mut raw = Vec::new();
+        let mut unread = Unread::default();
+        while !input.is_empty() {
+            let start = input.fork();
+            match input.parse::<RawArg>() {
+                Ok(arg) => {
+                    raw.push(arg);
+                    if input.is_empty() || input.parse::<Option<Token![,]>>()?.is_some() {
+                        continue;
+                    }
+                    errors.push(input.error("expected `,`"));
+                }
+                Err(error) => {
+                    errors.push(error);
+                    unread.krate |= skip_argument(&start)?;
+                }
+            }
+            unread.any = true;
+            unread.krate |= skip_argument(input)?;
+        }
+        Ok((raw, unread))
+    };
+    match syn::parse::Parser::parse2(parser, tokens) {
+        Ok(read) => read,
+        // Not expected (the parser reports its errors itself), but then nothing was read.
+        Err(error) => {
+            errors.push(error);
+            let unread = Unread {
+                any: true,
+                krate: true,
+            };
+            (Vec::new(), unread)
+        }
+    }
+}
+
+/// Moves past the next top-level `,`; returns whether a `crate` came before it.
+fn skip_argument(input: ParseStream) -> syn::Result<bool> {
+    input.step(|cursor| {
+        let mut rest = *cursor;
+        let mut krate = false;
+        while let Some((tree, next)) = rest.token_tree() {
+            rest = next;
+            match tree {
+                TokenTree::Punct(punct) if punct.as_char() == ',' => break,
+                TokenTree::Ident(ident) if ident == "crate" => krate = true,
+                _ => {}
+            }
+        }
+        Ok((krate, rest))
+    })
+}
+
 /// Parses and validates the attribute's arguments.
 ///
 /// Returns the arguments together with every error found, so that expansion can still
-/// emit the user's function when something is wrong.
-pub fn parse(tokens: TokenStream) -> (Option<Args>, Errors) {
+/// emit a function when something is wrong: an argument that cannot be read is left out
+/// and reported.
+pub fn parse(tokens: TokenStream) -> (Args, Errors) {
     let mut errors = Errors::default();
-    let raw =
-        match syn::parse::Parser::parse2(Punctuated::<RawArg, Token![,]>::parse_terminated, tokens)
-        {
-            Ok(raw) => raw,
-            Err(error) => {
-                errors.push(error);
-                return (None, errors);
-            }
-        };
+    let (raw, unread) = read(tokens, &mut errors);
 
     let mut consumer_given = false;
+    let mut crate_given = unread.krate;
     let mut unique_named = false;
     let mut unknown_given = false;
     let mut consumer = Once(None);
@@ -146,6 +200,7 @@ pub fn parse(tokens: TokenStream) -> (Option<Args>, Errors) {
                 }
             }
             "crate" => {
+                crate_given = true;
                 if let Some(lit) =
                     string_literal(&name, &value, "crate = \"dedup_runtime\"", &mut errors)
                 {
@@ -177,7 +232,9 @@ pub fn parse(tokens: TokenStream) -> (Option<Args>, Errors) {
     let key = key.0;
     let unique_given = unique_named;
     match (&key, &consumer) {
-        // A misspelt argument or an invalid consumer has been reported already.
+        // A misspelt or unreadable argument, or an invalid consumer, has been reported
+        // already.
+        _ if unread.any => {}
         (None, _) if unknown_given || unique_given => {}
         (Some(_), None) if consumer_given => {}
         (None, _) => errors.add(
@@ -195,6 +252,7 @@ pub fn parse(tokens: TokenStream) -> (Option<Args>, Errors) {
     }
     if let (None, Some((name, _))) = (&key, &consumer)
         && unique_given
+        && !unread.any
     {
         errors.add(
             name.span(),
@@ -212,11 +270,12 @@ pub fn parse(tokens: TokenStream) -> (Option<Args>, Errors) {
             || LitStr::new("processed_messages", Span::call_site()),
             |(_, lit)| lit,
         ),
+        krate_known: krate.0.is_some() || !crate_given,
         krate: krate
             .0
             .map_or_else(|| syn::parse_quote!(::dedup_runtime), |(_, path)| path),
     };
-    (Some(args), errors)
+    (args, errors)
 }
 
 /// The names of `unique = "name"` or `unique = ["a", "b"]`, each a constraint or index
@@ -253,13 +312,6 @@ fn constraint_names(value: &Expr, errors: &mut Errors) -> Option<Vec<LitStr>> {
             }
         };
         let name = lit.value();
-        let plain = |part: &str| {
-            let mut chars = part.chars();
-            matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '$')
-                && part.len() <= MAX_CONSTRAINT_LEN
-        };
-        let parts: Vec<&str> = name.split('.').collect();
         if name.is_empty() {
             errors.add(
                 lit.span(),
@@ -267,7 +319,7 @@ fn constraint_names(value: &Expr, errors: &mut Errors) -> Option<Vec<LitStr>> {
                  unique constraint or index, such as `unique = \"shipments_order_id_key\"`",
             );
             ok = false;
-        } else if parts.len() > 2 || !parts.iter().all(|part| plain(part)) {
+        } else if !dedup_limits::is_constraint_name(&name) {
             errors.add(
                 lit.span(),
                 format_args!(
@@ -365,22 +417,65 @@ fn check_consumer(lit: &LitStr, errors: &mut Errors) {
 /// A table name is spliced into SQL, so it must be a plain identifier, optionally
 /// qualified by a schema: `processed_messages` or `audit.processed_messages`.
 fn check_table(lit: &LitStr, errors: &mut Errors) {
-    let value = lit.value();
-    let plain = |part: &str| {
-        let mut chars = part.chars();
-        matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-            && part.len() <= MAX_IDENT_LEN
-    };
-    let parts: Vec<&str> = value.split('.').collect();
-    if parts.len() > 2 || !parts.iter().all(|part| plain(part)) {
+    if !dedup_limits::is_table_name(&lit.value()) {
         errors.add(
             lit.span(),
             format_args!(
                 "`table` must be a plain SQL identifier (letters, digits, `_`, at most \
-                 {MAX_IDENT_LEN} characters), optionally qualified by a schema: write \
+                 {MAX_TABLE_NAME_LEN} characters), optionally qualified by a schema: write \
                  `table = \"processed_messages\"` or `table = \"audit.processed_messages\"`"
             ),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The messages of `parse(tokens)`, and whether the runtime's path is known.
+    fn parsed(tokens: &str) -> (Vec<String>, Args) {
+        let (args, errors) = parse(tokens.parse().unwrap());
+        let messages = match errors.finish() {
+            Ok(()) => Vec::new(),
+            Err(error) => error.into_iter().map(|error| error.to_string()).collect(),
+        };
+        (messages, args)
+    }
+
+    #[test]
+    fn an_unreadable_argument_is_the_only_error_and_the_others_count() {
+        let (messages, args) = parsed(r#"consumer = "billing", key, table = "t""#);
+        assert_eq!(messages, ["expected `key = …`"]);
+        assert_eq!(args.table.value(), "t");
+        assert!(args.krate_known);
+
+        let (messages, args) = parsed(r#"consumer = "billing" key = msg.id, table = "t""#);
+        assert_eq!(messages, ["expected `,`"]);
+        assert_eq!(
+            args.consumer.map(|lit| lit.value()).as_deref(),
+            Some("billing")
+        );
+        assert_eq!(args.table.value(), "t");
+
+        let (messages, _) = parsed(r#"= 1, consumer = "billing", key = id"#);
+        assert_eq!(messages.len(), 1, "{messages:?}");
+    }
+
+    #[test]
+    fn the_runtime_path_is_known_unless_crate_was_given_and_unreadable() {
+        for (tokens, known) in [
+            (r#"consumer = "", key = id"#, true),
+            (r#"consumer = "", key = id, crate = "my_app::dedup""#, true),
+            (r#"consumer = "b", key = id, crate = "not a path""#, false),
+            (r#"consumer = "b", key = id, crate = my_app::dedup"#, false),
+            (r#"consumer = "b", key = id, crate"#, false),
+            (r#"consumer = "b" crate = "my_app::dedup""#, false),
+        ] {
+            assert_eq!(parsed(tokens).1.krate_known, known, "{tokens}");
+        }
+        let (_, args) = parsed(r#"consumer = "", key = id, crate = "my_app::dedup""#);
+        let krate = args.krate;
+        assert_eq!(quote::quote!(#krate).to_string(), "my_app :: dedup");
     }
 }

@@ -3,13 +3,16 @@
 use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 use quote::{ToTokens, quote};
 use syn::spanned::Spanned;
-use syn::{AttrStyle, FnArg, Ident, Item, ItemFn, LitStr, ReturnType, Type};
+use syn::{AttrStyle, FnArg, Ident, Item, ItemFn, LitStr, Path, ReturnType, Signature, Type};
 
 use crate::args::{self, Args};
 use crate::handler::{self, Handler};
 
-/// Entry point: parse → validate → expand. On any error the user's item is emitted
-/// unchanged next to the errors, so that only the real mistake shows and IDEs keep working.
+/// Entry point: parse → validate → expand. On an error, the errors come with a function
+/// IDEs and callers can work with: the generated signature when the handler itself was
+/// understood (see `placeholder_fn`), so that a caller written against it type-checks and
+/// only the real mistake shows; otherwise the user's item as written, and then a caller
+/// that expects an `Outcome` fails against it too.
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let (args, mut errors) = args::parse(args);
     let item_fn = match syn::parse2::<Item>(item.clone()) {
@@ -28,27 +31,22 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         }
     };
     let item_is_fn = item_fn.is_some();
-    let key = args
-        .as_ref()
-        .and_then(|args| args.key.as_ref())
-        .map(|(_, key)| key);
+    let key = args.key.as_ref().map(|(_, key)| key);
     let handler = item_fn.and_then(|item_fn| handler::analyze(item_fn, key, &mut errors));
-    match (errors.finish(), args, handler) {
-        (Ok(()), Some(args), Some(handler)) => handler_fn(&args, handler),
-        (result, _, _) => {
-            // The user's item as written, so that only the real error shows: allow the
-            // warnings its unexpanded form may raise (an unused connection parameter).
-            let mut tokens = if item_is_fn {
-                quote!(#[allow(unused_variables, dead_code)] #item)
-            } else {
-                item
-            };
-            if let Err(error) = result {
-                tokens.extend(error.to_compile_error());
-            }
-            tokens
-        }
+    let result = errors.finish();
+    let mut tokens = match (&result, handler) {
+        (Ok(()), Some(handler)) => return handler_fn(&args, handler),
+        (Err(_), Some(handler)) if args.krate_known => placeholder_fn(&args.krate, handler),
+        // No connection or return type to build the signature from, or no path to the
+        // runtime to name it with: the user's item as written, allowing the warnings its
+        // unexpanded form may raise (an unused connection parameter).
+        _ if item_is_fn => quote!(#[allow(unused_variables, dead_code)] #item),
+        _ => item,
+    };
+    if let Err(error) = result {
+        tokens.extend(error.to_compile_error());
     }
+    tokens
 }
 
 /// Where to point when the attribute sits on something that is not a function.
@@ -154,27 +152,7 @@ fn handler_fn(args: &Args, handler: Handler) -> TokenStream {
         block,
         ..
     } = item;
-    let krate = &args.krate;
-    let private = quote!(#krate::__private);
-    let db = local("__dedup_db");
-
-    let mut new_sig = sig.clone();
-    let conn_static = handler::with_static_lifetimes(&connection.ty);
-    if let Some(arg) = new_sig.inputs.iter_mut().nth(connection.index) {
-        let bound = respan(quote!(#private::Db), connection.ty.span());
-        let projection = respan(quote!(#private::HandlerConnection), connection.ty.span());
-        *arg = FnArg::Typed(syn::parse_quote! {
-            #db: impl #bound<'_, <#conn_static as #projection<'static>>::Database>
-        });
-    }
-    let ok = handler::ok_type(&output.ty).cloned();
-    let outcome_ty: Type = syn::parse_quote!(#krate::Outcome<#ok>);
-    let arrow = match &sig.output {
-        ReturnType::Type(arrow, _) => *arrow,
-        ReturnType::Default => syn::Token![->](sig.ident.span()),
-    };
-    new_sig.output = ReturnType::Type(arrow, Box::new(handler::replace_ok(&output.ty, outcome_ty)));
-
+    let new_sig = signature(&args.krate, &sig, &connection, &output);
     let outer = attrs
         .iter()
         .filter(|attr| matches!(attr.style, AttrStyle::Outer));
@@ -200,9 +178,190 @@ fn handler_fn(args: &Args, handler: Handler) -> TokenStream {
     }
 }
 
+// Input: the handler's signature,
+//     async fn h(tx: &mut PgConnection, msg: &Msg) -> Result<T, E>
+// Output: the signature callers see, of the generated function and of the placeholder:
+//     async fn h(
+//         __dedup_db: impl Db<'_, <PgConnection as HandlerConnection<'static>>::Database>,
+//         msg: &Msg,
+//     ) -> Result<Outcome<T>, E>
+fn signature(
+    krate: &Path,
+    sig: &Signature,
+    connection: &handler::Connection,
+    output: &handler::Output,
+) -> Signature {
+    let private = quote!(#krate::__private);
+    let db = local("__dedup_db");
+    let mut new_sig = sig.clone();
+    let conn_static = handler::with_static_lifetimes(&connection.ty);
+    if let Some(arg) = new_sig.inputs.iter_mut().nth(connection.index) {
+        let bound = respan(quote!(#private::Db), connection.ty.span());
+        let projection = respan(quote!(#private::HandlerConnection), connection.ty.span());
+        *arg = FnArg::Typed(syn::parse_quote! {
+            #db: impl #bound<'_, <#conn_static as #projection<'static>>::Database>
+        });
+    }
+    let ok = handler::ok_type(&output.ty).cloned();
+    let outcome_ty: Type = syn::parse_quote!(#krate::Outcome<#ok>);
+    let arrow = match &sig.output {
+        ReturnType::Type(arrow, _) => *arrow,
+        ReturnType::Default => syn::Token![->](sig.ident.span()),
+    };
+    new_sig.output = ReturnType::Type(arrow, Box::new(handler::replace_ok(&output.ty, outcome_ty)));
+    new_sig
+}
+
+// Input: a handler that was understood, while the attribute or the handler has an error
+// (`consumer = ""`, a body that never uses its connection, a missing `async`):
+//     async fn h(tx: &mut PgConnection, msg: &Msg) -> Result<T, E> { body }
+// Output: the generated signature over a body that never runs, emitted next to the error:
+//     #[allow(unused_variables, unreachable_code, …)]
+//     async fn h(__dedup_db: impl Db<'_, …>, msg: &Msg) -> Result<Outcome<T>, E> {
+//         let __dedup_body = async |tx: &mut PgConnection| { <fake return> body };
+//         match __dedup_body(::core::unreachable!()).await {
+//             Ok(__dedup_value) => Ok(Outcome::Processed(__dedup_value)),
+//             Err(__dedup_error) => Err(__dedup_error),
+//         }
+//     }
+// Callers type-check against the function they will get, so the error is the only one. The
+// body is still checked (its own mistakes show at once, and its imports count as used), and
+// the call that never happens gives an `impl Trait` in `T` its hidden type.
+fn placeholder_fn(krate: &Path, handler: Handler) -> TokenStream {
+    let Handler {
+        item,
+        connection,
+        output,
+        ..
+    } = handler;
+    let ItemFn {
+        attrs,
+        vis,
+        sig,
+        block,
+        ..
+    } = item;
+    let mut new_sig = signature(krate, &sig, &connection, &output);
+    // A handler without `async` has been reported; its callers `.await` it all the same.
+    new_sig
+        .asyncness
+        .get_or_insert_with(|| syn::Token![async](sig.fn_token.span));
+    let outer = attrs
+        .iter()
+        .filter(|attr| matches!(attr.style, AttrStyle::Outer));
+    let inner = attrs
+        .iter()
+        .filter(|attr| !matches!(attr.style, AttrStyle::Outer));
+    let (conn_pat, conn_ty) = (&connection.pat, &connection.ty);
+    let fake_return = fake_return(&output);
+    let stmts = &block.stmts;
+    let (body, value, error) = (
+        local("__dedup_body"),
+        local("__dedup_value"),
+        local("__dedup_error"),
+    );
+    quote! {
+        #(#outer)*
+        #[allow(
+            unused_variables,
+            unreachable_code,
+            dead_code,
+            clippy::unreachable,
+            clippy::diverging_sub_expression
+        )]
+        #vis #new_sig {
+            #(#inner)*
+            let #body = async |#conn_pat: &mut #conn_ty| {
+                #fake_return
+                #(#stmts)*
+            };
+            match #body(::core::unreachable!()).await {
+                ::core::result::Result::Ok(#value) => {
+                    ::core::result::Result::Ok(#krate::Outcome::Processed(#value))
+                }
+                ::core::result::Result::Err(#error) => ::core::result::Result::Err(#error),
+            }
+        }
+    }
+}
+
 // Input: the handler's statements.
 // Output: the loop that runs claim → body → commit, retried on transient failures, and
-// the single place where a `sqlx::Error` of ours becomes the handler's `E`.
+// the single place where a `sqlx::Error` of ours becomes the handler's `E`. The whole
+// expansion of a handler, which `handler_fn`, `body`, `attempt`, `retryable` and
+// `fake_return` build together (`dedup-runtime/src/run.rs` documents each step):
+//
+//     #[idempotent(consumer = "billing", key = msg.id, unique = "payments_order_key")]
+//     async fn mark_paid(tx: &mut PgConnection, msg: &Paid) -> Result<(), sqlx::Error> { body }
+//
+//     // expands to (paths shortened: `__private::` is `::dedup_runtime::__private::`; the
+//     // `__dedup_` locals are mixed-site, invisible to the body):
+//     async fn mark_paid(
+//         __dedup_db: impl __private::Db<'_, <PgConnection as __private::HandlerConnection<'static>>::Database>,
+//         msg: &Paid,
+//     ) -> Result<::dedup_runtime::Outcome<()>, sqlx::Error> {
+//         trait __DedupRetryable<C, R> { /* see `retryable()` */ }
+//         let __dedup_exit = match __private::message_id(&msg.id) {
+//             Err(__dedup_error) => {
+//                 __private::Exit::Error(__private::refused("mark_paid", "billing", __dedup_error))
+//             }
+//             Ok(__dedup_id) => {
+//                 let mut __dedup_run = __private::Run::new(
+//                     "mark_paid",
+//                     Some(__private::Claim::new(
+//                         __private::statements!("processed_messages"),
+//                         "billing",
+//                         &__dedup_id,
+//                     )),
+//                     &["payments_order_key"],
+//                 );
+//                 let mut __dedup_handle = __private::Db::into_handle(__dedup_db);
+//                 let __dedup_span = __dedup_run.span();
+//                 __private::Instrument::instrument(async {
+//                     loop {
+//                         let mut __dedup_tx = match __dedup_run.begin(&mut __dedup_handle).await {
+//                             __private::Begin::Claimed(__dedup_tx) => __dedup_tx,
+//                             __private::Begin::Duplicate(__dedup_duplicate) => {
+//                                 break __private::Exit::Outcome(Outcome::Duplicate(__dedup_duplicate));
+//                             }
+//                             __private::Begin::Retry => continue,
+//                             __private::Begin::Error(__dedup_error) => break __private::Exit::Error(__dedup_error),
+//                         };
+//                         let __dedup_result = {
+//                             let __dedup_conn: &mut PgConnection =
+//                                 <PgConnection as __private::HandlerConnection<'_>>::from_transaction(&mut __dedup_tx);
+//                             let __dedup_body = async |tx: &mut PgConnection| {
+//                                 if false { let __dedup_fake: Result<(), sqlx::Error> = loop {}; return __dedup_fake; }
+//                                 body
+//                             };
+//                             __DedupRetryable::<_, _>::__dedup_retryable(__dedup_body)(__dedup_conn).await
+//                         };
+//                         match __dedup_result {
+//                             Ok(__dedup_value) => match __dedup_run.commit(__dedup_tx).await {
+//                                 __private::Commit::Committed => {
+//                                     break __private::Exit::Outcome(Outcome::Processed(__dedup_value));
+//                                 }
+//                                 __private::Commit::Retry => continue,
+//                                 __private::Commit::Error(__dedup_error) => break __private::Exit::Error(__dedup_error),
+//                             },
+//                             Err(__dedup_error) => match __dedup_run.abort(__dedup_tx, __private::probe!(&__dedup_error)).await {
+//                                 __private::Abort::Duplicate(__dedup_duplicate) => {
+//                                     break __private::Exit::Outcome(Outcome::Duplicate(__dedup_duplicate));
+//                                 }
+//                                 __private::Abort::Retry => continue,
+//                                 __private::Abort::BodyError => break __private::Exit::BodyError(__dedup_error),
+//                             },
+//                         }
+//                     }
+//                 }, __dedup_span).await
+//             }
+//         };
+//         match __dedup_exit {
+//             __private::Exit::Outcome(__dedup_value) => Ok(__dedup_value),
+//             __private::Exit::BodyError(__dedup_error) => Err(__dedup_error),
+//             __private::Exit::Error(__dedup_error) => Err(__private::into_handler_error(__dedup_error)),
+//         }
+//     }
 fn body(
     args: &Args,
     name: &Ident,
@@ -242,29 +401,29 @@ fn body(
         #private::Instrument::instrument(async {
             loop {
                 let mut #tx = match #run.begin(&mut #handle).await {
-                    #private::Begin::Fresh(#tx) => #tx,
+                    #private::Begin::Claimed(#tx) => #tx,
                     #private::Begin::Duplicate(#duplicate) => {
-                        break #private::Exit::Done(#krate::Outcome::Duplicate(#duplicate));
+                        break #private::Exit::Outcome(#krate::Outcome::Duplicate(#duplicate));
                     }
-                    #private::Begin::Again => continue,
-                    #private::Begin::Failed(#error) => break #private::Exit::Failed(#error),
+                    #private::Begin::Retry => continue,
+                    #private::Begin::Error(#error) => break #private::Exit::Error(#error),
                 };
                 let #result = { #attempt };
                 match #result {
                     ::core::result::Result::Ok(#value) => match #run.commit(#tx).await {
-                        #private::Commit::Done => {
-                            break #private::Exit::Done(#krate::Outcome::Processed(#value));
+                        #private::Commit::Committed => {
+                            break #private::Exit::Outcome(#krate::Outcome::Processed(#value));
                         }
-                        #private::Commit::Again => continue,
-                        #private::Commit::Failed(#error) => break #private::Exit::Failed(#error),
+                        #private::Commit::Retry => continue,
+                        #private::Commit::Error(#error) => break #private::Exit::Error(#error),
                     },
                     ::core::result::Result::Err(#error) => {
                         match #run.abort(#tx, #private::probe!(&#error)).await {
                             #private::Abort::Duplicate(#duplicate) => {
-                                break #private::Exit::Done(#krate::Outcome::Duplicate(#duplicate));
+                                break #private::Exit::Outcome(#krate::Outcome::Duplicate(#duplicate));
                             }
-                            #private::Abort::Again => continue,
-                            #private::Abort::Failed => break #private::Exit::Body(#error),
+                            #private::Abort::Retry => continue,
+                            #private::Abort::BodyError => break #private::Exit::BodyError(#error),
                         }
                     }
                 }
@@ -278,7 +437,9 @@ fn body(
             let message_id = key_call(&private, key);
             quote! {
                 match #message_id {
-                    ::core::result::Result::Err(#error) => #private::Exit::Failed(#error),
+                    ::core::result::Result::Err(#error) => #private::Exit::Error(
+                        #private::refused(#handler_name, #consumer, #error),
+                    ),
                     ::core::result::Result::Ok(#id) => {
                         let mut #run = #private::Run::new(
                             #handler_name,
@@ -307,9 +468,9 @@ fn body(
     quote! {
         let #exit = #exit_value;
         match #exit {
-            #private::Exit::Done(#value) => ::core::result::Result::Ok(#value),
-            #private::Exit::Body(#error) => ::core::result::Result::Err(#error),
-            #private::Exit::Failed(#error) => ::core::result::Result::Err(#into_error),
+            #private::Exit::Outcome(#value) => ::core::result::Result::Ok(#value),
+            #private::Exit::BodyError(#error) => ::core::result::Result::Err(#error),
+            #private::Exit::Error(#error) => ::core::result::Result::Err(#into_error),
         }
     }
 }

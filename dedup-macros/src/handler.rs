@@ -49,8 +49,9 @@ pub struct Retried {
     pub at: Span,
 }
 
-/// Checks the function, and the `key` expression against it; on success returns the
-/// parts the expansion needs.
+/// Checks the function, and the `key` expression against it; returns the parts the
+/// expansion needs whenever its connection and return type were understood, even next to
+/// errors (a missing `async`, an unused connection): the placeholder is built from them.
 pub fn analyze(item: ItemFn, key: Option<&Expr>, errors: &mut Errors) -> Option<Handler> {
     // The attribute below this one expands next and checks the same function: anything
     // we reported too would show twice.
@@ -308,6 +309,8 @@ fn type_text(ty: &Type) -> String {
                         Last::Quote,
                     ),
                     (',' | ';', _) => (punct.to_string(), false, Last::Spaced),
+                    // `&mut &mut T`, but `&&T`.
+                    ('&', _) => ("&".to_owned(), last == Last::Keyword, Last::Other),
                     ('+' | '=', _) => (punct.to_string(), last != Last::Start, Last::Spaced),
                     ('-', Spacing::Joint) => ("-".to_owned(), last != Last::Start, Last::Other),
                     ('>', _) if out.ends_with('-') => (">".to_owned(), false, Last::Spaced),
@@ -374,6 +377,10 @@ fn connection(item: &ItemFn, errors: &mut Errors) -> Option<Connection> {
                 );
                 return None;
             }
+            if let Some(message) = not_a_connection(&reference.elem) {
+                errors.add_spanned(&arg.ty, message);
+                return None;
+            }
             (*reference.elem).clone()
         }
         other => {
@@ -395,24 +402,25 @@ fn connection(item: &ItemFn, errors: &mut Errors) -> Option<Connection> {
         }
     };
 
-    let Pat::Ident(binding) = &*arg.pat else {
+    // From here on the type is understood: a mistake in the binding is reported, and the
+    // connection still returned, so that callers see the generated signature.
+    if let Pat::Ident(binding) = &*arg.pat {
+        if find_use(|visitor| visitor.visit_block(&item.block), &binding.ident).is_none() {
+            errors.add(
+                binding.ident.span(),
+                format_args!(
+                    "the body never uses `{0}`, so its effects would not be atomic with the \
+                     dedup record: run the handler's queries on `{0}` (for example \
+                     `.execute(&mut *{0})`) so that they commit or roll back together with it",
+                    binding.ident.unraw_string()
+                ),
+            );
+        }
+    } else {
         errors.add_spanned(
             &arg.pat,
             "bind the connection to a plain name, such as `tx: &mut PgConnection`",
         );
-        return None;
-    };
-    if find_use(|visitor| visitor.visit_block(&item.block), &binding.ident).is_none() {
-        errors.add(
-            binding.ident.span(),
-            format_args!(
-                "the body never uses `{0}`, so its effects would not be atomic with the \
-                 dedup record: run the handler's queries on `{0}` (for example \
-                 `.execute(&mut *{0})`) so that they commit or roll back together with it",
-                binding.ident.unraw_string()
-            ),
-        );
-        return None;
     }
     Some(Connection {
         pat: (*arg.pat).clone(),
@@ -436,6 +444,7 @@ fn generic_connection(ty: &Type, generics: &syn::Generics) -> Option<String> {
         Type::Group(group) => generic_connection(&group.elem, generics),
         Type::Paren(paren) => generic_connection(&paren.elem, generics),
         Type::ImplTrait(_) => Some("`impl Trait`".to_owned()),
+        Type::TraitObject(_) => Some("`dyn Trait`".to_owned()),
         Type::Path(TypePath {
             qself: None, path, ..
         }) if path.leading_colon.is_none() => {
@@ -450,6 +459,46 @@ fn generic_connection(ty: &Type, generics: &syn::Generics) -> Option<String> {
                 .any(|param| param.ident == *first)
                 .then_some(what)
         }
+        _ => None,
+    }
+}
+
+// Input: the referent of the connection parameter, such as `&mut PgConnection` in
+// `tx: &mut &mut PgConnection`.
+// Output: the error for a type that no alias can make a connection: a reference, a slice,
+// a tuple… A path is left to the type checker, whatever its name: `type Conn =
+// PgConnection;` makes `&mut Conn` right, and only the checker knows.
+fn not_a_connection(ty: &Type) -> Option<String> {
+    const WRITE: &str = "write `&mut sqlx::PgConnection`, `&mut sqlx::SqliteConnection`, \
+                         `&mut sqlx::MySqlConnection` or `&mut sqlx::Transaction<'_, DB>`";
+    match ty {
+        Type::Group(group) => not_a_connection(&group.elem),
+        Type::Paren(paren) => not_a_connection(&paren.elem),
+        Type::Reference(reference) => {
+            let mut inner = &*reference.elem;
+            while let Type::Reference(reference) = ungrouped(inner) {
+                inner = &reference.elem;
+            }
+            Some(match ungrouped(inner) {
+                Type::Path(_) => format!(
+                    "the connection of an `#[idempotent]` handler is borrowed once: write \
+                     `&mut {}`",
+                    type_text(inner)
+                ),
+                _ => format!(
+                    "the connection of an `#[idempotent]` handler is borrowed once; {WRITE}"
+                ),
+            })
+        }
+        Type::Slice(_)
+        | Type::Array(_)
+        | Type::Tuple(_)
+        | Type::Ptr(_)
+        | Type::FnPtr(_)
+        | Type::Never(_) => Some(format!(
+            "`{}` is not a connection an `#[idempotent]` handler can run on; {WRITE}",
+            type_text(ty)
+        )),
         _ => None,
     }
 }
@@ -769,6 +818,8 @@ mod tests {
             "&'a mut [u8; 4]",
             "Box<dyn Fn(u8) -> u8>",
             "Transaction<'_, Postgres>",
+            "&mut &mut PgConnection",
+            "&&str",
         ] {
             let ty: Type = syn::parse_str(text).unwrap();
             assert_eq!(type_text(&ty), text);
@@ -785,7 +836,41 @@ mod tests {
             Some("a type of the type parameter `C`")
         );
         assert_eq!(what("impl Acquire").as_deref(), Some("`impl Trait`"));
+        assert_eq!(what("dyn Executor").as_deref(), Some("`dyn Trait`"));
         assert_eq!(what("PgConnection"), None);
         assert_eq!(what("sqlx::Transaction<'a, sqlx::Postgres>"), None);
+    }
+
+    #[test]
+    fn only_what_no_alias_can_name_is_refused() {
+        let refused = |ty: &str| not_a_connection(&syn::parse_str(ty).unwrap());
+        assert_eq!(
+            refused("&mut PgConnection").as_deref(),
+            Some(
+                "the connection of an `#[idempotent]` handler is borrowed once: write \
+                 `&mut PgConnection`"
+            )
+        );
+        for ty in [
+            "&sqlx::PgConnection",
+            "&mut [u8]",
+            "[u8]",
+            "(PgConnection,)",
+            "()",
+            "fn()",
+        ] {
+            assert!(refused(ty).is_some(), "`{ty}` is refused");
+        }
+        // A path may be an alias of a connection, whatever it is called.
+        for ty in [
+            "String",
+            "Conn",
+            "Vec<u8>",
+            "my::Conn<'static>",
+            "(Conn)",
+            "conn!()",
+        ] {
+            assert!(refused(ty).is_none(), "`{ty}` is left to the type checker");
+        }
     }
 }

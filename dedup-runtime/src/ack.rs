@@ -19,6 +19,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::Backend;
+use crate::classify;
 use crate::key::InvalidMessageId;
 use crate::outcome::Outcome;
 
@@ -97,7 +98,7 @@ impl Failure {
     pub fn of<DB: Backend>(error: &(dyn StdError + 'static)) -> Failure {
         if InvalidMessageId::find(error).is_some() {
             Failure::Permanent
-        } else if is_transient::<DB>(error) || is_unavailable::<DB>(error) {
+        } else if is_transient::<DB>(error) || classify::is_unavailable::<DB>(error) {
             Failure::Transient
         } else {
             Failure::Permanent
@@ -115,53 +116,7 @@ impl Failure {
 /// assert!(!dedup_runtime::is_transient::<sqlx::Sqlite>(&error));
 /// ```
 pub fn is_transient<DB: Backend>(error: &(dyn StdError + 'static)) -> bool {
-    crate::backend::is_transient::<DB>(error)
-}
-
-/// Whether `error`'s chain says the database could not be reached or is going away (see
-/// [`Failure::of`]).
-fn is_unavailable<DB: Backend>(error: &(dyn StdError + 'static)) -> bool {
-    crate::backend::find_in_chain(error, |link, database| {
-        let unavailable = matches!(
-            link.downcast_ref::<sqlx::Error>(),
-            Some(
-                sqlx::Error::Io(_)
-                    | sqlx::Error::Tls(_)
-                    | sqlx::Error::PoolTimedOut
-                    | sqlx::Error::PoolClosed
-                    | sqlx::Error::WorkerCrashed
-            )
-        ) || link.is::<std::io::Error>()
-            || database.is_some_and(unavailable_sqlstate::<DB>);
-        unavailable.then_some(())
-    })
-    .is_some()
-}
-
-/// [`unavailable_code`]'s SQLSTATEs. SQLite reports its numeric result codes where the
-/// others report SQLSTATE, so it has none of these.
-fn unavailable_sqlstate<DB: Backend>(error: &dyn sqlx::error::DatabaseError) -> bool {
-    #[cfg(feature = "sqlite")]
-    if DB::NAME == <sqlx::Sqlite as sqlx::Database>::NAME {
-        return false;
-    }
-    error.code().is_some_and(|code| unavailable_code(&code))
-}
-
-/// The SQLSTATEs of a database that is away, not of a bad message: the classes `08`
-/// (connection exception), `53` (insufficient resources) and `57` (operator
-/// intervention), and the two codes of class `25` with which PostgreSQL ends a session
-/// whose transaction took too long: `25P03` (idle_in_transaction_session_timeout) and
-/// `25P04` (transaction_timeout, PostgreSQL 17). Both are FATAL: the server rolled the
-/// transaction back and closed the connection, and a redelivery on another one succeeds.
-/// The rest of class `25` (invalid transaction state, such as `25P02`, a statement in an
-/// aborted transaction) is the handler's doing: permanent.
-fn unavailable_code(code: &str) -> bool {
-    code.len() == 5
-        && (matches!(
-            code.as_bytes()[..2],
-            [b'0', b'8'] | [b'5', b'3'] | [b'5', b'7']
-        ) || matches!(code, "25P03" | "25P04"))
+    classify::is_transient::<DB>(error)
 }
 
 /// Your own classification, consulted before the default one.
@@ -416,21 +371,6 @@ mod tests {
         assert_eq!(policy.decide(&too_long, 1), Ack::DeadLetter);
         let decode: Result<Outcome<()>, sqlx::Error> = Err(sqlx::Error::ColumnNotFound("x".into()));
         assert_eq!(policy.decide(&decode, 1), Ack::DeadLetter);
-    }
-
-    #[test]
-    fn sqlstates_of_a_database_that_is_away() {
-        for code in [
-            "08006", "08P01", "53300", "57P01", "57P05", "57014", "25P03", "25P04",
-        ] {
-            assert!(unavailable_code(code), "{code}");
-        }
-        // Invalid transaction states the handler caused, constraint and data errors.
-        for code in [
-            "25P02", "25001", "25006", "23505", "22001", "42P01", "40001", "", "08",
-        ] {
-            assert!(!unavailable_code(code), "{code}");
-        }
     }
 
     #[test]

@@ -11,10 +11,10 @@ use std::sync::Arc;
 /// Longer ids are refused with [`InvalidMessageId::TooLong`] before anything is written:
 /// never truncated, because two ids that share a prefix are different messages. 255 bytes
 /// holds every broker's id (an SQS message id is at most 100 characters, a UUID 36).
-pub const MAX_MESSAGE_ID_LEN: usize = 255;
+pub const MAX_MESSAGE_ID_LEN: usize = dedup_limits::MAX_MESSAGE_ID_LEN;
 
 /// The longest consumer name, in bytes; `#[idempotent]` checks it at compile time.
-pub const MAX_CONSUMER_LEN: usize = 255;
+pub const MAX_CONSUMER_LEN: usize = dedup_limits::MAX_CONSUMER_LEN;
 
 /// Room for the longest integer (`i128::MIN`, 40 characters) and a hyphenated UUID (36).
 const INLINE: usize = 40;
@@ -141,14 +141,7 @@ impl InvalidMessageId {
     /// so that it can be recognised behind `sqlx::Error`, a `thiserror` enum or
     /// `anyhow::Error` (pass `error.as_ref()`).
     pub fn find<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a InvalidMessageId> {
-        let mut link = Some(error);
-        while let Some(error) = link {
-            if let Some(found) = error.downcast_ref::<InvalidMessageId>() {
-                return Some(found);
-            }
-            link = error.source();
-        }
-        None
+        crate::chain::find(error, |link, _| link.downcast_ref::<InvalidMessageId>())
     }
 }
 

@@ -37,7 +37,8 @@
 //!
 //! Each behind a feature: `postgres` (PostgreSQL), `sqlite` (SQLite), `mysql` (MySQL and
 //! MariaDB). The handler's first parameter picks the backend. `uuid` adds
-//! [`MessageKey`] for `uuid::Uuid`.
+//! [`MessageKey`] for `uuid::Uuid`; `metrics` records counters and a latency histogram
+//! per handler through the `metrics` facade (the README lists their names).
 //!
 //! | | claim statement | concurrent copies | transient failures retried |
 //! | --- | --- | --- | --- |
@@ -100,9 +101,33 @@
 
 #![warn(missing_docs)]
 
+// Where things are (a concern with SQL has one trait, and one file per backend under the
+// directory of its name; `backend.rs` joins the concerns into `Backend`):
+//
+//   run.rs          one call of a generated handler: begin, claim, body, commit, retry
+//   private.rs      what the generated code calls (`__private`), and nothing else
+//   input.rs        what callers pass (`Db`: pool, connection, transaction) and what a
+//                   handler declares as its connection (`HandlerConnection`)
+//   claim/          begin, claim the message id, the checked commit, rollback, per backend
+//   classify/       what an error means: transient, unique violation, database away
+//   chain.rs        the one walk along an error's sources, for every classification
+//   schema/         the dedup table: its name (`Table`) and each backend's DDL
+//   migrate.rs      `migrate`, `migrate_table`, `schema_sql`
+//   prune/          deleting old ids, never before the redelivery window ends
+//   ack.rs          what to tell the broker (`AckPolicy`)
+//   metrics.rs      counters and a latency histogram (feature `metrics`)
+//   key.rs          message ids (`MessageKey`) and the ids refused (`InvalidMessageId`)
+//   outcome.rs, retry.rs, rolled_back.rs, probe.rs: outcomes, backoff, `RolledBack`,
+//                   seeing the database error inside the handler's error type
+//   dedup-limits    (a crate) the limits the attribute and the runtime share
 mod ack;
 mod backend;
+mod chain;
+mod claim;
+mod classify;
+mod input;
 mod key;
+mod metrics;
 mod migrate;
 mod outcome;
 mod probe;
@@ -110,17 +135,17 @@ mod prune;
 mod retry;
 mod rolled_back;
 mod run;
+mod schema;
 
 #[doc(hidden)]
 #[path = "private.rs"]
 pub mod __private;
 
 pub use ack::{Ack, AckPolicy, Failure, is_transient};
-pub use backend::{Backend, Db, HandlerConnection};
+pub use backend::Backend;
+pub use input::{Db, HandlerConnection};
 pub use key::{InvalidMessageId, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN, MessageId, MessageKey};
-pub use migrate::{
-    DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table, migrate, migrate_table, schema_sql,
-};
+pub use migrate::{migrate, migrate_table, schema_sql};
 pub use outcome::{Duplicate, Outcome};
 pub use prune::{
     ConsumerStats, DEFAULT_PRUNE_BATCH, MAX_PRUNE_AGE, MAX_PRUNE_BATCH, Prune, PruneBackend,
@@ -129,6 +154,7 @@ pub use prune::{
 pub use retry::{BASE_DELAY, MAX_ATTEMPTS, MAX_DELAY};
 pub use rolled_back::RolledBack;
 pub use run::STAMP_AFTER;
+pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 
 /// Makes an `async fn` message handler effectively-once.
 ///
@@ -229,12 +255,13 @@ pub use run::STAMP_AFTER;
 ///
 /// # Arguments
 ///
-/// - `consumer = "name"` — required: the service processing the message. Two consumers
-///   see the same message id independently. A non-empty string literal, at most
-///   [`MAX_CONSUMER_LEN`] bytes.
-/// - `key = <expr>` — required: the message id, an expression over the parameters whose
-///   type implements [`MessageKey`] (strings, integers, `uuid::Uuid`, references to
-///   them). It is evaluated once, before the transaction begins.
+/// - `key = <expr>` — the message id, an expression over the parameters whose type
+///   implements [`MessageKey`] (strings, integers, `uuid::Uuid`, references to them).
+///   It is evaluated once, before the transaction begins. Needed unless `unique = …`
+///   alone decides what a duplicate is.
+/// - `consumer = "name"` — the service processing the message; needed with `key`, and
+///   only with it. Two consumers see the same message id independently. A non-empty
+///   string literal, at most [`MAX_CONSUMER_LEN`] bytes.
 /// - `unique = "constraint"` or `unique = ["a", "b"]` — business-key dedup: the message
 ///   carries a natural key ("create the shipment for order 42") that a unique constraint
 ///   protects. When the body violates one of the named constraints, the whole transaction

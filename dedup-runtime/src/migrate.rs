@@ -1,86 +1,10 @@
-//! Creating the dedup table: `migrate` for the default name, `migrate_table` for others.
-
-use std::fmt;
+//! Creating the dedup table: `migrate` for the default name, `migrate_table` for others,
+//! `schema_sql` for your own migration tool. The DDL itself is in `schema/`.
 
 use sqlx::Pool;
 
 use crate::backend::Backend;
-
-/// The default dedup table, used when `#[idempotent]` has no `table = "…"`.
-pub const DEFAULT_TABLE: &str = "processed_messages";
-
-/// The longest table or schema name every backend accepts (PostgreSQL's limit).
-pub const MAX_TABLE_NAME_LEN: usize = 63;
-
-/// A validated dedup table name: `name` or `schema.name`, each a plain SQL identifier.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Table {
-    name: String,
-    dot: Option<usize>,
-}
-
-impl Table {
-    /// Checks `name` the way `#[idempotent(table = "…")]` does at compile time.
-    ///
-    /// ```
-    /// use dedup_runtime::Table;
-    ///
-    /// assert!(Table::new("audit.processed_messages").is_ok());
-    /// assert!(Table::new("processed_messages; DROP TABLE users").is_err());
-    /// ```
-    pub fn new(name: &str) -> Result<Table, InvalidTableName> {
-        let plain = |part: &str| {
-            let mut chars = part.chars();
-            matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
-                && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
-                && part.len() <= MAX_TABLE_NAME_LEN
-        };
-        let parts: Vec<&str> = name.split('.').collect();
-        if parts.len() > 2 || !parts.iter().all(|part| plain(part)) {
-            return Err(InvalidTableName {
-                name: name.to_owned(),
-            });
-        }
-        Ok(Table {
-            name: name.to_owned(),
-            dot: name.find('.'),
-        })
-    }
-
-    /// The name as written, possibly schema-qualified.
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// The schema, when the name is qualified.
-    pub fn schema(&self) -> Option<&str> {
-        self.dot.map(|dot| &self.name[..dot])
-    }
-
-    /// The unqualified table name.
-    pub fn base(&self) -> &str {
-        self.dot.map_or(&self.name, |dot| &self.name[dot + 1..])
-    }
-}
-
-/// A table name that is not a plain SQL identifier (optionally `schema.`-qualified).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InvalidTableName {
-    name: String,
-}
-
-impl fmt::Display for InvalidTableName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "invalid dedup table name {:?}: expected a plain SQL identifier (letters, digits, \
-             `_`, at most {MAX_TABLE_NAME_LEN} characters), optionally `schema.`-qualified",
-            self.name
-        )
-    }
-}
-
-impl std::error::Error for InvalidTableName {}
+use crate::schema::{DEFAULT_TABLE, InvalidTableName, Table};
 
 /// Creates the default dedup table, `processed_messages`, and its pruning index, if they
 /// do not exist yet. Safe to call at every start and from several processes at once.

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use sqlx::Pool;
 
-use crate::backend::{self, Backend};
-use crate::migrate::{DEFAULT_TABLE, InvalidTableName, Table};
+use crate::backend::Backend;
 use crate::retry;
+use crate::schema::{DEFAULT_TABLE, InvalidTableName, Table};
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -374,7 +374,9 @@ impl Prune {
                 Ok(deleted) => return Ok(deleted),
                 Err(error)
                     if attempt < retry::MAX_ATTEMPTS
-                        && backend::is_transient::<DB>(&error as &(dyn StdError + 'static)) =>
+                        && crate::classify::is_transient::<DB>(
+                            &error as &(dyn StdError + 'static),
+                        ) =>
                 {
                     tracing::debug!(attempt, %error, "prune batch failed transiently; retrying");
                     tokio::time::sleep(retry::backoff(attempt)).await;
@@ -582,15 +584,11 @@ impl From<InvalidTableName> for PruneError {
     }
 }
 
-mod sealed {
-    pub trait Sealed {}
-}
-
 /// A [`Backend`] that [`Prune`] runs on: every one of them (`sqlx::Postgres`,
 /// `sqlx::MySql`, `sqlx::Sqlite`, each under its feature).
 ///
 /// Sealed: its methods are the library's internals, the pruning SQL of each backend.
-pub trait PruneBackend: Backend + sealed::Sealed {
+pub trait PruneBackend: Backend {
     /// The cutoff `now - age` on the database's clock, as text its comparisons accept on
     /// every session (see [`PruneProgress::cutoff`] for the formats).
     #[doc(hidden)]

@@ -53,6 +53,10 @@ pub struct RolledBack {
 impl RolledBack {
     /// The error for `database` (`sqlx::Database::NAME`), with the error that revealed the
     /// rollback, if any, as its source.
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+        allow(dead_code)
+    )]
     pub(crate) fn error(database: &'static str, source: Option<sqlx::Error>) -> sqlx::Error {
         sqlx::Error::AnyDriverError(Box::new(RolledBack { database, source }))
     }

@@ -1,6 +1,93 @@
-//! One call of a generated handler: claim, commit or abort, retry. The generated code
-//! drives the loop (the body must run inline, in the caller's generic context); every
-//! decision is made here.
+//! One call of a generated handler: begin and claim, run the body, commit or abort,
+//! retry. The generated code drives the loop, because the body must run inline, in the
+//! handler's own generic context; every decision is made here. Each step answers with
+//! what comes next: [`Begin`], [`Commit`], [`Abort`] (`Retry` = back off and begin again,
+//! `Error` = the call ends with an error of ours, `BodyError` = with the body's), and
+//! the call's end is an [`Exit`].
+//!
+//! Why not one `Run::drive(handle, async |tx| body)` that owns the loop: a handler may
+//! declare `tx: &mut sqlx::Transaction<'_, DB>`, whose lifetime is that of one attempt's
+//! borrow of the handle, so the body's argument type is not one type but a family over
+//! that lifetime, which a generic driver cannot name (`AsyncFnMut(&mut C) -> R` needs one
+//! `C`); and the handler's error type is only known at the call site, where the error
+//! probe (`probe!`, autoref specialisation) must run. Inline, both are inferred.
+//!
+//! The protocol, as the expansion of one handler (`dedup-macros/src/expand.rs` builds
+//! it):
+//!
+//! ```rust,ignore
+//! #[idempotent(consumer = "billing", key = msg.id, unique = "payments_order_key")]
+//! async fn mark_paid(tx: &mut PgConnection, msg: &Paid) -> Result<(), sqlx::Error> { body }
+//!
+//! // expands to (paths shortened: `__private::` is `::dedup_runtime::__private::`; the
+//! // `__dedup_` locals are mixed-site, invisible to the body):
+//! async fn mark_paid(
+//!     __dedup_db: impl __private::Db<'_, <PgConnection as __private::HandlerConnection<'static>>::Database>,
+//!     msg: &Paid,
+//! ) -> Result<::dedup_runtime::Outcome<()>, sqlx::Error> {
+//!     trait __DedupRetryable<C, R> { /* see `retryable()` */ }
+//!     let __dedup_exit = match __private::message_id(&msg.id) {
+//!         Err(__dedup_error) => {
+//!             __private::Exit::Error(__private::refused("mark_paid", "billing", __dedup_error))
+//!         }
+//!         Ok(__dedup_id) => {
+//!             let mut __dedup_run = __private::Run::new(
+//!                 "mark_paid",
+//!                 Some(__private::Claim::new(
+//!                     __private::statements!("processed_messages"),
+//!                     "billing",
+//!                     &__dedup_id,
+//!                 )),
+//!                 &["payments_order_key"],
+//!             );
+//!             let mut __dedup_handle = __private::Db::into_handle(__dedup_db);
+//!             let __dedup_span = __dedup_run.span();
+//!             __private::Instrument::instrument(async {
+//!                 loop {
+//!                     let mut __dedup_tx = match __dedup_run.begin(&mut __dedup_handle).await {
+//!                         __private::Begin::Claimed(__dedup_tx) => __dedup_tx,
+//!                         __private::Begin::Duplicate(__dedup_duplicate) => {
+//!                             break __private::Exit::Outcome(Outcome::Duplicate(__dedup_duplicate));
+//!                         }
+//!                         __private::Begin::Retry => continue,
+//!                         __private::Begin::Error(__dedup_error) => break __private::Exit::Error(__dedup_error),
+//!                     };
+//!                     let __dedup_result = {
+//!                         let __dedup_conn: &mut PgConnection =
+//!                             <PgConnection as __private::HandlerConnection<'_>>::from_transaction(&mut __dedup_tx);
+//!                         let __dedup_body = async |tx: &mut PgConnection| {
+//!                             if false { let __dedup_fake: Result<(), sqlx::Error> = loop {}; return __dedup_fake; }
+//!                             body
+//!                         };
+//!                         __DedupRetryable::<_, _>::__dedup_retryable(__dedup_body)(__dedup_conn).await
+//!                     };
+//!                     match __dedup_result {
+//!                         Ok(__dedup_value) => match __dedup_run.commit(__dedup_tx).await {
+//!                             __private::Commit::Committed => {
+//!                                 break __private::Exit::Outcome(Outcome::Processed(__dedup_value));
+//!                             }
+//!                             __private::Commit::Retry => continue,
+//!                             __private::Commit::Error(__dedup_error) => break __private::Exit::Error(__dedup_error),
+//!                         },
+//!                         Err(__dedup_error) => match __dedup_run.abort(__dedup_tx, __private::probe!(&__dedup_error)).await {
+//!                             __private::Abort::Duplicate(__dedup_duplicate) => {
+//!                                 break __private::Exit::Outcome(Outcome::Duplicate(__dedup_duplicate));
+//!                             }
+//!                             __private::Abort::Retry => continue,
+//!                             __private::Abort::BodyError => break __private::Exit::BodyError(__dedup_error),
+//!                         },
+//!                     }
+//!                 }
+//!             }, __dedup_span).await
+//!         }
+//!     };
+//!     match __dedup_exit {
+//!         __private::Exit::Outcome(__dedup_value) => Ok(__dedup_value),
+//!         __private::Exit::BodyError(__dedup_error) => Err(__dedup_error),
+//!         __private::Exit::Error(__dedup_error) => Err(__private::into_handler_error(__dedup_error)),
+//!     }
+//! }
+//! ```
 
 #![allow(missing_docs)]
 
@@ -11,8 +98,12 @@ use std::time::{Duration, Instant};
 use sqlx::Connection;
 use tracing::Span;
 
-use crate::backend::{self, Backend, Handle, Source, Statements, Tx};
+use crate::backend::Backend;
+use crate::claim::{self, Claimed, Statements, Tx};
+use crate::classify;
+use crate::input::{Handle, Source};
 use crate::key::{MessageId, MessageKey};
+use crate::metrics::{self, Class, End};
 use crate::outcome::{Duplicate, Outcome};
 use crate::retry;
 use crate::rolled_back::RolledBack;
@@ -24,39 +115,84 @@ pub fn message_id<K: MessageKey + ?Sized>(key: &K) -> Result<MessageId<'_>, sqlx
     Ok(id)
 }
 
-/// How a call ended, before the error of our own is converted into the handler's `E`
-/// (in one place, so that a missing `From<sqlx::Error>` is reported once).
+/// The call is over before it began: `key` gave an invalid id (`error`, from
+/// [`message_id`]). Counted, and returned.
+pub fn refused(handler: &'static str, consumer: &'static str, error: sqlx::Error) -> sqlx::Error {
+    metrics::ended(
+        handler,
+        consumer,
+        End::Failed(Class::InvalidId),
+        metrics::Started::now(),
+    );
+    error
+}
+
+/// How a call ended, before an error of ours is converted into the handler's `E` (in one
+/// place, so that a missing `From<sqlx::Error>` is reported once).
 pub enum Exit<T, E> {
-    Done(Outcome<T>),
-    Body(E),
-    Failed(sqlx::Error),
+    /// Processed, or a duplicate.
+    Outcome(Outcome<T>),
+    /// The body returned this error, and it is not retried.
+    BodyError(E),
+    /// An error of ours: an invalid id, the claim, the commit, the connection.
+    Error(sqlx::Error),
 }
 
-/// Result of [`Run::begin`].
+/// What [`Run::begin`] leads to.
 pub enum Begin<'h, DB: Backend> {
-    /// The dedup row is in; run the body on this transaction.
-    Fresh(Tx<'h, DB>),
+    /// The transaction is open and the dedup row (if any) is in: run the body on it.
+    Claimed(Tx<'h, DB>),
+    /// The message was processed before: the call is over.
     Duplicate(Duplicate),
-    /// A transient failure, already backed off: try again.
-    Again,
-    Failed(sqlx::Error),
+    /// A transient failure, already backed off: begin again.
+    Retry,
+    /// The call is over with this error.
+    Error(sqlx::Error),
 }
 
-/// Result of [`Run::abort`].
-pub enum Abort {
-    /// A unique constraint named in `unique = …` caught the business key.
-    Duplicate(Duplicate),
-    /// A transient failure, already backed off: try again.
-    Again,
-    /// Return the body's error.
-    Failed,
-}
-
-/// Result of [`Run::commit`].
+/// What [`Run::commit`] leads to.
 pub enum Commit {
-    Done,
-    Again,
-    Failed(sqlx::Error),
+    /// Committed: the call is over, processed.
+    Committed,
+    /// A transient failure (or a transaction the database rolled back by itself), already
+    /// backed off: begin again.
+    Retry,
+    /// The call is over with this error.
+    Error(sqlx::Error),
+}
+
+/// What [`Run::abort`] leads to, after the body returned an error.
+pub enum Abort {
+    /// A unique constraint named in `unique = …` caught the business key: a duplicate.
+    Duplicate(Duplicate),
+    /// The body's error was transient, already backed off: begin again.
+    Retry,
+    /// The call is over with the body's error.
+    BodyError,
+}
+
+/// After an error of ours: run the attempt again, or end the call with it.
+enum Next {
+    Retry,
+    Error(sqlx::Error),
+}
+
+impl<DB: Backend> From<Next> for Begin<'_, DB> {
+    fn from(next: Next) -> Self {
+        match next {
+            Next::Retry => Begin::Retry,
+            Next::Error(error) => Begin::Error(error),
+        }
+    }
+}
+
+impl From<Next> for Commit {
+    fn from(next: Next) -> Self {
+        match next {
+            Next::Retry => Commit::Retry,
+            Next::Error(error) => Commit::Error(error),
+        }
+    }
 }
 
 /// A transaction that ran longer than this between its claim and its commit has its
@@ -66,17 +202,9 @@ pub enum Commit {
 /// this margin in its cutoff. (MySQL and MariaDB always write the commit time.)
 pub const STAMP_AFTER: Duration = Duration::from_secs(1);
 
-/// The claimed dedup row, as the backend's commit needs it.
-pub struct Claimed<'c> {
-    pub statements: &'static Statements,
-    pub consumer: &'static str,
-    pub id: &'c str,
-    /// Claimed more than [`STAMP_AFTER`] ago: its `processed_at` must be moved.
-    pub slow: bool,
-}
-
-/// What a handler deduplicates on: the message id it claims (`key = …`) and the
-/// unique constraints its body may violate (`unique = …`). At least one is present.
+/// The dedup row a handler with `key = …` claims: its table's statements, the consumer
+/// and the validated message id. (A handler with `unique = …` alone claims none: its
+/// constraints are [`Run::new`]'s `unique`.)
 pub struct Claim<'k> {
     statements: &'static Statements,
     consumer: &'static str,
@@ -99,6 +227,7 @@ impl<'k> Claim<'k> {
 
 /// The state of one call across its attempts.
 pub struct Run<'k> {
+    handler: &'static str,
     claim: Option<Claim<'k>>,
     unique: &'static [&'static str],
     span: Span,
@@ -110,6 +239,7 @@ pub struct Run<'k> {
     pooled: bool,
     /// When the current attempt's claim was sent.
     claimed_at: Option<Instant>,
+    started: metrics::Started,
 }
 
 impl<'k> Run<'k> {
@@ -135,6 +265,7 @@ impl<'k> Run<'k> {
             span.record("message_id", claim.id);
         }
         Run {
+            handler,
             claim,
             unique,
             span,
@@ -142,6 +273,7 @@ impl<'k> Run<'k> {
             owned: false,
             pooled: false,
             claimed_at: None,
+            started: metrics::Started::now(),
         }
     }
 
@@ -149,11 +281,17 @@ impl<'k> Run<'k> {
         self.span.clone()
     }
 
-    fn finish(&self, outcome: &'static str) {
+    fn consumer(&self) -> &'static str {
+        self.claim.as_ref().map_or("", |claim| claim.consumer)
+    }
+
+    /// The call is over: its span and its metrics say how.
+    fn finish(&self, end: End<'_>) {
         if !self.span.is_disabled() {
-            self.span.record("outcome", outcome);
+            self.span.record("outcome", end.outcome());
             self.span.record("attempts", self.attempt);
         }
+        metrics::ended(self.handler, self.consumer(), end, self.started);
     }
 
     /// Begins the transaction (or savepoint) and inserts the dedup row, if any.
@@ -199,22 +337,19 @@ impl<'k> Run<'k> {
         let tx = match begun {
             Ok(tx) => tx,
             Err(error) => {
-                return self
-                    .failed::<DB>(error)
-                    .await
-                    .map_or(Begin::Again, Begin::Failed);
+                return self.after_error::<DB>(error).await.into();
             }
         };
         let mut tx = Tx { tx, unclean };
         let Some(claim) = &self.claim else {
-            return Begin::Fresh(tx);
+            return Begin::Claimed(tx);
         };
         let sql = DB::claim_sql(claim.statements);
         let sent = Instant::now();
         match DB::claim(&mut tx.tx, sql, claim.consumer, claim.id).await {
             Ok(true) => {
                 self.claimed_at = Some(sent);
-                Begin::Fresh(tx)
+                Begin::Claimed(tx)
             }
             // Our own transaction wrote nothing. On a pooled connection its ROLLBACK may
             // be queued: sqlx sends it with the ping the pool sends as it takes the
@@ -225,26 +360,24 @@ impl<'k> Run<'k> {
                 if let Err(error) = DB::rollback_owned(tx, self.pooled, false).await {
                     tracing::debug!(%error, "rollback after a duplicate failed");
                 }
-                self.finish("duplicate");
+                self.finish(End::Duplicate(&Duplicate::AlreadyProcessed));
                 Begin::Duplicate(Duplicate::AlreadyProcessed)
             }
             // A savepoint in the caller's transaction is released now, so that the
             // caller's next statement finds its transaction as it left it.
             Ok(false) => match tx.tx.rollback().await {
                 Ok(()) => {
-                    self.finish("duplicate");
+                    self.finish(End::Duplicate(&Duplicate::AlreadyProcessed));
                     Begin::Duplicate(Duplicate::AlreadyProcessed)
                 }
                 Err(error) => {
-                    self.finish("failed");
-                    Begin::Failed(error)
+                    self.finish(End::Failed(Class::Database));
+                    Begin::Error(error)
                 }
             },
             Err(error) => {
                 self.rollback(tx).await;
-                self.failed::<DB>(error)
-                    .await
-                    .map_or(Begin::Again, Begin::Failed)
+                self.after_error::<DB>(error).await.into()
             }
         }
     }
@@ -266,13 +399,10 @@ impl<'k> Run<'k> {
         };
         match committed {
             Ok(()) => {
-                self.finish("processed");
-                Commit::Done
+                self.finish(End::Processed);
+                Commit::Committed
             }
-            Err(error) => self
-                .failed::<DB>(error)
-                .await
-                .map_or(Commit::Again, Commit::Failed),
+            Err(error) => self.after_error::<DB>(error).await.into(),
         }
     }
 
@@ -286,9 +416,9 @@ impl<'k> Run<'k> {
     ) -> impl Future<Output = Abort> + use<'a, 'k, 't, DB> {
         // Classify before the first await, so that the future holds no borrow of the
         // handler's error (which need not be `Sync`).
-        let transient = cause.is_some_and(backend::is_transient::<DB>);
+        let transient = cause.is_some_and(classify::is_transient::<DB>);
         let violation = match cause {
-            Some(cause) if !self.unique.is_empty() => backend::unique_violation::<DB>(cause),
+            Some(cause) if !self.unique.is_empty() => classify::unique_violation::<DB>(cause),
             _ => None,
         };
         async move {
@@ -298,14 +428,19 @@ impl<'k> Run<'k> {
             };
             self.rollback(tx).await;
             if let Some(constraint) = business_key {
-                self.finish("duplicate");
-                return Abort::Duplicate(Duplicate::BusinessKey { constraint });
+                let duplicate = Duplicate::BusinessKey { constraint };
+                self.finish(End::Duplicate(&duplicate));
+                return Abort::Duplicate(duplicate);
             }
             if transient && self.back_off().await {
-                return Abort::Again;
+                return Abort::Retry;
             }
-            self.finish("failed");
-            Abort::Failed
+            self.finish(End::Failed(if transient {
+                Class::Transient
+            } else {
+                Class::Body
+            }));
+            Abort::BodyError
         }
     }
 
@@ -322,18 +457,26 @@ impl<'k> Run<'k> {
         }
     }
 
-    /// `None` after backing off from a transient `error` that may be retried; otherwise
-    /// the error to return. A transaction the database rolled back by itself
-    /// ([`RolledBack`]) is run again too: a swallowed deadlock succeeds the next time.
-    async fn failed<DB: Backend>(&mut self, error: sqlx::Error) -> Option<sqlx::Error> {
-        if backend::is_transient::<DB>(&error) || RolledBack::find(&error).is_some() {
+    /// After an error of ours: [`Next::Retry`] once backed off from a transient `error`
+    /// with an attempt left, otherwise the error to end the call with. A transaction the
+    /// database rolled back by itself ([`RolledBack`]) is run again too: a swallowed
+    /// deadlock succeeds the next time.
+    async fn after_error<DB: Backend>(&mut self, error: sqlx::Error) -> Next {
+        let class = if classify::is_transient::<DB>(&error) {
+            Class::Transient
+        } else if RolledBack::find(&error).is_some() {
+            Class::RolledBack
+        } else {
+            Class::Database
+        };
+        if class != Class::Database {
             tracing::debug!(attempt = self.attempt, %error, "transient database error");
             if self.back_off().await {
-                return None;
+                return Next::Retry;
             }
         }
-        self.finish("failed");
-        Some(error)
+        self.finish(End::Failed(class));
+        Next::Error(error)
     }
 
     /// Sleeps before the next attempt; `false` when no attempt is left, or when the
@@ -349,6 +492,7 @@ impl<'k> Run<'k> {
             ?delay,
             "retrying after a transient failure"
         );
+        metrics::retried(self.handler, self.consumer());
         tokio::time::sleep(delay).await;
         true
     }
@@ -365,7 +509,7 @@ async fn commit_nested<DB: Backend>(
         && let Some(sql) = DB::stamp_sql(claimed.statements)
         && let Err(error) = DB::stamp(&mut tx.tx, sql, claimed.consumer, claimed.id).await
     {
-        backend::rollback_logged(tx.tx).await;
+        claim::rollback_logged(tx.tx).await;
         return Err(error);
     }
     tx.tx.commit().await

@@ -7,7 +7,8 @@
 use std::time::Duration;
 
 use dedup_runtime::{Ack, AckPolicy, Duplicate, Outcome, idempotent};
-use sqlx::{Connection as _, PgConnection, PgPool};
+use dedup_suite::{claims, rows};
+use sqlx::{Connection as _, PgConnection};
 
 /// A message whose processing waits `stall` between its two statements, as a body that
 /// calls out to a slow service in the middle of its transaction does.
@@ -27,23 +28,14 @@ async fn record(tx: &mut PgConnection, msg: &Slow) -> Result<(), sqlx::Error> {
     Ok(())
 }
 
-async fn count(pool: &PgPool, sql: &'static str, id: &str) -> i64 {
-    sqlx::query_scalar(sql)
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn idle_in_transaction_timeout_is_retried_not_dead_lettered() {
     let pool = dedup_suite::postgres().await;
-    sqlx::raw_sql(
+    dedup_suite::ddl(
+        &pool,
         "CREATE TABLE IF NOT EXISTS dedup_regress_idle_effects (message_id text NOT NULL)",
     )
-    .execute(&pool)
-    .await
-    .unwrap();
+    .await;
 
     // A session that the server ends after 200 ms idle inside a transaction.
     let mut conn = PgConnection::connect(&dedup_suite::postgres_url())
@@ -60,8 +52,11 @@ async fn idle_in_transaction_timeout_is_retried_not_dead_lettered() {
     };
     let result = record(&mut conn, &msg).await;
     let error = result.as_ref().expect_err("the server ended the session");
-    let code = error.as_database_error().and_then(|error| error.code());
-    assert_eq!(code.as_deref(), Some("25P03"), "{error:?}");
+    assert_eq!(
+        dedup_suite::error_code(error).as_deref(),
+        Some("25P03"),
+        "{error:?}"
+    );
 
     let policy = AckPolicy::<sqlx::Postgres>::new();
     assert_eq!(
@@ -73,11 +68,10 @@ async fn idle_in_transaction_timeout_is_retried_not_dead_lettered() {
     );
 
     // Nothing of the transaction stayed: no dedup row, no effect.
-    let claims = "SELECT count(*) FROM processed_messages \
-                  WHERE consumer = 'regress-idle-in-transaction' AND message_id = $1";
-    let effects = "SELECT count(*) FROM dedup_regress_idle_effects WHERE message_id = $1";
-    assert_eq!(count(&pool, claims, &msg.id).await, 0);
-    assert_eq!(count(&pool, effects, &msg.id).await, 0);
+    const CONSUMER: &str = "regress-idle-in-transaction";
+    const EFFECTS: &str = "dedup_regress_idle_effects";
+    assert_eq!(claims(&pool, CONSUMER, &msg.id).await, 0);
+    assert_eq!(rows(&pool, EFFECTS, "message_id", &msg.id).await, 0);
 
     // The redelivery succeeds, once.
     let again = Slow {
@@ -89,6 +83,6 @@ async fn idle_in_transaction_timeout_is_retried_not_dead_lettered() {
         record(&pool, &again).await.unwrap(),
         Outcome::Duplicate(Duplicate::AlreadyProcessed)
     );
-    assert_eq!(count(&pool, claims, &msg.id).await, 1);
-    assert_eq!(count(&pool, effects, &msg.id).await, 1);
+    assert_eq!(claims(&pool, CONSUMER, &msg.id).await, 1);
+    assert_eq!(rows(&pool, EFFECTS, "message_id", &msg.id).await, 1);
 }

@@ -96,24 +96,11 @@ async fn create(pool: &MySqlPool, table: &str, key: &str) {
 }
 
 async fn orders(pool: &MySqlPool, table: &str, order_id: &str) -> i64 {
-    sqlx::query_scalar(AssertSqlSafe(format!(
-        "SELECT COUNT(*) FROM {table} WHERE order_id = ?"
-    )))
-    .bind(order_id)
-    .fetch_one(pool)
-    .await
-    .unwrap()
+    dedup_suite::rows(pool, table, "order_id", order_id).await
 }
 
 async fn claims(pool: &MySqlPool, msg: &Order) -> i64 {
-    sqlx::query_scalar(
-        "SELECT COUNT(*) FROM processed_messages WHERE consumer = ? AND message_id = ?",
-    )
-    .bind(CONSUMER)
-    .bind(&msg.id)
-    .fetch_one(pool)
-    .await
-    .unwrap()
+    dedup_suite::claims(pool, CONSUMER, &msg.id).await
 }
 
 /// The call failed with the unique violation itself, and committed nothing.
@@ -137,7 +124,7 @@ async fn assert_refused(
 }
 
 fn fresh_table() -> String {
-    dedup_suite::unique("regress_bk").replace('-', "_")
+    dedup_suite::unique_table("regress_bk")
 }
 
 /// Two tables with a key named `order_id`; the body's insert into the other one

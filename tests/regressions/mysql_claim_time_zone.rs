@@ -22,15 +22,17 @@ async fn handler(tx: &mut MySqlConnection, id: &str) -> Result<(), sqlx::Error> 
 #[tokio::test]
 async fn a_consumer_in_another_zone_writes_utc_and_its_ids_survive_pruning() {
     let pruner = dedup_suite::mysql().await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE IF NOT EXISTS {TABLE} (consumer VARBINARY(255) NOT NULL, \
-         message_id VARBINARY(255) NOT NULL, \
-         processed_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
-         PRIMARY KEY (consumer, message_id), KEY processed_at_idx (processed_at)) ENGINE = InnoDB"
-    )))
-    .execute(&pruner)
-    .await
-    .unwrap();
+    dedup_suite::ddl(
+        &pruner,
+        &format!(
+            "CREATE TABLE IF NOT EXISTS {TABLE} (consumer VARBINARY(255) NOT NULL, \
+             message_id VARBINARY(255) NOT NULL, \
+             processed_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
+             PRIMARY KEY (consumer, message_id), KEY processed_at_idx (processed_at)) \
+             ENGINE = InnoDB"
+        ),
+    )
+    .await;
     let options: MySqlConnectOptions = dedup_suite::mysql_url().parse().unwrap();
     let consumer = MySqlPoolOptions::new()
         .max_connections(2)
@@ -62,14 +64,7 @@ async fn a_consumer_in_another_zone_writes_utc_and_its_ids_survive_pruning() {
         .run(&pruner, |_| {})
         .await
         .unwrap();
-    let left: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM regress_tz_processed \
-         WHERE consumer = 'regress-my-tz' AND message_id = ?",
-    )
-    .bind(&id)
-    .fetch_one(&pruner)
-    .await
-    .unwrap();
+    let left = dedup_suite::claims_in(&pruner, TABLE, "regress-my-tz", &id).await;
     assert_eq!(left, 1, "a second-old id is not pruned at an hour");
     assert!(handler(&consumer, &id).await.unwrap().is_duplicate());
 }
@@ -78,7 +73,7 @@ async fn a_consumer_in_another_zone_writes_utc_and_its_ids_survive_pruning() {
 #[tokio::test]
 async fn migrate_upgrades_the_default_to_utc() {
     let pool = dedup_suite::mysql().await;
-    let table = format!("regress_tz_{}", std::process::id());
+    let table = dedup_suite::unique_table("regress_tz");
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS {table}; \
          CREATE TABLE {table} (consumer VARBINARY(255) NOT NULL, \

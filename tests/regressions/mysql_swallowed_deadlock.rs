@@ -7,24 +7,22 @@
 //! keeps the session out of autocommit, and its `COMMIT` goes out only while the dedup
 //! row is still its own (checked in the same round trip).
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
 use dedup_runtime::{Outcome, idempotent};
+use dedup_suite::Runs;
 use sqlx::MySqlConnection;
 use sqlx::mysql::MySqlPool;
 use tokio::sync::Barrier;
 
 async fn pool() -> MySqlPool {
     let pool = dedup_suite::mysql().await;
-    sqlx::raw_sql(
+    dedup_suite::ddl(
+        &pool,
         "CREATE TABLE IF NOT EXISTS regress_deadlock_effects \
          (message_id VARBINARY(255) NOT NULL) ENGINE = InnoDB; \
          CREATE TABLE IF NOT EXISTS regress_deadlock_locks \
          (name VARBINARY(255) PRIMARY KEY, n INT NOT NULL) ENGINE = InnoDB",
     )
-    .execute(&pool)
-    .await
-    .unwrap();
+    .await;
     pool
 }
 
@@ -37,9 +35,9 @@ async fn swallow_deadlock(
     first: &str,
     second: &str,
     barrier: &Barrier,
-    runs: &AtomicU32,
+    runs: &Runs,
 ) -> Result<(), sqlx::Error> {
-    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let run = runs.next();
     sqlx::query("INSERT INTO regress_deadlock_effects (message_id) VALUES (?)")
         .bind(id)
         .execute(&mut *tx)
@@ -61,22 +59,12 @@ async fn swallow_deadlock(
     Ok(())
 }
 
+/// (effect rows, dedup rows) of message `id`.
 async fn counts(pool: &MySqlPool, id: &str) -> (i64, i64) {
-    let effects =
-        sqlx::query_scalar("SELECT COUNT(*) FROM regress_deadlock_effects WHERE message_id = ?")
-            .bind(id)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-    let claims = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM processed_messages \
-         WHERE consumer = 'regress-my-deadlock' AND message_id = ?",
+    (
+        dedup_suite::rows(pool, "regress_deadlock_effects", "message_id", id).await,
+        dedup_suite::claims(pool, "regress-my-deadlock", id).await,
     )
-    .bind(id)
-    .fetch_one(pool)
-    .await
-    .unwrap();
-    (effects, claims)
 }
 
 #[tokio::test]
@@ -91,7 +79,7 @@ async fn a_swallowed_deadlock_commits_all_or_nothing() {
         .unwrap();
     let (id_1, id_2) = (dedup_suite::unique("dl-1"), dedup_suite::unique("dl-2"));
     let barrier = Barrier::new(2);
-    let (runs_1, runs_2) = (AtomicU32::new(0), AtomicU32::new(0));
+    let (runs_1, runs_2) = (Runs::new(), Runs::new());
     let (first, second) = tokio::time::timeout(std::time::Duration::from_secs(30), async {
         tokio::join!(
             swallow_deadlock(&pool, &id_1, &a, &b, &barrier, &runs_1),
@@ -102,7 +90,7 @@ async fn a_swallowed_deadlock_commits_all_or_nothing() {
     .expect("the deadlock is broken");
     assert_eq!(first.unwrap(), Outcome::Processed(()));
     assert_eq!(second.unwrap(), Outcome::Processed(()));
-    let mut runs = [runs_1.load(Ordering::SeqCst), runs_2.load(Ordering::SeqCst)];
+    let mut runs = [runs_1.get(), runs_2.get()];
     runs.sort_unstable();
     assert_eq!(
         runs,
@@ -121,7 +109,7 @@ async fn a_swallowed_deadlock_commits_all_or_nothing() {
             first,
             second,
             &Barrier::new(1),
-            &AtomicU32::new(9),
+            &Runs::starting_at(9),
         )
         .await
         .unwrap();

@@ -7,43 +7,29 @@
 //! statement that fails with `25P02` in front of `COMMIT`, in the same round trip, and
 //! reports `RolledBack` (after running the call again, as for a transient failure).
 
-use std::sync::atomic::{AtomicU32, Ordering};
-
 use dedup_runtime::{MAX_ATTEMPTS, Outcome, RolledBack, idempotent};
+use dedup_suite::Runs;
 use sqlx::PgConnection;
 use sqlx::postgres::PgPool;
 
 async fn pool() -> PgPool {
-    static DDL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     let pool = dedup_suite::postgres().await;
-    let _one_at_a_time = DDL.lock().await;
-    sqlx::raw_sql(
+    dedup_suite::ddl(
+        &pool,
         "CREATE TABLE IF NOT EXISTS regress_swallow_effects (message_id text NOT NULL); \
          CREATE TABLE IF NOT EXISTS regress_swallow_seen (key text PRIMARY KEY); \
          INSERT INTO regress_swallow_seen (key) VALUES ('taken') ON CONFLICT DO NOTHING",
     )
-    .execute(&pool)
-    .await
-    .unwrap();
+    .await;
     pool
 }
 
+/// (effect rows, dedup rows) of message `id` for `consumer`.
 async fn counts(pool: &PgPool, consumer: &str, id: &str) -> (i64, i64) {
-    let effects =
-        sqlx::query_scalar("SELECT COUNT(*) FROM regress_swallow_effects WHERE message_id = $1")
-            .bind(id)
-            .fetch_one(pool)
-            .await
-            .unwrap();
-    let claims = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM processed_messages WHERE consumer = $1 AND message_id = $2",
+    (
+        dedup_suite::rows(pool, "regress_swallow_effects", "message_id", id).await,
+        dedup_suite::claims(pool, consumer, id).await,
     )
-    .bind(consumer)
-    .bind(id)
-    .fetch_one(pool)
-    .await
-    .unwrap();
-    (effects, claims)
 }
 
 /// The "insert if new" idiom, its unique violation swallowed on the runs listed in
@@ -52,10 +38,10 @@ async fn counts(pool: &PgPool, consumer: &str, id: &str) -> (i64, i64) {
 async fn insert_if_new(
     tx: &mut PgConnection,
     id: &str,
-    runs: &AtomicU32,
+    runs: &Runs,
     swallow_until: u32,
 ) -> Result<(), sqlx::Error> {
-    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let run = runs.next();
     sqlx::query("INSERT INTO regress_swallow_effects (message_id) VALUES ($1)")
         .bind(id)
         .execute(&mut *tx)
@@ -72,13 +58,13 @@ async fn insert_if_new(
 async fn a_swallowed_error_is_never_processed() {
     let pool = pool().await;
     let id = dedup_suite::unique("swallow-always");
-    let runs = AtomicU32::new(0);
+    let runs = Runs::new();
     let result = insert_if_new(&pool, &id, &runs, u32::MAX).await;
     let error = result.expect_err("an aborted transaction is not processed");
     let rolled_back = RolledBack::find(&error).expect("typed as RolledBack");
     assert_eq!(rolled_back.database(), "PostgreSQL");
     assert_eq!(
-        runs.load(Ordering::SeqCst),
+        runs.get(),
         MAX_ATTEMPTS,
         "run again like a transient failure"
     );
@@ -89,7 +75,7 @@ async fn a_swallowed_error_is_never_processed() {
     ));
 
     // The redelivery, once the body no longer swallows: processed, once.
-    let runs = AtomicU32::new(0);
+    let runs = Runs::new();
     let outcome = insert_if_new(&pool, &id, &runs, 0).await.unwrap();
     assert_eq!(outcome, Outcome::Processed(()));
     assert_eq!(counts(&pool, "regress-pg-swallow", &id).await, (1, 1));
@@ -99,10 +85,10 @@ async fn a_swallowed_error_is_never_processed() {
 async fn a_swallowed_error_once_is_run_again_and_commits() {
     let pool = pool().await;
     let id = dedup_suite::unique("swallow-once");
-    let runs = AtomicU32::new(0);
+    let runs = Runs::new();
     let outcome = insert_if_new(&pool, &id, &runs, 1).await.unwrap();
     assert_eq!(outcome, Outcome::Processed(()));
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(runs.get(), 2);
     assert_eq!(counts(&pool, "regress-pg-swallow", &id).await, (1, 1));
 }
 
@@ -115,14 +101,14 @@ async fn a_swallowed_error_on_a_lent_connection() {
         .await
         .unwrap();
     let id = dedup_suite::unique("swallow-lent");
-    let runs = AtomicU32::new(0);
+    let runs = Runs::new();
     let error = insert_if_new(&mut conn, &id, &runs, u32::MAX)
         .await
         .unwrap_err();
     assert!(RolledBack::find(&error).is_some(), "{error}");
     assert!(!conn.is_in_transaction());
     assert_eq!(counts(&pool, "regress-pg-swallow", &id).await, (0, 0));
-    let runs = AtomicU32::new(0);
+    let runs = Runs::new();
     assert!(
         insert_if_new(&mut conn, &id, &runs, 0)
             .await

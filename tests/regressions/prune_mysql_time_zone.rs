@@ -62,7 +62,7 @@ async fn ids(pool: &MySqlPool, table: &str) -> BTreeSet<String> {
 /// `Prune::new(1h, 1h)` counts and deletes the old one only.
 async fn prunes_on_utc_with_sessions_in(zone: &str) {
     let pool = pool_in(zone).await;
-    let table = dedup_suite::unique("regress_tz").replace('-', "_");
+    let table = dedup_suite::unique_table("regress_tz");
     dedup_runtime::migrate_table(&pool, &table).await.unwrap();
     sqlx::raw_sql(AssertSqlSafe(format!(
         "INSERT INTO {table} (consumer, message_id, processed_at) VALUES \

@@ -30,7 +30,7 @@ const DEFAULTS: &str = "SET DateStyle = 'ISO, MDY'; SET TimeZone = 'UTC'";
 /// 19 days), and three 20 days and more old, an hour apart.
 async fn aged_table(pool: &PgPool) -> String {
     drop(dedup_suite::postgres().await); // reachable (or a loud failure), migrated
-    let table = dedup_suite::unique("regress_datestyle").replace('-', "_");
+    let table = dedup_suite::unique_table("regress_datestyle");
     dedup_runtime::migrate_table(pool, &table).await.unwrap();
     pool.execute(AssertSqlSafe(format!(
         "INSERT INTO {table} (consumer, message_id, processed_at) VALUES \

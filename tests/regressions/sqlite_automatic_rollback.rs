@@ -7,66 +7,34 @@
 //! — with `max_connections(1)`, the whole consumer. The handler now repairs the
 //! bookkeeping, and reports `RolledBack` when the body had swallowed the error.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use dedup_runtime::{Outcome, RolledBack, idempotent};
-use sqlx::SqliteConnection;
-use sqlx::sqlite::{SqliteConnectOptions, SqlitePool, SqlitePoolOptions};
+use dedup_suite::{Runs, TempSqlite};
+use sqlx::{SqliteConnection, SqlitePool};
+
+const CONSUMER: &str = "regress-sqlite-rollback";
 
 /// One connection: the one an automatic rollback would poison.
-async fn pool() -> (SqlitePool, tempfile_path::Path) {
-    let path = tempfile_path::Path::new();
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(
-            SqliteConnectOptions::new()
-                .filename(&path.0)
-                .create_if_missing(true),
-        )
-        .await
-        .unwrap();
-    dedup_runtime::migrate(&pool).await.unwrap();
-    sqlx::raw_sql(
+async fn pool() -> TempSqlite {
+    let db = dedup_suite::sqlite_with(1, Duration::from_secs(10)).await;
+    dedup_suite::ddl(
+        &*db,
         "CREATE TABLE effects (message_id TEXT NOT NULL); \
          CREATE TABLE guarded (v TEXT NOT NULL); \
          CREATE TRIGGER guarded_boom BEFORE INSERT ON guarded WHEN NEW.v = 'boom' \
          BEGIN SELECT RAISE(ROLLBACK, 'boom'); END",
     )
-    .execute(&pool)
-    .await
-    .unwrap();
-    (pool, path)
+    .await;
+    db
 }
 
-mod tempfile_path {
-    /// A database file in the temporary directory, removed on drop.
-    pub struct Path(pub std::path::PathBuf);
-
-    impl Path {
-        pub fn new() -> Self {
-            Path(std::env::temp_dir().join(format!("{}.db", dedup_suite::unique("regress-rb"))))
-        }
-    }
-
-    impl Drop for Path {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
-}
-
+/// (effect rows, dedup rows) of message `id`.
 async fn counts(pool: &SqlitePool, id: &str) -> (i64, i64) {
-    let effects = sqlx::query_scalar("SELECT COUNT(*) FROM effects WHERE message_id = ?")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    let claims = sqlx::query_scalar("SELECT COUNT(*) FROM processed_messages WHERE message_id = ?")
-        .bind(id)
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    (effects, claims)
+    (
+        dedup_suite::rows(pool, "effects", "message_id", id).await,
+        dedup_suite::claims(pool, CONSUMER, id).await,
+    )
 }
 
 /// Writes its effect, then a row the trigger answers with `RAISE(ROLLBACK, …)` on the
@@ -75,11 +43,11 @@ async fn counts(pool: &SqlitePool, id: &str) -> (i64, i64) {
 async fn guarded(
     tx: &mut SqliteConnection,
     id: &str,
-    runs: &AtomicU32,
+    runs: &Runs,
     boom_until: u32,
     swallow: bool,
 ) -> Result<(), sqlx::Error> {
-    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+    let run = runs.next();
     sqlx::query("INSERT INTO effects (message_id) VALUES (?)")
         .bind(id)
         .execute(&mut *tx)
@@ -97,10 +65,10 @@ async fn guarded(
 
 #[tokio::test]
 async fn a_body_error_after_an_automatic_rollback_leaves_the_connection_usable() {
-    let (pool, _file) = pool().await;
+    let pool = pool().await;
     let id = dedup_suite::unique("rb-error");
-    let runs = AtomicU32::new(0);
-    let error = guarded(&pool, &id, &runs, u32::MAX, false)
+    let runs = Runs::new();
+    let error = guarded(&*pool, &id, &runs, u32::MAX, false)
         .await
         .unwrap_err();
     assert!(
@@ -110,13 +78,13 @@ async fn a_body_error_after_an_automatic_rollback_leaves_the_connection_usable()
     assert_eq!(counts(&pool, &id).await, (0, 0));
 
     // The redelivery, on the one pooled connection.
-    let runs = AtomicU32::new(0);
-    let outcome = guarded(&pool, &id, &runs, 0, false).await.unwrap();
+    let runs = Runs::new();
+    let outcome = guarded(&*pool, &id, &runs, 0, false).await.unwrap();
     assert_eq!(outcome, Outcome::Processed(()));
     assert_eq!(counts(&pool, &id).await, (1, 1));
     let other = dedup_suite::unique("rb-other");
     assert!(
-        guarded(&pool, &other, &AtomicU32::new(0), 0, false)
+        guarded(&*pool, &other, &Runs::new(), 0, false)
             .await
             .unwrap()
             .is_processed()
@@ -125,10 +93,10 @@ async fn a_body_error_after_an_automatic_rollback_leaves_the_connection_usable()
 
 #[tokio::test]
 async fn a_swallowed_automatic_rollback_is_not_processed() {
-    let (pool, _file) = pool().await;
+    let pool = pool().await;
     let id = dedup_suite::unique("rb-swallowed");
-    let runs = AtomicU32::new(0);
-    let error = guarded(&pool, &id, &runs, u32::MAX, true)
+    let runs = Runs::new();
+    let error = guarded(&*pool, &id, &runs, u32::MAX, true)
         .await
         .unwrap_err();
     let rolled_back = RolledBack::find(&error).expect("typed as RolledBack");
@@ -137,12 +105,12 @@ async fn a_swallowed_automatic_rollback_is_not_processed() {
 
     // Once: run again within the call, and committed.
     let once = dedup_suite::unique("rb-once");
-    let runs = AtomicU32::new(0);
+    let runs = Runs::new();
     assert_eq!(
-        guarded(&pool, &once, &runs, 1, true).await.unwrap(),
+        guarded(&*pool, &once, &runs, 1, true).await.unwrap(),
         Outcome::Processed(())
     );
-    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(runs.get(), 2);
     assert_eq!(counts(&pool, &once).await, (1, 1));
 }
 
@@ -150,15 +118,15 @@ async fn a_swallowed_automatic_rollback_is_not_processed() {
 #[tokio::test]
 async fn a_lent_connection_is_repaired() {
     use sqlx::Connection;
-    let (pool, _file) = pool().await;
+    let pool = pool().await;
     let mut conn = pool.acquire().await.unwrap();
     let id = dedup_suite::unique("rb-lent");
-    guarded(&mut *conn, &id, &AtomicU32::new(0), u32::MAX, false)
+    guarded(&mut *conn, &id, &Runs::new(), u32::MAX, false)
         .await
         .unwrap_err();
     assert!(!conn.is_in_transaction());
     assert!(
-        guarded(&mut *conn, &id, &AtomicU32::new(0), 0, false)
+        guarded(&mut *conn, &id, &Runs::new(), 0, false)
             .await
             .unwrap()
             .is_processed()

@@ -12,10 +12,8 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, MySql, Pool, Row};
 
-use super::{ConsumerStats, PruneBackend, count, micros_up, sealed};
-use crate::migrate::Table;
-
-impl sealed::Sealed for MySql {}
+use super::{ConsumerStats, PruneBackend, count, micros_up};
+use crate::schema::Table;
 
 /// `READ COMMITTED` for this transaction only, so the pooled connection keeps its
 /// defaults: under `REPEATABLE READ` the range scan would take next-key locks, and with no

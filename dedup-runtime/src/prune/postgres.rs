@@ -15,10 +15,8 @@ use std::time::Duration;
 use sqlx::postgres::types::PgInterval;
 use sqlx::{AssertSqlSafe, Pool, Postgres, Row};
 
-use super::{ConsumerStats, PruneBackend, age_from_secs, count, micros_up, sealed};
-use crate::migrate::Table;
-
-impl sealed::Sealed for Postgres {}
+use super::{ConsumerStats, PruneBackend, age_from_secs, count, micros_up};
+use crate::schema::Table;
 
 /// Walk the `processed_at` index in order and stop after `limit` rows. Without it, a
 /// planner that underestimates the old rows (a table never analyzed, or grown since)

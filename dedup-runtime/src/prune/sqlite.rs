@@ -4,10 +4,8 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Pool, Row, Sqlite};
 
-use super::{ConsumerStats, PruneBackend, age_from_secs, count, micros_up, sealed};
-use crate::migrate::Table;
-
-impl sealed::Sealed for Sqlite {}
+use super::{ConsumerStats, PruneBackend, age_from_secs, count, micros_up};
+use crate::schema::Table;
 
 /// The format of the column's default: the cutoff must be written the same way for the
 /// text comparison to be a time comparison.

@@ -1,40 +1,20 @@
-//! MySQL and MariaDB: plain insert, duplicate key 1062 means a duplicate; vendor codes.
+//! MySQL and MariaDB: vendor error numbers, and the key a 1062 names in its message.
 
 use std::error::Error as StdError;
 
+use sqlx::MySql;
+use sqlx::error::DatabaseError;
 use sqlx::mysql::{MySqlConnection, MySqlDatabaseError};
-use sqlx::{AssertSqlSafe, Connection, MySql, Pool, Transaction};
 
-use super::{Backend, Statements, Tx, Violation};
-use crate::migrate::Table;
-use crate::rolled_back::RolledBack;
-use crate::run::Claimed;
+use super::{ClassifyBackend, Violation};
 
-super::connection_impls!(MySql, MySqlConnection);
+/// ER_DUP_ENTRY: a unique key, or for the claim statement the dedup table's primary key.
+pub(crate) const ER_DUP_ENTRY: u16 = 1062;
 
-const ER_DUP_ENTRY: u16 = 1062;
-/// Error messages in the one language whose 1062 format we parse. Only the session's
+/// The one message language whose 1062 format [`key_name`] parses. Only the session's
 /// message language changes; it is the library's to set on connections that run
-/// handlers with `unique = …`.
-const ENGLISH: &str = "SET SESSION lc_messages = 'en_US'";
-
-/// The handler's own transactions run out of autocommit mode. InnoDB rolls the whole
-/// transaction back on a deadlock and ends it: in autocommit mode a body that swallowed
-/// the error would write the rest of its effects one committed statement at a time, with
-/// no dedup row. With `autocommit = 0` they go into a new transaction that the checked
-/// commit refuses to commit. Every end of the transaction sets it back
-/// ([`RESTORE_ROLLBACK`], `Statements::mysql_commit`); a pooled connection whose call
-/// ends without that is closed (see `Backend::CHANGES_SESSION`).
-const BEGIN: &str = "SET autocommit = 0; BEGIN";
-const ENGLISH_THEN_BEGIN: &str = "SET SESSION lc_messages = 'en_US'; SET autocommit = 0; BEGIN";
-
-/// The commit of a handler without a dedup row (`unique = …` alone).
-const RESTORE_COMMIT: &str = "COMMIT; SET autocommit = 1";
-const RESTORE_ROLLBACK: &str = "ROLLBACK; SET autocommit = 1";
-
-/// ER_SUBQUERY_NO_1_ROW: what the checked commit's check raises when the dedup row is no
-/// longer this transaction's own.
-const CLAIM_GONE: u16 = 1242;
+/// handlers with `unique = …` (in the same round trip as their `BEGIN`).
+pub(crate) const ENGLISH: &str = "SET SESSION lc_messages = 'en_US'";
 
 /// The key at the end of an English 1062 message, as the server names it: `key`
 /// (MariaDB) or `table.key` (MySQL 8). Key names are unique only per table, so MySQL 8's
@@ -89,121 +69,15 @@ fn resolve(
 /// ER_LOCK_WAIT_TIMEOUT, ER_LOCK_DEADLOCK.
 const TRANSIENT: [u16; 2] = [1205, 1213];
 
-impl Backend for MySql {
-    fn claim_sql(statements: &Statements) -> &'static str {
-        statements.mysql
+impl ClassifyBackend for MySql {
+    fn is_transient_link(error: &(dyn StdError + 'static)) -> bool {
+        error
+            .downcast_ref::<MySqlDatabaseError>()
+            .is_some_and(|error| TRANSIENT.contains(&error.number()))
     }
 
-    async fn claim<'c>(
-        conn: &'c mut MySqlConnection,
-        sql: &'static str,
-        consumer: &'static str,
-        id: &'c str,
-    ) -> Result<bool, sqlx::Error> {
-        let result = super::execute_keyed::<Self>(conn, sql, consumer, id).await;
-        match result {
-            Ok(_) => Ok(true),
-            Err(sqlx::Error::Database(error))
-                if error
-                    .try_downcast_ref::<MySqlDatabaseError>()
-                    .is_some_and(|error| error.number() == ER_DUP_ENTRY) =>
-            {
-                Ok(false)
-            }
-            Err(error) => Err(error),
-        }
-    }
-
-    async fn stamp<'c>(
-        conn: &'c mut MySqlConnection,
-        sql: &'static str,
-        consumer: &'static str,
-        id: &'c str,
-    ) -> Result<(), sqlx::Error> {
-        super::execute_keyed::<Self>(conn, sql, consumer, id)
-            .await
-            .map(drop)
-    }
-
-    fn stamp_sql(_: &Statements) -> Option<&'static str> {
-        None
-    }
-
-    const CHANGES_SESSION: bool = true;
-
-    fn begin_owned(
-        conn: &mut MySqlConnection,
-        business_keys: bool,
-    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
-        conn.begin_with(if business_keys {
-            ENGLISH_THEN_BEGIN
-        } else {
-            BEGIN
-        })
-    }
-
-    /// The checked commit: the dedup row gets the commit time (UTC), `COMMIT` goes out
-    /// only if that row is still this transaction's own, and autocommit is restored; one
-    /// round trip. (sqlx still counts the transaction open: its queued `ROLLBACK` is a
-    /// no-op.)
-    async fn commit_owned<'t>(
-        tx: Tx<'t, Self>,
-        claimed: Option<Claimed<'t>>,
-        pooled: bool,
-    ) -> Result<(), sqlx::Error> {
-        let Tx { mut tx, unclean } = tx;
-        let sql = claimed.map_or(RESTORE_COMMIT, |claimed| claimed.statements.mysql_commit);
-        match sqlx::raw_sql(sql).execute(&mut *tx).await {
-            Ok(_) => {
-                unclean.store(false, std::sync::atomic::Ordering::Relaxed);
-                super::discard(tx, pooled).await;
-                Ok(())
-            }
-            Err(error) => {
-                let gone = error
-                    .as_database_error()
-                    .and_then(|error| error.try_downcast_ref::<MySqlDatabaseError>())
-                    .is_some_and(|error| error.number() == CLAIM_GONE);
-                if sqlx::raw_sql(RESTORE_ROLLBACK)
-                    .execute(&mut *tx)
-                    .await
-                    .is_ok()
-                {
-                    unclean.store(false, std::sync::atomic::Ordering::Relaxed);
-                }
-                super::discard(tx, pooled).await;
-                Err(if gone {
-                    RolledBack::error("MySQL", Some(error))
-                } else {
-                    error
-                })
-            }
-        }
-    }
-
-    /// Always awaited: the session's autocommit is restored in the same round trip.
-    async fn rollback_owned<'t>(
-        tx: Tx<'t, Self>,
-        pooled: bool,
-        _: bool,
-    ) -> Result<(), sqlx::Error> {
-        let Tx { mut tx, unclean } = tx;
-        let result = sqlx::raw_sql(RESTORE_ROLLBACK).execute(&mut *tx).await;
-        if result.is_ok() {
-            unclean.store(false, std::sync::atomic::Ordering::Relaxed);
-        }
-        super::discard(tx, pooled).await;
-        result.map(drop)
-    }
-
-    async fn begin_nested(
-        conn: &mut MySqlConnection,
-        business_keys: bool,
-    ) -> Result<Transaction<'_, Self>, sqlx::Error> {
-        if business_keys {
-            sqlx::raw_sql(ENGLISH).execute(&mut *conn).await?;
-        }
-        conn.begin().await
+    fn is_unavailable_link(error: &dyn DatabaseError) -> bool {
+        super::unavailable_sqlstate(error)
     }
 
     /// Error 1062 names the key only inside its message, which the server translates
@@ -211,7 +85,7 @@ impl Backend for MySql {
     /// in the same round trip as their `BEGIN` (before their savepoint, inside a caller's
     /// transaction), so the message has the one format parsed here:
     /// `Duplicate entry '…' for key 'name'` (MariaDB) or `… for key 'table.name'` (MySQL 8).
-    /// The violation is the name as reported, table and all; [`Backend::matching`] decides
+    /// The violation is the name as reported, table and all; [`ClassifyBackend::matching`] decides
     /// which table's key it was.
     fn unique_violation_link(error: &(dyn StdError + 'static)) -> Option<Violation> {
         let error = error.downcast_ref::<MySqlDatabaseError>()?;
@@ -273,44 +147,6 @@ impl Backend for MySql {
             );
         }
         found
-    }
-
-    fn is_transient_link(error: &(dyn StdError + 'static)) -> bool {
-        error
-            .downcast_ref::<MySqlDatabaseError>()
-            .is_some_and(|error| TRANSIENT.contains(&error.number()))
-    }
-
-    fn ddl(table: &Table) -> Vec<String> {
-        // VARBINARY: ids compare byte for byte, with no case folding and no PAD SPACE
-        // (`a` and `a ` are different messages). `processed_at` is UTC whatever the
-        // sessions' time zones (the claim and the commit write `UTC_TIMESTAMP(6)`, pruning
-        // compares with it); the `ALTER` upgrades a table created with the session-zone
-        // default of earlier versions (metadata only, idempotent).
-        let name = table.name();
-        vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {name} (\n    \
-             consumer     VARBINARY(255) NOT NULL,\n    \
-             message_id   VARBINARY(255) NOT NULL,\n    \
-             processed_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),\n    \
-             PRIMARY KEY (consumer, message_id),\n    \
-             KEY processed_at_idx (processed_at)\n\
-             ) ENGINE = InnoDB"
-            ),
-            format!("ALTER TABLE {name} ALTER COLUMN processed_at SET DEFAULT (UTC_TIMESTAMP(6))"),
-        ]
-    }
-
-    async fn create(pool: &Pool<Self>, ddl: Vec<String>) -> Result<(), sqlx::Error> {
-        // MySQL DDL commits implicitly; `IF NOT EXISTS` under the metadata lock is enough.
-        let mut conn = pool.acquire().await?;
-        for statement in ddl {
-            sqlx::raw_sql(AssertSqlSafe(statement))
-                .execute(&mut *conn)
-                .await?;
-        }
-        Ok(())
     }
 }
 

@@ -1,0 +1,234 @@
+//! Claim and commit: how each backend begins the handler's transaction, inserts the dedup
+//! row, and commits only what really is committed. One trait, [`ClaimBackend`], one file
+//! per backend; the SQL of a table is fixed at compile time ([`Statements`]).
+
+use std::future::Future;
+use std::sync::atomic::AtomicBool;
+
+use sqlx::{Database, Transaction};
+
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+/// The statements of one dedup table, one per backend, fixed at compile time.
+///
+/// Built by `statements!("table")`, so that nothing is formatted per call.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct Statements {
+    pub postgres: &'static str,
+    pub mysql: &'static str,
+    pub sqlite: &'static str,
+    /// Moves `processed_at` to the end of a slow transaction (see [`STAMP_AFTER`](crate::STAMP_AFTER)).
+    pub postgres_stamp: &'static str,
+    pub sqlite_stamp: &'static str,
+    /// MySQL's checked commit: stamps the dedup row with the commit time, fails unless
+    /// the row is still this transaction's own, commits, and leaves autocommit mode again.
+    pub mysql_commit: &'static str,
+}
+
+/// The statements for a table name literal, as a `&'static Statements`.
+///
+/// PostgreSQL and SQLite insert or do nothing (zero rows means a duplicate); the row's
+/// `processed_at` is the claim statement's own time (PostgreSQL: `clock_timestamp()`, not
+/// the transaction's start). MySQL and MariaDB have no `DO NOTHING`: `INSERT IGNORE` would
+/// turn other errors into warnings and the driver reports found rows for `ON DUPLICATE
+/// KEY UPDATE`, so the claim is a plain insert whose duplicate-key error (1062, for this
+/// statement only ever the table's primary key) means a duplicate; MySQL keeps the
+/// transaction usable after it. It writes `processed_at` in UTC whatever the session's
+/// time zone, and remembers the row in session variables for the checked commit:
+///
+/// ```sql
+/// UPDATE t SET processed_at = UTC_TIMESTAMP(6)
+///  WHERE consumer = @dedup_consumer AND message_id = @dedup_message_id
+///    AND processed_at = @dedup_claimed_at;           -- only this transaction's own row
+/// SELECT (SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE ROW_COUNT() <> 1);
+///                                                     -- error 1242 unless it was there
+/// COMMIT; SET autocommit = 1
+/// ```
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __statements {
+    ($table:literal) => {{
+        const STATEMENTS: &$crate::__private::Statements = &$crate::__private::Statements {
+            postgres: ::core::concat!(
+                "INSERT INTO ",
+                $table,
+                " (consumer, message_id, processed_at) VALUES ($1, $2, clock_timestamp()) \
+                 ON CONFLICT DO NOTHING"
+            ),
+            mysql: ::core::concat!(
+                "INSERT INTO ",
+                $table,
+                " (consumer, message_id, processed_at) \
+                 VALUES (@dedup_consumer := ?, @dedup_message_id := ?, \
+                 @dedup_claimed_at := UTC_TIMESTAMP(6))"
+            ),
+            sqlite: ::core::concat!(
+                "INSERT INTO ",
+                $table,
+                " (consumer, message_id) VALUES (?1, ?2) ON CONFLICT DO NOTHING"
+            ),
+            postgres_stamp: ::core::concat!(
+                "UPDATE ",
+                $table,
+                " SET processed_at = clock_timestamp() WHERE consumer = $1 AND message_id = $2"
+            ),
+            sqlite_stamp: ::core::concat!(
+                "UPDATE ",
+                $table,
+                " SET processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+                 WHERE consumer = ?1 AND message_id = ?2"
+            ),
+            mysql_commit: ::core::concat!(
+                "UPDATE ",
+                $table,
+                " SET processed_at = UTC_TIMESTAMP(6) \
+                 WHERE consumer = @dedup_consumer AND message_id = @dedup_message_id \
+                 AND processed_at = @dedup_claimed_at; \
+                 SELECT (SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE ROW_COUNT() <> 1); \
+                 COMMIT; SET autocommit = 1"
+            ),
+        };
+        STATEMENTS
+    }};
+}
+
+/// How one backend runs a handler's transaction: begin, claim, commit, roll back.
+pub trait ClaimBackend: Database {
+    #[doc(hidden)]
+    fn claim_sql(statements: &Statements) -> &'static str;
+
+    /// The statement that moves a claimed row's `processed_at` to now, for a transaction
+    /// that ran long between its claim and its commit; `None` where the commit itself
+    /// always writes the commit time (MySQL).
+    #[doc(hidden)]
+    fn stamp_sql(statements: &Statements) -> Option<&'static str>;
+
+    /// Whether a transaction of the handler's changes the session (MySQL's
+    /// `autocommit`): a pooled connection whose call ended before the handler restored it
+    /// (cancelled, panicked) is closed instead of going back to the pool.
+    #[doc(hidden)]
+    const CHANGES_SESSION: bool = false;
+
+    /// Inserts the dedup row; `Ok(false)` when it was already there.
+    #[doc(hidden)]
+    fn claim<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &'static str,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// Runs `sql` (a [`ClaimBackend::stamp_sql`]) for the claimed row.
+    #[doc(hidden)]
+    fn stamp<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &'static str,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+
+    /// Begins a transaction the handler owns (SQLite: `BEGIN IMMEDIATE`; MySQL: out of
+    /// autocommit mode first). With `business_keys`, the session is prepared for
+    /// `ClassifyBackend::unique_violation_link`.
+    #[doc(hidden)]
+    fn begin_owned(
+        conn: &mut Self::Connection,
+        business_keys: bool,
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_;
+
+    /// Commits a transaction the handler owns — only if the database has not rolled it
+    /// back by itself in the meantime ([`RolledBack`](crate::RolledBack)). `claimed`: the
+    /// statements of its dedup row, if it claimed one. `pooled`: the connection goes
+    /// back to a pool (which flushes queued statements at once); otherwise it is the
+    /// caller's, and nothing may be left queued or open on it.
+    #[doc(hidden)]
+    fn commit_owned<'t>(
+        tx: Tx<'t, Self>,
+        claimed: Option<Claimed<'t>>,
+        pooled: bool,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
+
+    /// Rolls back a transaction the handler owns. `wrote`: anything beyond a failed or
+    /// empty claim may have been written (a pooled duplicate's rollback may be queued).
+    #[doc(hidden)]
+    fn rollback_owned<'t>(
+        tx: Tx<'t, Self>,
+        pooled: bool,
+        wrote: bool,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 't;
+
+    /// Begins a savepoint inside the caller's transaction.
+    #[doc(hidden)]
+    fn begin_nested(
+        conn: &mut Self::Connection,
+        business_keys: bool,
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_;
+}
+
+/// One attempt's transaction (or savepoint), as the generated code holds it between
+/// [`Run::begin`](crate::run::Run::begin) and its commit or abort.
+#[doc(hidden)]
+pub struct Tx<'h, DB: Database> {
+    pub(crate) tx: Transaction<'h, DB>,
+    /// The handle's flag: set while the session is changed (see `input::Handle`).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) unclean: &'h AtomicBool,
+}
+
+/// The claimed dedup row, as the backend's commit needs it.
+pub struct Claimed<'c> {
+    pub statements: &'static Statements,
+    pub consumer: &'static str,
+    pub id: &'c str,
+    /// Claimed more than [`STAMP_AFTER`](crate::STAMP_AFTER) ago: its `processed_at` must be moved.
+    pub slow: bool,
+}
+
+/// Runs `sql`, one of a table's [`Statements`], with the two parameters every one of them
+/// takes: the consumer and the message id. The one place they are bound, for every
+/// backend's claim and stamp.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+pub(crate) async fn execute_keyed<'c, DB>(
+    conn: &'c mut DB::Connection,
+    sql: &'static str,
+    consumer: &'static str,
+    id: &'c str,
+) -> Result<DB::QueryResult, sqlx::Error>
+where
+    DB: Database,
+    for<'e> &'e mut DB::Connection: sqlx::Executor<'e, Database = DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    sqlx::query(sql).bind(consumer).bind(id).execute(conn).await
+}
+
+/// Ends a transaction whose end the backend has already sent as plain SQL (so that sqlx
+/// still counts it open): a pooled connection's pool flushes the queued `ROLLBACK` with
+/// the ping it sends anyway; on a caller's connection it is sent now, so that nothing is
+/// left queued or open. Its failure changes nothing of what was committed.
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) async fn discard<DB: Database>(tx: Transaction<'_, DB>, pooled: bool) {
+    if pooled {
+        drop(tx);
+    } else if let Err(error) = tx.rollback().await {
+        tracing::debug!(%error, "closing the transaction's bookkeeping failed");
+    }
+}
+
+/// Rolls `tx` back, logging a failure: the error that made us roll back is the one that
+/// matters.
+pub(crate) async fn rollback_logged<DB: Database>(tx: Transaction<'_, DB>) {
+    if let Err(error) = tx.rollback().await {
+        tracing::debug!(%error, "rollback failed; the transaction is discarded");
+    }
+}

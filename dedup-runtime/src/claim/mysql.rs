@@ -1,0 +1,147 @@
+//! MySQL and MariaDB: a plain insert whose duplicate-key error is the duplicate, a
+//! transaction out of autocommit mode, and a checked commit.
+
+use sqlx::mysql::{MySqlConnection, MySqlDatabaseError};
+use sqlx::{Connection, MySql, Transaction};
+
+use super::{ClaimBackend, Claimed, Statements, Tx};
+use crate::classify::mysql::{ENGLISH, ER_DUP_ENTRY};
+use crate::rolled_back::RolledBack;
+
+/// The handler's own transactions run out of autocommit mode. InnoDB rolls the whole
+/// transaction back on a deadlock and ends it: in autocommit mode a body that swallowed
+/// the error would write the rest of its effects one committed statement at a time, with
+/// no dedup row. With `autocommit = 0` they go into a new transaction that the checked
+/// commit refuses to commit. Every end of the transaction sets it back
+/// ([`RESTORE_ROLLBACK`], `Statements::mysql_commit`); a pooled connection whose call
+/// ends without that is closed (see `ClaimBackend::CHANGES_SESSION`).
+const BEGIN: &str = "SET autocommit = 0; BEGIN";
+/// With `unique = …`: the session's messages in English first ([`ENGLISH`]), so that a
+/// violated key can be read off its 1062.
+const ENGLISH_THEN_BEGIN: &str = "SET SESSION lc_messages = 'en_US'; SET autocommit = 0; BEGIN";
+
+/// The commit of a handler without a dedup row (`unique = …` alone).
+const RESTORE_COMMIT: &str = "COMMIT; SET autocommit = 1";
+const RESTORE_ROLLBACK: &str = "ROLLBACK; SET autocommit = 1";
+
+/// ER_SUBQUERY_NO_1_ROW: what the checked commit's check raises when the dedup row is no
+/// longer this transaction's own.
+const CLAIM_GONE: u16 = 1242;
+
+impl ClaimBackend for MySql {
+    fn claim_sql(statements: &Statements) -> &'static str {
+        statements.mysql
+    }
+
+    async fn claim<'c>(
+        conn: &'c mut MySqlConnection,
+        sql: &'static str,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> Result<bool, sqlx::Error> {
+        let result = super::execute_keyed::<Self>(conn, sql, consumer, id).await;
+        match result {
+            Ok(_) => Ok(true),
+            Err(sqlx::Error::Database(error))
+                if error
+                    .try_downcast_ref::<MySqlDatabaseError>()
+                    .is_some_and(|error| error.number() == ER_DUP_ENTRY) =>
+            {
+                Ok(false)
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn stamp<'c>(
+        conn: &'c mut MySqlConnection,
+        sql: &'static str,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> Result<(), sqlx::Error> {
+        super::execute_keyed::<Self>(conn, sql, consumer, id)
+            .await
+            .map(drop)
+    }
+
+    fn stamp_sql(_: &Statements) -> Option<&'static str> {
+        None
+    }
+
+    const CHANGES_SESSION: bool = true;
+
+    fn begin_owned(
+        conn: &mut MySqlConnection,
+        business_keys: bool,
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
+        conn.begin_with(if business_keys {
+            ENGLISH_THEN_BEGIN
+        } else {
+            BEGIN
+        })
+    }
+
+    /// The checked commit: the dedup row gets the commit time (UTC), `COMMIT` goes out
+    /// only if that row is still this transaction's own, and autocommit is restored; one
+    /// round trip. (sqlx still counts the transaction open: its queued `ROLLBACK` is a
+    /// no-op.)
+    async fn commit_owned<'t>(
+        tx: Tx<'t, Self>,
+        claimed: Option<Claimed<'t>>,
+        pooled: bool,
+    ) -> Result<(), sqlx::Error> {
+        let Tx { mut tx, unclean } = tx;
+        let sql = claimed.map_or(RESTORE_COMMIT, |claimed| claimed.statements.mysql_commit);
+        match sqlx::raw_sql(sql).execute(&mut *tx).await {
+            Ok(_) => {
+                unclean.store(false, std::sync::atomic::Ordering::Relaxed);
+                super::discard(tx, pooled).await;
+                Ok(())
+            }
+            Err(error) => {
+                let gone = error
+                    .as_database_error()
+                    .and_then(|error| error.try_downcast_ref::<MySqlDatabaseError>())
+                    .is_some_and(|error| error.number() == CLAIM_GONE);
+                if sqlx::raw_sql(RESTORE_ROLLBACK)
+                    .execute(&mut *tx)
+                    .await
+                    .is_ok()
+                {
+                    unclean.store(false, std::sync::atomic::Ordering::Relaxed);
+                }
+                super::discard(tx, pooled).await;
+                Err(if gone {
+                    RolledBack::error("MySQL", Some(error))
+                } else {
+                    error
+                })
+            }
+        }
+    }
+
+    /// Always awaited: the session's autocommit is restored in the same round trip.
+    async fn rollback_owned<'t>(
+        tx: Tx<'t, Self>,
+        pooled: bool,
+        _: bool,
+    ) -> Result<(), sqlx::Error> {
+        let Tx { mut tx, unclean } = tx;
+        let result = sqlx::raw_sql(RESTORE_ROLLBACK).execute(&mut *tx).await;
+        if result.is_ok() {
+            unclean.store(false, std::sync::atomic::Ordering::Relaxed);
+        }
+        super::discard(tx, pooled).await;
+        result.map(drop)
+    }
+
+    async fn begin_nested(
+        conn: &mut MySqlConnection,
+        business_keys: bool,
+    ) -> Result<Transaction<'_, Self>, sqlx::Error> {
+        if business_keys {
+            sqlx::raw_sql(ENGLISH).execute(&mut *conn).await?;
+        }
+        conn.begin().await
+    }
+}

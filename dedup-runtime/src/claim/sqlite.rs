@@ -1,0 +1,132 @@
+//! SQLite: `BEGIN IMMEDIATE` so that writers wait for the lock instead of failing,
+//! `INSERT … ON CONFLICT DO NOTHING`, and a commit that notices an automatic rollback.
+
+use sqlx::sqlite::SqliteConnection;
+use sqlx::{Connection, Sqlite, Transaction};
+
+use sqlx_core::transaction::TransactionManager;
+
+use super::{ClaimBackend, Claimed, Statements, Tx};
+use crate::rolled_back::RolledBack;
+
+type Manager = <Sqlite as sqlx::Database>::TransactionManager;
+
+/// Takes the write lock at `BEGIN`: a deferred transaction that reads first and writes
+/// later can fail with `SQLITE_BUSY` without waiting, where this one waits.
+const BEGIN: &str = "BEGIN IMMEDIATE";
+
+/// After a failed `COMMIT` or `ROLLBACK` of a transaction the handler owns: whether SQLite
+/// had ended the transaction by itself (an automatic rollback: `SQLITE_FULL`, an I/O
+/// error, `RAISE(ROLLBACK, …)`, `ON CONFLICT ROLLBACK`), and sqlx's bookkeeping brought
+/// back to no transaction either way.
+///
+/// sqlx still counts the transaction open (its end failed), so it would answer the
+/// connection's next `BEGIN IMMEDIATE` with `InvalidSavePointStatement` for as long as
+/// the connection lives. A plain `BEGIN` succeeds exactly when SQLite is in autocommit
+/// mode; then there is a transaction again for sqlx's own `ROLLBACK` to end.
+async fn repair(tx: &mut sqlx::Transaction<'_, Sqlite>) -> bool {
+    let ended = sqlx::raw_sql("BEGIN").execute(&mut **tx).await.is_ok();
+    if let Err(error) = Manager::rollback(&mut **tx).await {
+        tracing::debug!(%error, "rollback after an automatic rollback failed");
+    }
+    ended
+}
+
+impl ClaimBackend for Sqlite {
+    fn claim_sql(statements: &Statements) -> &'static str {
+        statements.sqlite
+    }
+
+    async fn claim<'c>(
+        conn: &'c mut SqliteConnection,
+        sql: &'static str,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> Result<bool, sqlx::Error> {
+        let done = super::execute_keyed::<Self>(conn, sql, consumer, id).await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn stamp<'c>(
+        conn: &'c mut SqliteConnection,
+        sql: &'static str,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> Result<(), sqlx::Error> {
+        super::execute_keyed::<Self>(conn, sql, consumer, id)
+            .await
+            .map(drop)
+    }
+
+    fn stamp_sql(statements: &Statements) -> Option<&'static str> {
+        Some(statements.sqlite_stamp)
+    }
+
+    /// SQLite has no aborted state: a transaction it rolled back by itself makes `COMMIT`
+    /// fail ("no transaction is active"). The commit goes through sqlx's transaction
+    /// manager, so that the `Transaction` stays at hand for [`repair`].
+    async fn commit_owned<'t>(
+        tx: Tx<'t, Self>,
+        claimed: Option<Claimed<'t>>,
+        _: bool,
+    ) -> Result<(), sqlx::Error> {
+        let mut tx = tx.tx;
+        let mut result = Ok(());
+        if let Some(claimed) = claimed.filter(|claimed| claimed.slow) {
+            result = Self::stamp(
+                &mut tx,
+                claimed.statements.sqlite_stamp,
+                claimed.consumer,
+                claimed.id,
+            )
+            .await;
+        }
+        if result.is_ok() {
+            result = Manager::commit(&mut tx).await;
+        }
+        match result {
+            // Committed, and counted so by sqlx; dropping `tx` would send its worker a
+            // `ROLLBACK` to skip. `tx` only borrows the connection (the handler begins
+            // every transaction on `&mut` a connection), so forgetting it leaks nothing.
+            Ok(()) => {
+                std::mem::forget(tx);
+                Ok(())
+            }
+            Err(error) if repair(&mut tx).await => Err(RolledBack::error("SQLite", Some(error))),
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn rollback_owned<'t>(
+        tx: Tx<'t, Self>,
+        pooled: bool,
+        wrote: bool,
+    ) -> Result<(), sqlx::Error> {
+        let mut tx = tx.tx;
+        if pooled && !wrote {
+            drop(tx);
+            return Ok(());
+        }
+        match Manager::rollback(&mut tx).await {
+            Ok(()) => Ok(()),
+            Err(error) => {
+                repair(&mut tx).await;
+                Err(error)
+            }
+        }
+    }
+
+    fn begin_owned(
+        conn: &mut SqliteConnection,
+        _: bool,
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
+        conn.begin_with(BEGIN)
+    }
+
+    fn begin_nested(
+        conn: &mut SqliteConnection,
+        _: bool,
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
+        conn.begin()
+    }
+}

@@ -1,0 +1,98 @@
+//! The dedup table: its name ([`Table`]) and each backend's DDL ([`SchemaBackend`], one
+//! file per backend). `migrate.rs` runs it; `prune.rs` deletes from the table.
+
+use std::fmt;
+use std::future::Future;
+
+use sqlx::{Database, Pool};
+
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+/// How one backend creates the dedup table.
+pub trait SchemaBackend: Database {
+    /// The statements that create `table` and its pruning index, and upgrade an existing
+    /// one.
+    #[doc(hidden)]
+    fn ddl(table: &Table) -> Vec<String>;
+
+    /// Runs `ddl` so that concurrent migrations do not trip over each other.
+    #[doc(hidden)]
+    fn create(
+        pool: &Pool<Self>,
+        ddl: Vec<String>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
+}
+
+/// The default dedup table, used when `#[idempotent]` has no `table = "…"`.
+pub const DEFAULT_TABLE: &str = "processed_messages";
+
+/// The longest table or schema name every backend accepts (PostgreSQL's limit).
+pub const MAX_TABLE_NAME_LEN: usize = dedup_limits::MAX_TABLE_NAME_LEN;
+
+/// A validated dedup table name: `name` or `schema.name`, each a plain SQL identifier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Table {
+    name: String,
+    dot: Option<usize>,
+}
+
+impl Table {
+    /// Checks `name` the way `#[idempotent(table = "…")]` does at compile time.
+    ///
+    /// ```
+    /// use dedup_runtime::Table;
+    ///
+    /// assert!(Table::new("audit.processed_messages").is_ok());
+    /// assert!(Table::new("processed_messages; DROP TABLE users").is_err());
+    /// ```
+    pub fn new(name: &str) -> Result<Table, InvalidTableName> {
+        if !dedup_limits::is_table_name(name) {
+            return Err(InvalidTableName {
+                name: name.to_owned(),
+            });
+        }
+        Ok(Table {
+            name: name.to_owned(),
+            dot: name.find('.'),
+        })
+    }
+
+    /// The name as written, possibly schema-qualified.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The schema, when the name is qualified.
+    pub fn schema(&self) -> Option<&str> {
+        self.dot.map(|dot| &self.name[..dot])
+    }
+
+    /// The unqualified table name.
+    pub fn base(&self) -> &str {
+        self.dot.map_or(&self.name, |dot| &self.name[dot + 1..])
+    }
+}
+
+/// A table name that is not a plain SQL identifier (optionally `schema.`-qualified).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidTableName {
+    name: String,
+}
+
+impl fmt::Display for InvalidTableName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "invalid dedup table name {:?}: expected a plain SQL identifier (letters, digits, \
+             `_`, at most {MAX_TABLE_NAME_LEN} characters), optionally `schema.`-qualified",
+            self.name
+        )
+    }
+}
+
+impl std::error::Error for InvalidTableName {}

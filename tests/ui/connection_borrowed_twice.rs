@@ -1,0 +1,11 @@
+use dedup_runtime::idempotent;
+use sqlx::PgConnection;
+
+#[idempotent(consumer = "billing", key = id)]
+async fn mark_paid(tx: &mut &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT 1").execute(&mut **tx).await?;
+    let _ = id;
+    Ok(())
+}
+
+fn main() {}
