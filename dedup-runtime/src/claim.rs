@@ -12,7 +12,7 @@ mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
-mod sqlite;
+pub(crate) mod sqlite;
 
 /// The statements of one dedup table, one per backend, fixed at compile time.
 ///

@@ -13,7 +13,7 @@ type Manager = <Sqlite as sqlx::Database>::TransactionManager;
 
 /// Takes the write lock at `BEGIN`: a deferred transaction that reads first and writes
 /// later can fail with `SQLITE_BUSY` without waiting, where this one waits.
-const BEGIN: &str = "BEGIN IMMEDIATE";
+pub(crate) const BEGIN: &str = "BEGIN IMMEDIATE";
 
 /// After a failed `COMMIT` or `ROLLBACK` of a transaction the handler owns: whether SQLite
 /// had ended the transaction by itself (an automatic rollback: `SQLITE_FULL`, an I/O

@@ -3,6 +3,7 @@
 use sqlx::{AssertSqlSafe, Pool, Sqlite};
 
 use super::{SchemaBackend, Table};
+use crate::claim::sqlite::BEGIN;
 
 impl SchemaBackend for Sqlite {
     fn ddl(table: &Table) -> Vec<String> {
@@ -28,7 +29,7 @@ impl SchemaBackend for Sqlite {
     }
 
     async fn create(pool: &Pool<Self>, ddl: Vec<String>) -> Result<(), sqlx::Error> {
-        let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = pool.begin_with(BEGIN).await?;
         for statement in ddl {
             sqlx::raw_sql(AssertSqlSafe(statement))
                 .execute(&mut *tx)
