@@ -228,9 +228,10 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 ///         }
 ///         .await;
 ///         // 5. COMMIT, checked in the same round trip: PostgreSQL sends
-///         //    `SELECT 1; COMMIT; BEGIN`, whose `SELECT` fails with 25P02 when a
-///         //    statement of the body failed and the body went on (PostgreSQL would
-///         //    answer a plain COMMIT with ROLLBACK and no error); see `RolledBack`.
+///         //    `SET LOCAL dedup.checked_commit = on; COMMIT AND CHAIN`, whose `SET`
+///         //    fails with 25P02 when a statement of the body failed and the body
+///         //    went on (PostgreSQL would answer a plain COMMIT with ROLLBACK and no
+///         //    error); see `RolledBack`.
 ///         let error = match result {
 ///             Ok(value) => match tx.commit().await {
 ///                 Ok(()) => return Ok(Outcome::Processed(value)),
