@@ -345,3 +345,9 @@ impl Shuffle {
         }
     }
 }
+
+/// The README's Rust snippets, compiled and run as this crate's doctests: each one shows
+/// the context it needs, or hides it behind `#` (rustdoc's hidden lines).
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct Readme;

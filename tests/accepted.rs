@@ -272,3 +272,45 @@ async fn send_when_the_body_is() {
         Outcome::Processed(5)
     );
 }
+
+/// The `let _ =` forms a body may write: an awaited result (the swallow is the body's
+/// choice), a value that is not a future, a place (neither moved nor dropped: still usable
+/// after), `_ =` of an awaited result, and a future under an explicit `allow`.
+#[idempotent(consumer = "accepted-let-underscore", key = id)]
+async fn let_underscore(tx: &mut SqliteConnection, id: &str) -> Result<usize, sqlx::Error> {
+    let _ = sqlx::query("INSERT INTO effects (id) VALUES (?)")
+        .bind(id)
+        .execute(&mut *tx)
+        .await;
+    let _ = id.len();
+    let kept = String::from(id);
+    let _ = kept;
+    _ = sqlx::query("INSERT INTO effects (id) VALUES (?)")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    let _: Result<u8, std::num::ParseIntError> = "7".parse::<u8>();
+    #[allow(unused_must_use)]
+    {
+        std::future::ready(());
+    }
+    Ok(kept.len())
+}
+
+#[tokio::test]
+async fn let_underscore_forms() {
+    let pool = pool().await;
+    assert_eq!(
+        let_underscore(&*pool, "let-1").await.unwrap(),
+        Outcome::Processed(5)
+    );
+    // Both awaited inserts ran, once each; the second delivery runs nothing.
+    assert_eq!(effects(&pool).await, 2);
+    assert!(
+        let_underscore(&*pool, "let-1")
+            .await
+            .unwrap()
+            .is_duplicate()
+    );
+    assert_eq!(effects(&pool).await, 2);
+}

@@ -110,7 +110,7 @@ async fn one_span_and_no_extra_statement_per_call() {
         "{statements:#?}"
     );
     assert!(
-        statements[2].starts_with("select 1; commit; begin"),
+        statements[2].starts_with("set local dedup.checked_commit"),
         "{statements:#?}"
     );
 

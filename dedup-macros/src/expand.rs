@@ -1,12 +1,13 @@
 //! Code generation for `#[idempotent]`, one function per piece.
 
 use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
-use quote::{ToTokens, quote};
+use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{AttrStyle, FnArg, Ident, Item, ItemFn, LitStr, Path, ReturnType, Signature, Type};
 
 use crate::args::{self, Args};
 use crate::handler::{self, Handler};
+use crate::unawaited;
 
 /// Entry point: parse → validate → expand. On an error, the errors come with a function
 /// IDEs and callers can work with: the generated signature when the handler itself was
@@ -35,7 +36,7 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let handler = item_fn.and_then(|item_fn| handler::analyze(item_fn, key, &mut errors));
     let result = errors.finish();
     let mut tokens = match (&result, handler) {
-        (Ok(()), Some(handler)) => return handler_fn(&args, handler),
+        (Ok(()), Some(handler)) => return guarded_handler_fn(&args, handler),
         (Err(_), Some(handler)) if args.krate_known => placeholder_fn(&args.krate, handler),
         // No connection or return type to build the signature from, or no path to the
         // runtime to name it with: the user's item as written, allowing the warnings its
@@ -68,7 +69,7 @@ fn item_keyword_span(item: &Item) -> Span {
 /// `tokens` with every span moved to `at`, keeping mixed-site hygiene: for generated
 /// code whose type errors should point at the user's token that caused them. (Tokens
 /// interpolated into `quote_spanned!` keep their own spans, so that is not enough.)
-fn respan(tokens: TokenStream, at: Span) -> TokenStream {
+pub(crate) fn respan(tokens: TokenStream, at: Span) -> TokenStream {
     let span = Span::mixed_site().located_at(at);
     tokens
         .into_iter()
@@ -174,6 +175,65 @@ fn handler_fn(args: &Args, handler: Handler) -> TokenStream {
             #(#inner)*
             #retryable
             #body
+        }
+    }
+}
+
+// Input: a handler on `PgConnection` (or another connection type that names its backend).
+// Output: the handler, behind the runtime's guard for that backend's feature:
+//     __private::backend_postgres! { { <the handler> } { <feature_placeholder> } }
+// With the feature it is the handler; without it, one error naming the feature
+// (`dedup-runtime/src/features.rs`) instead of a dozen about the connection type.
+fn guarded_handler_fn(args: &Args, handler: Handler) -> TokenStream {
+    let Some(backend) = handler::backend(&handler.connection.ty) else {
+        return handler_fn(args, handler);
+    };
+    let placeholder = feature_placeholder(&args.krate, &handler);
+    let at = handler.connection.ty.span();
+    let krate = &args.krate;
+    let guard = Ident::new(&format!("backend_{backend}"), at);
+    let path = respan(quote!(#krate::__private::#guard), at);
+    let handler = handler_fn(args, handler);
+    quote! {
+        #path! { { #handler } { #placeholder } }
+    }
+}
+
+// Input: `async fn h(tx: &mut PgConnection, msg: &Msg) -> Result<T, E> { body }`.
+// Output: what stands in for it when the backend's feature is off, so that its callers
+// type-check and the missing feature is the only error:
+//     #[allow(unused_variables, …)]
+//     async fn h(__dedup_db: impl Sized, msg: &Msg) -> Result<Outcome<T>, E> { unreachable!() }
+fn feature_placeholder(krate: &Path, handler: &Handler) -> TokenStream {
+    let ItemFn {
+        attrs, vis, sig, ..
+    } = &handler.item;
+    let conn_ty = &handler.connection.ty;
+    let outer = attrs
+        .iter()
+        .filter(|attr| matches!(attr.style, AttrStyle::Outer));
+    let mut new_sig = sig.clone();
+    let db = local("__dedup_db");
+    if let Some(arg) = new_sig.inputs.iter_mut().nth(handler.connection.index) {
+        *arg = FnArg::Typed(syn::parse_quote!(#db: impl ::core::marker::Sized));
+    }
+    let ok = handler::ok_type(&handler.output.ty).cloned();
+    let outcome_ty: Type = syn::parse_quote!(#krate::Outcome<#ok>);
+    let arrow = match &sig.output {
+        ReturnType::Type(arrow, _) => *arrow,
+        ReturnType::Default => syn::Token![->](sig.ident.span()),
+    };
+    new_sig.output = ReturnType::Type(
+        arrow,
+        Box::new(handler::replace_ok(&handler.output.ty, outcome_ty)),
+    );
+    quote! {
+        #(#outer)*
+        #[allow(unused_variables, unreachable_code, dead_code, clippy::unreachable)]
+        #vis #new_sig {
+            // Names the connection type, as the handler did (its import stays used).
+            let _: ::core::option::Option<&mut #conn_ty> = ::core::option::Option::None;
+            ::core::unreachable!()
         }
     }
 }
@@ -395,8 +455,31 @@ fn body(
         respan(quote!(#private::into_handler_error(#error)), at)
     };
 
+    // Two handlers on one consumer name share one id space: said once per handler, in
+    // debug builds (`dedup-runtime/src/consumers.rs`). The handle names the database.
+    let registration = args
+        .consumer
+        .as_ref()
+        .filter(|_| args.key.is_some())
+        .map(|consumer| {
+            let registered = local("__DEDUP_REGISTERED");
+            quote! {
+                #[cfg(debug_assertions)]
+                {
+                    static #registered: ::std::sync::Once = ::std::sync::Once::new();
+                    #private::register_consumer(
+                        &#registered,
+                        ::core::concat!(::core::module_path!(), "::", #handler_name),
+                        #consumer,
+                        #table,
+                        &#handle,
+                    );
+                }
+            }
+        });
     let run_loop = quote! {
         let mut #handle = #private::Db::into_handle(#db);
+        #registration
         let #span = #run.span();
         #private::Instrument::instrument(async {
             loop {
@@ -507,8 +590,14 @@ fn attempt(
     let body = local("__dedup_body");
     let argument = Ident::new("__dedup_body", Span::mixed_site().located_at(at));
     let check = quote!(__DedupRetryable::<_, _>::__dedup_retryable);
+    let stmts = unawaited::check(private, stmts);
+    // A future left unawaited in the body is an effect that never happens, under a
+    // dedup row that commits: an error, not rustc's warning. A body may still allow
+    // the lint where it means it.
+    let deny = quote_spanned!(Span::call_site()=> #[deny(unused_must_use)]);
     quote! {
         let #conn: &mut #conn_ty = #from_transaction(&mut #tx);
+        #deny
         let #body = async |#conn_pat: &mut #conn_ty| {
             #fake_return
             #(#stmts)*

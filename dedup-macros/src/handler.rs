@@ -75,6 +75,9 @@ pub fn analyze(item: ItemFn, key: Option<&Expr>, errors: &mut Errors) -> Option<
     if let (Some(connection), Some(key)) = (&connection, key) {
         check_key(key, connection, errors);
     }
+    if let Some(connection) = &connection {
+        pool_parameters(sig, connection, errors);
+    }
     let output = output(&item, errors);
     let connection = connection?;
     Some(Handler {
@@ -536,6 +539,77 @@ fn pool_connection(ty: &Type) -> Option<&'static str> {
     }
 }
 
+// Input: `async fn h(tx: &mut PgConnection, pool: &PgPool, msg: &Msg)`.
+// Output: an error at `PgPool`. Statements run on a pool commit on their own, outside the
+// handler's transaction: a redelivery applies them again, a failure does not undo them.
+// Only sqlx's pools are named (`PgPool`, `SqlitePool`, `MySqlPool`, `AnyPool`, and
+// `Pool<DB>` of a sqlx database), through `&`, `Arc` and `Box`: another crate's `Pool` (an
+// HTTP or Redis client's) is a parameter like any other.
+fn pool_parameters(sig: &syn::Signature, connection: &Connection, errors: &mut Errors) {
+    for (index, arg) in sig.inputs.iter().enumerate() {
+        let FnArg::Typed(arg) = arg else { continue };
+        if index == connection.index {
+            continue;
+        }
+        if let Some(pool) = sqlx_pool(&arg.ty) {
+            errors.add_spanned(
+                pool,
+                "an `#[idempotent]` handler never takes a pool: what the body runs on it \
+                 commits on its own, outside the handler's transaction, so a redelivery \
+                 would apply it again and a failure would not undo it; run every statement \
+                 on the connection parameter (`&mut *tx`) and remove this one",
+            );
+        }
+    }
+}
+
+/// The sqlx pool type inside `ty` (`&PgPool`, `Arc<Pool<Postgres>>`), if it is one.
+fn sqlx_pool(ty: &Type) -> Option<&Type> {
+    match ty {
+        Type::Reference(reference) => sqlx_pool(&reference.elem),
+        Type::Paren(inner) => sqlx_pool(&inner.elem),
+        Type::Group(inner) => sqlx_pool(&inner.elem),
+        Type::Path(TypePath {
+            qself: None, path, ..
+        }) => {
+            let last = path.segments.last()?;
+            match last.ident.to_string().as_str() {
+                "PgPool" | "SqlitePool" | "MySqlPool" | "AnyPool" => Some(ty),
+                "Pool" if generic_types(last).any(is_sqlx_database) => Some(ty),
+                "Arc" | "Rc" | "Box" => generic_types(last).next().and_then(sqlx_pool),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+fn generic_types(segment: &syn::PathSegment) -> impl Iterator<Item = &Type> {
+    let arguments = match &segment.arguments {
+        PathArguments::AngleBracketed(arguments) => Some(arguments.args.iter()),
+        _ => None,
+    };
+    arguments
+        .into_iter()
+        .flatten()
+        .filter_map(|argument| match argument {
+            GenericArgument::Type(ty) => Some(ty),
+            _ => None,
+        })
+}
+
+fn is_sqlx_database(ty: &Type) -> bool {
+    let Type::Path(TypePath { path, .. }) = ty else {
+        return false;
+    };
+    path.segments.last().is_some_and(|last| {
+        matches!(
+            last.ident.to_string().as_str(),
+            "Postgres" | "Sqlite" | "MySql" | "Any"
+        )
+    })
+}
+
 fn pool_error(ty: &Type, connection: &str, errors: &mut Errors) {
     errors.add_spanned(
         ty,
@@ -704,6 +778,35 @@ trait UnrawString {
 impl UnrawString for Ident {
     fn unraw_string(&self) -> String {
         syn::ext::IdentExt::unraw(self).to_string()
+    }
+}
+
+/// The backend a connection type names, as the runtime's feature spells it:
+/// `PgConnection` and `Transaction<'_, Postgres>` → `postgres`. `None` for a type that
+/// names none (an alias, a type of the user's): the runtime's own errors then speak.
+pub fn backend(ty: &Type) -> Option<&'static str> {
+    let Type::Path(TypePath { path, .. }) = ungrouped(ty) else {
+        return None;
+    };
+    let last = path.segments.last()?;
+    let from_database = |name: &str| match name {
+        "Postgres" => Some("postgres"),
+        "Sqlite" => Some("sqlite"),
+        "MySql" => Some("mysql"),
+        _ => None,
+    };
+    match last.ident.to_string().as_str() {
+        "PgConnection" => Some("postgres"),
+        "SqliteConnection" => Some("sqlite"),
+        "MySqlConnection" => Some("mysql"),
+        "Transaction" => generic_types(last).find_map(|ty| match ungrouped(ty) {
+            Type::Path(TypePath { path, .. }) => path
+                .segments
+                .last()
+                .and_then(|last| from_database(&last.ident.to_string())),
+            _ => None,
+        }),
+        _ => None,
     }
 }
 

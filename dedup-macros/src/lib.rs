@@ -7,6 +7,7 @@
 mod args;
 mod expand;
 mod handler;
+mod unawaited;
 
 use proc_macro::TokenStream;
 

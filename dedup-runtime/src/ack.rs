@@ -228,22 +228,34 @@ impl<DB: Backend> AckPolicy<DB> {
     }
 
     /// The action for a handler's result whose error type is an [`Error`](StdError)
-    /// (`sqlx::Error`, a `thiserror` enum). `delivery` is the 1-based delivery count the
-    /// broker reports (JetStream's `info.delivered`, RabbitMQ's `x-delivery-count` on
-    /// quorum queues); pass 1 when the broker does not say.
+    /// (`sqlx::Error`, a `thiserror` enum); for `anyhow::Result` handlers, see
+    /// [`decide_dyn`](Self::decide_dyn). `delivery` is the 1-based count of this
+    /// delivery: 1 the first time. JetStream's `info.delivered` is that count (an `i64`);
+    /// RabbitMQ's `x-delivery-count` header (quorum queues) counts the *earlier*
+    /// deliveries and is absent on the first, so pass it plus one, and with only the
+    /// `redelivered` flag (classic queues) pass 2 when it is set. Pass 1 when the broker
+    /// does not say; 0 counts as 1.
     pub fn decide<T, E>(&self, result: &Result<Outcome<T>, E>, delivery: u64) -> Ack
     where
-        E: StdError + 'static,
+        E: DecideError,
     {
         match result {
             Ok(_) => Ack::Ack,
-            Err(error) => self.decide_error(error, delivery),
+            Err(error) => self.decide_error(error.as_error(), delivery),
         }
     }
 
     /// [`decide`](Self::decide) for error types that are not themselves an
     /// [`Error`](StdError) but hold one: `anyhow::Error`,
     /// `Box<dyn Error + Send + Sync>`.
+    ///
+    /// ```
+    /// # use dedup_runtime::{Ack, AckPolicy, Outcome};
+    /// // The result of an `#[idempotent]` handler that returns `anyhow::Result<()>`:
+    /// let result: anyhow::Result<Outcome<()>> = Err(anyhow::anyhow!("bad payload"));
+    /// let policy = AckPolicy::<sqlx::Sqlite>::new();
+    /// assert_eq!(policy.decide_dyn(&result, 1), Ack::DeadLetter);
+    /// ```
     pub fn decide_dyn<T, E>(&self, result: &Result<Outcome<T>, E>, delivery: u64) -> Ack
     where
         E: AsRef<dyn StdError + Send + Sync>,
@@ -278,6 +290,29 @@ impl<DB: Backend> AckPolicy<DB> {
         self.retry_after
             .saturating_mul(1 << doublings)
             .min(self.max_retry_after)
+    }
+}
+
+/// The error types [`AckPolicy::decide`] takes: every [`Error`](StdError) (`sqlx::Error`,
+/// a `thiserror` enum). `anyhow::Error` and `Box<dyn Error + Send + Sync>` are not
+/// errors themselves, but hold one: [`AckPolicy::decide_dyn`] takes those, and the
+/// compiler says so (`tests/ui/decide_anyhow.rs` shows the message).
+#[diagnostic::on_unimplemented(
+    message = "`AckPolicy::decide` takes a result whose error type is an `std::error::Error`, \
+               and `{Self}` is not one",
+    label = "`{Self}` does not implement `std::error::Error`",
+    note = "for `anyhow::Error` or `Box<dyn Error + Send + Sync>`, which hold an error, call \
+            `decide_dyn`: `policy.decide_dyn(&result, delivery)`"
+)]
+pub trait DecideError {
+    /// The error, as the classifier sees it.
+    fn as_error(&self) -> &(dyn StdError + 'static);
+}
+
+#[diagnostic::do_not_recommend]
+impl<E: StdError + 'static> DecideError for E {
+    fn as_error(&self) -> &(dyn StdError + 'static) {
+        self
     }
 }
 

@@ -87,7 +87,10 @@ impl<'a, DB: Backend> Db<'a, DB> for &'a mut PoolConnection<DB> {
     message = "`{Self}` is not a connection an `#[idempotent]` handler can run on",
     label = "the handler's first parameter is the connection its body works on",
     note = "write `&mut sqlx::PgConnection`, `&mut sqlx::SqliteConnection`, \
-            `&mut sqlx::MySqlConnection` or `&mut sqlx::Transaction<'_, DB>`"
+            `&mut sqlx::MySqlConnection` or `&mut sqlx::Transaction<'_, DB>`",
+    note = "if that is what you wrote: dedup-runtime 0.1 works with sqlx 0.9; another sqlx \
+            version in your Cargo.toml has connection types of its own (`cargo tree -i \
+            sqlx` lists the versions in your build)"
 )]
 pub trait HandlerConnection<'t> {
     /// The database the handler runs on.

@@ -105,6 +105,8 @@
 // directory of its name; `backend.rs` joins the concerns into `Backend`):
 //
 //   run.rs          one call of a generated handler: begin, claim, body, commit, retry
+//   consumers.rs    the debug-build warning for two handlers sharing one consumer name
+//   features.rs     one clear error for a handler on a backend whose feature is off
 //   private.rs      what the generated code calls (`__private`), and nothing else
 //   input.rs        what callers pass (`Db`: pool, connection, transaction) and what a
 //                   handler declares as its connection (`HandlerConnection`)
@@ -125,6 +127,8 @@ mod backend;
 mod chain;
 mod claim;
 mod classify;
+mod consumers;
+mod features;
 mod input;
 mod key;
 mod metrics;
@@ -141,7 +145,7 @@ mod schema;
 #[path = "private.rs"]
 pub mod __private;
 
-pub use ack::{Ack, AckPolicy, Failure, is_transient};
+pub use ack::{Ack, AckPolicy, DecideError, Failure, is_transient};
 pub use backend::Backend;
 pub use input::{Db, HandlerConnection};
 pub use key::{InvalidMessageId, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN, MessageId, MessageKey};
@@ -285,6 +289,35 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 ///   `E: From<sqlx::Error>`; the generated function returns `Result<Outcome<T>, E>`.
 ///   Database failures and an invalid id reach the caller through `E`
 ///   ([`InvalidMessageId::find`] recognises the latter).
+///
+/// # Mistakes it refuses, and the one it cannot see
+///
+/// The dedup row commits with whatever the body did on its connection, so everything the
+/// body means to do must run on that connection, and run to the end:
+///
+/// - **A forgotten `.await`** (`query.execute(&mut *tx);`) is a future that never runs:
+///   the message would be marked processed and its work lost. In a handler's body it is a
+///   compile error (`unused_must_use` is denied there; a body may `#[allow]` it where it
+///   means it), and so is `let _ = query.execute(&mut *tx);` or `_ = …;` of any future:
+///   write `….await`. What the macro cannot see: a future stored in a variable and
+///   never awaited (`let pending = query.execute(&mut *tx);`), or passed to a function
+///   that drops it — rustc warns about the unused variable, not about the work lost.
+/// - **Never give a handler a pool.** What a body runs on a pool commits on its own,
+///   outside the handler's transaction: a redelivery applies it again, a failure does not
+///   undo it, and a body that touches `tx` only for show is not atomic at all. A
+///   parameter of a sqlx pool type (`&PgPool`, `&SqlitePool`, `&MySqlPool`, `&AnyPool`,
+///   `&Pool<DB>`, also in an `Arc`) is a compile error; a pool hidden in a struct of yours
+///   is not seen. Run every statement on the connection parameter (`&mut *tx`).
+/// - **One consumer name per subscription, ids unique within it.** The dedup row is
+///   `(consumer, message_id)`: two handlers declaring the same `consumer` on the same
+///   table share one id space, and with ids unique only per stream (a JetStream
+///   sequence, a Kafka offset) the second handler's message is found processed and
+///   acknowledged without running. Give each subscription (queue, durable consumer,
+///   consumer group) its own name, and make ids unique across all it receives
+///   (`stream/sequence`, `topic/partition/offset`). In debug builds the first call of a
+///   second handler on a name logs a `WARN` naming both (target
+///   `dedup_runtime::consumers`); sharing is right only when both handlers consume one
+///   subscription whose ids are unique across both.
 ///
 /// # Business keys
 ///

@@ -2,10 +2,14 @@
 //! without notice.
 
 pub use crate::claim::Statements;
+pub use crate::consumers::register as register_consumer;
 pub use crate::input::{Db, Handle, HandlerConnection};
 pub use crate::run::{Abort, Begin, Claim, Commit, Exit, Run, message_id, refused};
 pub use tracing::Instrument;
 
+pub use crate::__dedup_backend_mysql as backend_mysql;
+pub use crate::__dedup_backend_postgres as backend_postgres;
+pub use crate::__dedup_backend_sqlite as backend_sqlite;
 pub use crate::__probe as probe;
 pub use crate::__statements as statements;
 
@@ -34,4 +38,51 @@ impl<E: From<sqlx::Error>> HandlerError for E {
 /// Converts an error of ours into the handler's `E`.
 pub fn into_handler_error<E: HandlerError>(error: sqlx::Error) -> E {
     E::from_sqlx(error)
+}
+
+/// `let _ = <a future>;` in a handler's body, refused (`dedup-macros/src/unawaited.rs`
+/// rewrites each `let _ = <call>;` into a call of [`awaited`](unawaited::awaited)).
+pub mod unawaited {
+    /// A borrowed value of the body's `let _ =`, to ask whether it is a future.
+    pub struct Probe<'a, T>(pub &'a T);
+
+    /// The value is a future: dropped, it never runs.
+    pub struct IsFuture;
+
+    /// The value is not a future.
+    pub struct NotFuture;
+
+    /// Chosen for `(&Probe(&value)).__dedup_kind()` when the value is a future.
+    pub trait FutureCase {
+        fn __dedup_kind(&self) -> IsFuture {
+            IsFuture
+        }
+    }
+
+    impl<T: ::core::future::Future> FutureCase for Probe<'_, T> {}
+
+    /// Chosen, through one more `&`, for everything else.
+    pub trait ValueCase {
+        fn __dedup_kind(&self) -> NotFuture {
+            NotFuture
+        }
+    }
+
+    impl<T> ValueCase for &Probe<'_, T> {}
+
+    #[diagnostic::on_unimplemented(
+        message = "this `let _ =` drops a future that never runs: `.await` it",
+        label = "a future, dropped here without running",
+        note = "in an `#[idempotent]` handler this is an effect that never happens under a \
+                dedup row that commits: the message is marked processed and its work is lost",
+        note = "write `let _ = ….await;` (or `….await?;`); for the handle of a task you spawn \
+                on purpose, `drop(handle)` says that you mean it"
+    )]
+    pub trait Awaited {}
+
+    #[diagnostic::do_not_recommend]
+    impl Awaited for NotFuture {}
+
+    /// Compiles only for values that are not futures.
+    pub fn awaited<K: Awaited>(_: K) {}
 }
