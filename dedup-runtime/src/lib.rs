@@ -114,6 +114,7 @@
 //   schema/         the dedup table: its name (`Table`) and each backend's DDL
 //   migrate.rs      `migrate`, `migrate_table`, `schema_sql`
 //   prune/          deleting old ids, never before the redelivery window ends
+//   ledger/         the operator's lookup and forget of one id (`Ledger`)
 //   ack.rs          what to tell the broker (`AckPolicy`)
 //   metrics.rs      counters and a latency histogram (feature `metrics`)
 //   key.rs          message ids (`MessageKey`) and the ids refused (`InvalidMessageId`)
@@ -127,6 +128,7 @@ mod claim;
 mod classify;
 mod input;
 mod key;
+mod ledger;
 mod metrics;
 mod migrate;
 mod outcome;
@@ -145,6 +147,7 @@ pub use ack::{Ack, AckPolicy, Failure, is_transient};
 pub use backend::Backend;
 pub use input::{Db, HandlerConnection};
 pub use key::{InvalidMessageId, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN, MessageId, MessageKey};
+pub use ledger::{InvalidConsumer, Ledger, LedgerError};
 pub use migrate::{migrate, migrate_table, schema_sql};
 pub use outcome::{Duplicate, Outcome};
 pub use prune::{
