@@ -7,6 +7,7 @@
 //! | what an error means | `ClassifyBackend` | `classify.rs`, `classify/<db>.rs` |
 //! | the dedup table's DDL | `SchemaBackend` | `schema.rs`, `schema/<db>.rs` |
 //! | pruning old ids | [`PruneBackend`](crate::PruneBackend) | `prune.rs`, `prune/<db>.rs` |
+//! | the operator's lookup and forget | `LedgerBackend` | `ledger.rs`, `ledger/<db>.rs` |
 //!
 //! A new backend implements each of them in a new file per concern, and gets one line
 //! here; a new capability adds a concern (its trait, its files) and a supertrait.
@@ -15,13 +16,17 @@ use sqlx::Database;
 
 use crate::claim::ClaimBackend;
 use crate::classify::ClassifyBackend;
+use crate::ledger::LedgerBackend;
 use crate::schema::SchemaBackend;
 
 /// A database `dedup` supports: `sqlx::Postgres` (feature `postgres`), `sqlx::Sqlite`
 /// (feature `sqlite`) and `sqlx::MySql` (feature `mysql`, also for MariaDB).
 ///
 /// Sealed: what it requires are the library's internals.
-pub trait Backend: Database + ClaimBackend + ClassifyBackend + SchemaBackend + Sealed {}
+pub trait Backend:
+    Database + ClaimBackend + ClassifyBackend + SchemaBackend + LedgerBackend + Sealed
+{
+}
 
 /// Only the backends below are [`Backend`]s.
 pub trait Sealed {}

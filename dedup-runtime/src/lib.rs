@@ -116,6 +116,7 @@
 //   schema/         the dedup table: its name (`Table`) and each backend's DDL
 //   migrate.rs      `migrate`, `migrate_table`, `schema_sql`
 //   prune/          deleting old ids, never before the redelivery window ends
+//   ledger/         the operator's lookup and forget of one id (`Ledger`)
 //   ack.rs          what to tell the broker (`AckPolicy`)
 //   metrics.rs      counters and a latency histogram (feature `metrics`)
 //   key.rs          message ids (`MessageKey`) and the ids refused (`InvalidMessageId`)
@@ -131,6 +132,7 @@ mod consumers;
 mod features;
 mod input;
 mod key;
+mod ledger;
 mod metrics;
 mod migrate;
 mod outcome;
@@ -149,6 +151,7 @@ pub use ack::{Ack, AckPolicy, DecideError, Failure, is_transient};
 pub use backend::Backend;
 pub use input::{Db, HandlerConnection};
 pub use key::{InvalidMessageId, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN, MessageId, MessageKey};
+pub use ledger::{InvalidConsumer, Ledger, LedgerError};
 pub use migrate::{migrate, migrate_table, schema_sql};
 pub use outcome::{Duplicate, Outcome};
 pub use prune::{

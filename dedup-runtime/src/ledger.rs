@@ -1,0 +1,494 @@
+//! The operator's tools on the dedup table: "was this id processed, and when?"
+//! ([`Ledger::processed_at`]) and "forget this id, so that its next delivery runs the
+//! handler again" ([`Ledger::forget`]), for one consumer and one id at a time.
+//!
+//! One trait, [`LedgerBackend`], one file per backend (`ledger/<backend>.rs`): a lookup by
+//! primary key that reads `processed_at` as microseconds since the Unix epoch computed
+//! in SQL from the value the database's clock stored, and a `DELETE` by primary key.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use sqlx::{Database, Pool};
+
+use crate::backend::Backend;
+use crate::key::{InvalidMessageId, MAX_CONSUMER_LEN, MessageKey};
+use crate::schema::{DEFAULT_TABLE, InvalidTableName, Table};
+
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+/// The dedup table seen by an operator: whether a consumer has processed a message id,
+/// and when ([`processed_at`](Ledger::processed_at)), and the deliberate removal of one
+/// id's record for a replay ([`forget`](Ledger::forget)).
+///
+/// These are tools for a person (or a runbook) looking at one message, not for handlers:
+/// a handler never needs to ask (`#[idempotent]` claims the id in the same transaction as
+/// the work, which a lookup followed by the work could never do), and must never forget.
+/// `cargo run --example ids -- --help` is the same as a command.
+///
+/// ```
+/// use dedup_runtime::{Ledger, LedgerError, Outcome, idempotent};
+///
+/// #[idempotent(consumer = "billing", key = id)]
+/// async fn charge(tx: &mut sqlx::SqliteConnection, id: &str) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO charges (message_id) VALUES (?)")
+///         .bind(id)
+///         .execute(&mut *tx)
+///         .await?;
+///     Ok(())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LedgerError> {
+/// // `sqlite::memory:` gives every connection its own database: one connection here.
+/// let pool = sqlx::sqlite::SqlitePoolOptions::new()
+///     .max_connections(1)
+///     .connect("sqlite::memory:")
+///     .await?;
+/// dedup_runtime::migrate(&pool).await?;
+/// sqlx::raw_sql("CREATE TABLE charges (message_id TEXT NOT NULL)").execute(&pool).await?;
+/// let ledger = Ledger::new(&pool);
+///
+/// // Not processed yet.
+/// assert_eq!(ledger.processed_at("billing", "evt_91c2").await?, None);
+/// assert!(charge(&pool, "evt_91c2").await?.is_processed());
+/// // Processed, at a time of the database's clock.
+/// let at = ledger.processed_at("billing", "evt_91c2").await?.unwrap();
+/// assert!(at > std::time::UNIX_EPOCH);
+/// // Another consumer has not processed it; and ids compare byte for byte.
+/// assert_eq!(ledger.processed_at("email-sender", "evt_91c2").await?, None);
+/// assert_eq!(ledger.processed_at("billing", "EVT_91C2").await?, None);
+/// # Ok(()) }
+/// ```
+///
+/// # What a lookup sees
+///
+/// A lookup reads the committed rows of the table and takes no row lock: it never waits
+/// for a handler's transaction, and one that has claimed the id and not committed yet is
+/// not seen (the id reads as not processed until that commit). `None` means there is no record: the id was never
+/// processed by that consumer, or its record was pruned ([`Prune`](crate::Prune)) or
+/// forgotten, or its handler used `unique = …` alone (which records no id). The time is
+/// `processed_at` as the database's clock wrote it (see
+/// [`STAMP_AFTER`](crate::STAMP_AFTER) for what it measures), converted exactly, to the
+/// microsecond (SQLite: the millisecond), whatever the session's time zone.
+///
+/// # Forgetting is the operator's replay
+///
+/// [`forget`](Ledger::forget) deletes the record of one id for one consumer, on its own
+/// (committed at once, outside any transaction of yours). The **next delivery of that id
+/// runs the handler's body again**: its effects happen a second time. It undoes nothing
+/// the first run did. That is what an operator wants when the first run was wrong — a bug
+/// fixed since, data repaired — and the message is to be replayed (moved back from a
+/// dead-letter queue, republished, an offset reset). To forget every id of a consumer, or
+/// every id older than an age, use [`Prune`](crate::Prune) (`.consumer("…")`), which
+/// deletes in bounded batches.
+#[derive(Debug)]
+pub struct Ledger<'p, DB: Database> {
+    pool: &'p Pool<DB>,
+    table: Table,
+}
+
+// By hand: a derive would want `DB: Clone`.
+impl<DB: Database> Clone for Ledger<'_, DB> {
+    fn clone(&self) -> Self {
+        Ledger {
+            pool: self.pool,
+            table: self.table.clone(),
+        }
+    }
+}
+
+impl<'p, DB: Backend> Ledger<'p, DB> {
+    /// The ledger of the default dedup table, [`DEFAULT_TABLE`] (`processed_messages`), on
+    /// `pool`.
+    pub fn new(pool: &'p Pool<DB>) -> Ledger<'p, DB> {
+        Ledger {
+            pool,
+            table: Table::new(DEFAULT_TABLE).expect("the default table name is valid"),
+        }
+    }
+
+    /// The ledger of the dedup table `table`, as in `#[idempotent(table = "…")]`: a plain
+    /// SQL identifier, optionally schema-qualified. Anything else is refused before a
+    /// statement is sent.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dedup_runtime::LedgerError> {
+    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// use dedup_runtime::Ledger;
+    ///
+    /// let audit = Ledger::with_table(&pool, "main.audit_processed")?;
+    /// assert_eq!(audit.table().name(), "main.audit_processed");
+    /// assert!(Ledger::with_table(&pool, "t; DROP TABLE users").is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn with_table(pool: &'p Pool<DB>, table: &str) -> Result<Ledger<'p, DB>, InvalidTableName> {
+        Ok(Ledger {
+            pool,
+            table: Table::new(table)?,
+        })
+    }
+
+    /// The dedup table this ledger reads and deletes from.
+    pub fn table(&self) -> &Table {
+        &self.table
+    }
+
+    /// When `consumer` processed the message `id`, or `None` if the table has no record
+    /// of it (never processed, pruned, forgotten, or in a transaction not committed yet).
+    ///
+    /// `id` is any [`MessageKey`] (`&str`, `String`, an integer, a `uuid::Uuid`), refused
+    /// exactly as a handler refuses it ([`LedgerError::InvalidMessageId`]); `consumer` as
+    /// `#[idempotent(consumer = "…")]` refuses it ([`LedgerError::InvalidConsumer`]).
+    /// Ids and consumers compare byte for byte: `A` is not `a`, `a` is not `a `.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dedup_runtime::LedgerError> {
+    /// # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1)
+    /// #     .connect("sqlite::memory:").await?;
+    /// # dedup_runtime::migrate(&pool).await?;
+    /// use std::time::{Duration, UNIX_EPOCH};
+    ///
+    /// use dedup_runtime::{InvalidMessageId, Ledger, LedgerError};
+    ///
+    /// sqlx::raw_sql(
+    ///     "INSERT INTO processed_messages (consumer, message_id, processed_at) \
+    ///      VALUES ('billing', '42', '2001-09-09T01:46:40.123Z')",
+    /// )
+    /// .execute(&pool)
+    /// .await?;
+    /// let ledger = Ledger::new(&pool);
+    /// let at = UNIX_EPOCH + Duration::from_millis(1_000_000_000_123);
+    /// assert_eq!(ledger.processed_at("billing", 42).await?, Some(at)); // an integer key
+    /// assert_eq!(ledger.processed_at("billing", "42").await?, Some(at)); // the same id
+    ///
+    /// let refused = ledger.processed_at("billing", "").await;
+    /// assert!(matches!(refused, Err(LedgerError::InvalidMessageId(InvalidMessageId::Empty))));
+    /// # Ok(()) }
+    /// ```
+    pub async fn processed_at(
+        &self,
+        consumer: &str,
+        id: impl MessageKey,
+    ) -> Result<Option<SystemTime>, LedgerError> {
+        check_consumer(consumer)?;
+        let key = id.message_id();
+        let id = key.validate()?;
+        let micros = DB::processed_at_micros(self.pool, &self.table, consumer, id)
+            .await
+            .map_err(|error| self.classify(error))?;
+        match micros {
+            None => Ok(None),
+            Some(Some(micros)) => Ok(Some(from_epoch_micros(micros))),
+            // Only a row written by hand, whose `processed_at` the database cannot read
+            // as a time (SQLite stores text).
+            Some(None) => Err(LedgerError::Database(sqlx::Error::Decode(
+                format!(
+                    "the `processed_at` of message id {id:?} of consumer {consumer:?} in `{}` \
+                     is not a time",
+                    self.table.name()
+                )
+                .into(),
+            ))),
+        }
+    }
+
+    /// Deletes the record that `consumer` processed the message `id`, so that **the next
+    /// delivery of that id runs the handler's body again**; `true` if there was a record.
+    ///
+    /// The operator's replay tool, never something a handler calls: it undoes none of the
+    /// first run's effects, and it is committed at once, on a connection of the pool. Only
+    /// that one row goes: the same id of other consumers, and every other id, stay. `id`
+    /// and `consumer` are refused as in [`processed_at`](Ledger::processed_at), before
+    /// anything is deleted.
+    ///
+    /// While a handler's transaction holds the same id (claimed, not yet committed), the
+    /// backends differ: PostgreSQL does not see the uncommitted row and returns `false`
+    /// at once (the row commits afterwards, and stays); MySQL, MariaDB and SQLite wait for
+    /// that transaction (its row lock, SQLite's write lock) and then delete the row it
+    /// committed. Forget after the handler has returned.
+    ///
+    /// ```
+    /// use dedup_runtime::{Ledger, Outcome, idempotent};
+    ///
+    /// #[idempotent(consumer = "billing", key = id)]
+    /// async fn charge(tx: &mut sqlx::SqliteConnection, id: &str) -> Result<(), sqlx::Error> {
+    ///     sqlx::query("INSERT INTO charges (message_id) VALUES (?)")
+    ///         .bind(id)
+    ///         .execute(&mut *tx)
+    ///         .await?;
+    ///     Ok(())
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dedup_runtime::LedgerError> {
+    /// # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1)
+    /// #     .connect("sqlite::memory:").await?;
+    /// # dedup_runtime::migrate(&pool).await?;
+    /// # sqlx::raw_sql("CREATE TABLE charges (message_id TEXT NOT NULL)").execute(&pool).await?;
+    /// assert!(charge(&pool, "evt_91c2").await?.is_processed());
+    /// assert!(charge(&pool, "evt_91c2").await?.is_duplicate()); // a redelivery: nothing runs
+    ///
+    /// // The charge was wrong and has been refunded: replay the message.
+    /// let ledger = Ledger::new(&pool);
+    /// assert!(ledger.forget("billing", "evt_91c2").await?);
+    /// assert!(charge(&pool, "evt_91c2").await?.is_processed()); // the body ran again
+    /// let charges: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM charges")
+    ///     .fetch_one(&pool)
+    ///     .await?;
+    /// assert_eq!(charges, 2);
+    ///
+    /// // Nothing to forget: `false`, nothing deleted.
+    /// assert!(!ledger.forget("billing", "evt_unknown").await?);
+    /// # Ok(()) }
+    /// ```
+    pub async fn forget(&self, consumer: &str, id: impl MessageKey) -> Result<bool, LedgerError> {
+        check_consumer(consumer)?;
+        let key = id.message_id();
+        let id = key.validate()?;
+        let forgotten = DB::forget(self.pool, &self.table, consumer, id)
+            .await
+            .map_err(|error| self.classify(error))?;
+        if forgotten {
+            tracing::info!(
+                table = self.table.name(),
+                consumer,
+                message_id = id,
+                "message id forgotten: its next delivery runs the handler again"
+            );
+        }
+        Ok(forgotten)
+    }
+
+    fn classify(&self, error: sqlx::Error) -> LedgerError {
+        if DB::is_missing_table(&error) {
+            LedgerError::NoSuchTable {
+                table: self.table.clone(),
+                error,
+            }
+        } else {
+            LedgerError::Database(error)
+        }
+    }
+}
+
+/// Refuses a consumer name that `#[idempotent(consumer = "…")]` would refuse at compile
+/// time: no handler can have recorded an id under it.
+fn check_consumer(consumer: &str) -> Result<(), InvalidConsumer> {
+    if consumer.is_empty() {
+        Err(InvalidConsumer::Empty)
+    } else if let Some(position) = consumer.bytes().position(|b| b == 0) {
+        Err(InvalidConsumer::ContainsNul { position })
+    } else if consumer.len() > MAX_CONSUMER_LEN {
+        Err(InvalidConsumer::TooLong {
+            len: consumer.len(),
+            max: MAX_CONSUMER_LEN,
+        })
+    } else {
+        Ok(())
+    }
+}
+
+/// Microseconds since the Unix epoch (negative before it) as a `SystemTime`.
+fn from_epoch_micros(micros: i64) -> SystemTime {
+    let offset = Duration::from_micros(micros.unsigned_abs());
+    let time = if micros >= 0 {
+        UNIX_EPOCH.checked_add(offset)
+    } else {
+        UNIX_EPOCH.checked_sub(offset)
+    };
+    // Every platform's `SystemTime` spans the ±292,000 years an `i64` of microseconds can.
+    time.unwrap_or(UNIX_EPOCH)
+}
+
+/// A consumer name that `#[idempotent(consumer = "…")]` refuses, so that no id can have
+/// been recorded under it. Nothing was read or deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidConsumer {
+    /// The name is the empty string.
+    Empty,
+    /// The name is longer than [`MAX_CONSUMER_LEN`] bytes.
+    TooLong {
+        /// The name's length in bytes.
+        len: usize,
+        /// The limit, [`MAX_CONSUMER_LEN`].
+        max: usize,
+    },
+    /// The name contains a NUL byte.
+    ContainsNul {
+        /// Byte offset of the first NUL.
+        position: usize,
+    },
+}
+
+impl fmt::Display for InvalidConsumer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InvalidConsumer::Empty => f.write_str(
+                "invalid consumer: it is empty; give the `consumer = \"…\"` of the handler",
+            ),
+            InvalidConsumer::TooLong { len, max } => write!(
+                f,
+                "invalid consumer: it is {len} bytes long, the limit is {max}"
+            ),
+            InvalidConsumer::ContainsNul { position } => {
+                write!(f, "invalid consumer: it contains a NUL byte at {position}")
+            }
+        }
+    }
+}
+
+impl StdError for InvalidConsumer {}
+
+/// Why a [`Ledger`] lookup or forget failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum LedgerError {
+    /// The message id is one no handler accepts (empty, over
+    /// [`MAX_MESSAGE_ID_LEN`](crate::MAX_MESSAGE_ID_LEN) bytes, containing NUL). Nothing
+    /// was read or deleted.
+    InvalidMessageId(InvalidMessageId),
+    /// The consumer name is one no handler can have (empty, over [`MAX_CONSUMER_LEN`]
+    /// bytes, containing NUL). Nothing was read or deleted.
+    InvalidConsumer(InvalidConsumer),
+    /// The table name is not a plain SQL identifier (from [`Ledger::with_table`], for
+    /// `?` in a function that returns `LedgerError`).
+    InvalidTable(InvalidTableName),
+    /// The dedup table does not exist: not migrated yet ([`migrate`](crate::migrate),
+    /// [`migrate_table`](crate::migrate_table)), a name other than the handlers' `table =
+    /// "…"`, or another schema / database than the connection's. Told apart by the
+    /// database's code: PostgreSQL `42P01`, MySQL and MariaDB 1146; SQLite's
+    /// `SQLITE_ERROR` with its fixed, untranslated `no such table: …` message.
+    NoSuchTable {
+        /// The table asked for.
+        table: Table,
+        /// The database's error.
+        error: sqlx::Error,
+    },
+    /// Any other database failure. A forget that failed deleted nothing.
+    Database(sqlx::Error),
+}
+
+impl fmt::Display for LedgerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LedgerError::InvalidMessageId(error) => error.fmt(f),
+            LedgerError::InvalidConsumer(error) => error.fmt(f),
+            LedgerError::InvalidTable(error) => error.fmt(f),
+            LedgerError::NoSuchTable { table, .. } => write!(
+                f,
+                "the dedup table `{}` does not exist: create it with `migrate` or \
+                 `migrate_table`, or name the table of the handlers' `table = \"…\"`",
+                table.name()
+            ),
+            LedgerError::Database(error) => {
+                write!(f, "reading or deleting a message id failed: {error}")
+            }
+        }
+    }
+}
+
+impl StdError for LedgerError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            LedgerError::InvalidMessageId(error) => Some(error),
+            LedgerError::InvalidConsumer(error) => Some(error),
+            LedgerError::InvalidTable(error) => Some(error),
+            LedgerError::NoSuchTable { error, .. } => Some(error),
+            LedgerError::Database(error) => Some(error),
+        }
+    }
+}
+
+impl From<sqlx::Error> for LedgerError {
+    fn from(error: sqlx::Error) -> Self {
+        LedgerError::Database(error)
+    }
+}
+
+impl From<InvalidMessageId> for LedgerError {
+    fn from(error: InvalidMessageId) -> Self {
+        LedgerError::InvalidMessageId(error)
+    }
+}
+
+impl From<InvalidConsumer> for LedgerError {
+    fn from(error: InvalidConsumer) -> Self {
+        LedgerError::InvalidConsumer(error)
+    }
+}
+
+impl From<InvalidTableName> for LedgerError {
+    fn from(error: InvalidTableName) -> Self {
+        LedgerError::InvalidTable(error)
+    }
+}
+
+/// How one backend looks up and deletes one dedup row. Part of [`Backend`].
+pub trait LedgerBackend: Database {
+    /// `Some` when the row `(consumer, id)` exists, with its `processed_at` in
+    /// microseconds since the Unix epoch, computed by the database (`None` inside when
+    /// it cannot read the value as a time).
+    #[doc(hidden)]
+    fn processed_at_micros<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        id: &'a str,
+    ) -> impl Future<Output = Result<Option<Option<i64>>, sqlx::Error>> + Send + 'a;
+
+    /// Deletes the row `(consumer, id)`; whether there was one.
+    #[doc(hidden)]
+    fn forget<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        id: &'a str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// Whether `error`, from one of the statements above, says the table does not exist.
+    #[doc(hidden)]
+    fn is_missing_table(error: &sqlx::Error) -> bool;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn epoch_micros() {
+        assert_eq!(from_epoch_micros(0), UNIX_EPOCH);
+        assert_eq!(
+            from_epoch_micros(1_000_000_000_123_456),
+            UNIX_EPOCH + Duration::from_micros(1_000_000_000_123_456)
+        );
+        assert_eq!(
+            from_epoch_micros(-14_182_939_500_000),
+            UNIX_EPOCH - Duration::from_micros(14_182_939_500_000)
+        );
+    }
+
+    #[test]
+    fn consumers_refused_like_the_attribute_refuses_them() {
+        assert_eq!(check_consumer("billing"), Ok(()));
+        assert_eq!(check_consumer(&"c".repeat(MAX_CONSUMER_LEN)), Ok(()));
+        assert_eq!(check_consumer(""), Err(InvalidConsumer::Empty));
+        assert_eq!(
+            check_consumer("a\0b"),
+            Err(InvalidConsumer::ContainsNul { position: 1 })
+        );
+        assert_eq!(
+            check_consumer(&"c".repeat(MAX_CONSUMER_LEN + 1)),
+            Err(InvalidConsumer::TooLong {
+                len: MAX_CONSUMER_LEN + 1,
+                max: MAX_CONSUMER_LEN
+            })
+        );
+    }
+}

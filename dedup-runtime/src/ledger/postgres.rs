@@ -1,0 +1,57 @@
+//! PostgreSQL: `processed_at` is a `timestamptz`, an instant; `extract(epoch …)` reads it
+//! as seconds since the Unix epoch (an exact `numeric` since PostgreSQL 14), whatever the
+//! session's `TimeZone`.
+
+use sqlx::postgres::PgDatabaseError;
+use sqlx::{AssertSqlSafe, Pool, Postgres};
+
+use super::LedgerBackend;
+use crate::schema::Table;
+
+/// undefined_table: also for a table in a schema that does not exist.
+const UNDEFINED_TABLE: &str = "42P01";
+
+impl LedgerBackend for Postgres {
+    async fn processed_at_micros<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        id: &'a str,
+    ) -> Result<Option<Option<i64>>, sqlx::Error> {
+        let sql = format!(
+            "SELECT (extract(epoch FROM processed_at) * 1000000)::int8 FROM {} \
+             WHERE consumer = $1 AND message_id = $2",
+            table.name()
+        );
+        sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(id)
+            .fetch_optional(pool)
+            .await
+    }
+
+    async fn forget<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        id: &'a str,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "DELETE FROM {} WHERE consumer = $1 AND message_id = $2",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(id)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    fn is_missing_table(error: &sqlx::Error) -> bool {
+        error
+            .as_database_error()
+            .and_then(|error| error.try_downcast_ref::<PgDatabaseError>())
+            .is_some_and(|error| error.code() == UNDEFINED_TABLE)
+    }
+}
