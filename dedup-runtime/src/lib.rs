@@ -119,6 +119,7 @@
 //   ledger/         the operator's lookup and forget of one id (`Ledger`)
 //   ack.rs          what to tell the broker (`AckPolicy`)
 //   metrics.rs      counters and a latency histogram (feature `metrics`)
+//   idempotency.rs  keys for effects outside the database (`IdempotencyKey`)
 //   key.rs          message ids (`MessageKey`) and the ids refused (`InvalidMessageId`)
 //   outcome.rs, retry.rs, rolled_back.rs, probe.rs: outcomes, backoff, `RolledBack`,
 //                   seeing the database error inside the handler's error type
@@ -130,6 +131,7 @@ mod claim;
 mod classify;
 mod consumers;
 mod features;
+mod idempotency;
 mod input;
 mod key;
 mod ledger;
@@ -149,6 +151,7 @@ pub mod __private;
 
 pub use ack::{Ack, AckPolicy, DecideError, Failure, is_transient};
 pub use backend::Backend;
+pub use idempotency::{IdempotencyKey, MAX_IDEMPOTENCY_KEY_LEN};
 pub use input::{Db, HandlerConnection};
 pub use key::{InvalidMessageId, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN, MessageId, MessageKey};
 pub use ledger::{InvalidConsumer, Ledger, LedgerError};
