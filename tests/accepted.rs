@@ -289,7 +289,7 @@ async fn let_underscore(tx: &mut SqliteConnection, id: &str) -> Result<usize, sq
         .bind(id)
         .execute(&mut *tx)
         .await?;
-    let _: Result<u8, std::num::ParseIntError> = "7".parse::<u8>();
+    let _: Result<u8, _> = "7".parse();
     #[allow(unused_must_use)]
     {
         std::future::ready(());

@@ -25,7 +25,8 @@
 //! at the end of the statement: a `match` keeps its scrutinee's temporaries that long.
 //!
 //! Only value expressions are rewritten (calls, method calls, `async` blocks, `.await`,
-//! `?`): `let _ = place;` neither moves nor drops `place`, and must stay as written.
+//! `?`): `let _ = place;` neither moves nor drops `place`, and must stay as written. A
+//! `let _: T = …;` is left alone too: the type is written out.
 
 use proc_macro2::{Span, TokenStream};
 use quote::quote;
@@ -89,10 +90,11 @@ fn is_value(expr: &Expr) -> bool {
     }
 }
 
+/// `_`, not `_: T`: a type written out says what the value is (and the check, which
+/// needs the value's type before the `let` gives it one, could fail to infer it).
 fn is_wild(pat: &Pat) -> bool {
     match pat {
         Pat::Wild(_) => true,
-        Pat::Type(typed) => is_wild(&typed.pat),
         Pat::Paren(inner) => is_wild(&inner.pat),
         _ => false,
     }

@@ -307,7 +307,8 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 ///   means it), and so is `let _ = query.execute(&mut *tx);` or `_ = …;` of any future:
 ///   write `….await`. What the macro cannot see: a future stored in a variable and
 ///   never awaited (`let pending = query.execute(&mut *tx);`), or passed to a function
-///   that drops it — rustc warns about the unused variable, not about the work lost.
+///   that drops it — rustc warns about the unused variable, not about the work lost —
+///   and `let _: SomeType = …;`, whose type you wrote out.
 /// - **Never give a handler a pool.** What a body runs on a pool commits on its own,
 ///   outside the handler's transaction: a redelivery applies it again, a failure does not
 ///   undo it, and a body that touches `tx` only for show is not atomic at all. A
