@@ -107,19 +107,19 @@ impl<'t, DB: Backend> HandlerConnection<'t> for Transaction<'t, DB> {
     }
 }
 
-/// The per-connection impls of [`Db`] and [`HandlerConnection`] for one backend.
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
-    allow(unused_macros)
-)]
+/// The per-connection impls of [`Db`] and [`HandlerConnection`] for one backend, each
+/// under the backend's feature (on the impls themselves, so that docs.rs shows which
+/// feature each one needs).
 macro_rules! connection_impls {
-    ($database:ty, $connection:ty) => {
+    ($($feature:literal => $database:ty, $connection:ty;)*) => {$(
+        #[cfg(feature = $feature)]
         impl<'a> crate::input::Db<'a, $database> for &'a mut $connection {
             fn into_handle(self) -> crate::input::Handle<'a, $database> {
                 crate::input::Handle::new(crate::input::Source::Conn(self))
             }
         }
 
+        #[cfg(feature = $feature)]
         #[diagnostic::do_not_recommend]
         impl<'t> crate::input::HandlerConnection<'t> for $connection {
             type Database = $database;
@@ -128,12 +128,11 @@ macro_rules! connection_impls {
                 &mut *tx.tx
             }
         }
-    };
+    )*};
 }
 
-#[cfg(feature = "mysql")]
-connection_impls!(sqlx::MySql, sqlx::MySqlConnection);
-#[cfg(feature = "postgres")]
-connection_impls!(sqlx::Postgres, sqlx::PgConnection);
-#[cfg(feature = "sqlite")]
-connection_impls!(sqlx::Sqlite, sqlx::SqliteConnection);
+connection_impls! {
+    "mysql" => sqlx::MySql, sqlx::MySqlConnection;
+    "postgres" => sqlx::Postgres, sqlx::PgConnection;
+    "sqlite" => sqlx::Sqlite, sqlx::SqliteConnection;
+}

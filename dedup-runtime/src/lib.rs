@@ -100,6 +100,9 @@
 //! dry run.
 
 #![warn(missing_docs)]
+// On docs.rs (nightly, `--cfg docsrs`): a badge naming the feature each feature-gated item
+// needs. `doc_cfg` derives them from the items' `#[cfg]`s (it absorbed `doc_auto_cfg`).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Where things are (a concern with SQL has one trait, and one file per backend under the
 // directory of its name; `backend.rs` joins the concerns into `Backend`):
