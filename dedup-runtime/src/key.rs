@@ -23,6 +23,15 @@ const INLINE: usize = 40;
 ///
 /// Produced by [`MessageKey::message_id`]. Strings are borrowed, integers and UUIDs are
 /// written into an inline buffer, so that computing the id allocates nothing.
+///
+/// ```
+/// use dedup_runtime::{MessageId, MessageKey};
+///
+/// assert_eq!(1207_u64.message_id().as_str(), "1207");
+/// // A Kafka record's offset repeats in every partition: key on all three.
+/// let id = MessageId::owned(format!("{}/{}/{}", "orders", 3, 1207));
+/// assert_eq!(id.to_string(), "orders/3/1207");
+/// ```
 #[derive(Clone)]
 pub struct MessageId<'a>(Repr<'a>);
 

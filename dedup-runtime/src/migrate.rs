@@ -29,6 +29,17 @@ pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
 ///
 /// An invalid name is refused before anything runs, with an [`InvalidTableName`] inside
 /// [`sqlx::Error::Configuration`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), sqlx::Error> {
+/// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// // For handlers declared `#[idempotent(table = "audit_processed", …)]`:
+/// dedup_runtime::migrate_table(&pool, "audit_processed").await?;
+///
+/// let refused = dedup_runtime::migrate_table(&pool, "audit; DROP TABLE users").await;
+/// assert!(matches!(refused, Err(sqlx::Error::Configuration(_))));
+/// # Ok(()) }
+/// ```
 pub async fn migrate_table<DB: Backend>(pool: &Pool<DB>, table: &str) -> Result<(), sqlx::Error> {
     let table = Table::new(table).map_err(sqlx::Error::config)?;
     DB::create(pool, DB::ddl(&table)).await
