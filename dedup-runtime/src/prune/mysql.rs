@@ -10,6 +10,7 @@
 
 use std::time::Duration;
 
+use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{AssertSqlSafe, MySql, Pool, Row};
 
 use super::{ConsumerStats, PruneBackend, count, micros_up};
@@ -23,7 +24,17 @@ use crate::schema::Table;
 const BEGIN_READ_COMMITTED: &str =
     "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 
+/// ER_NO_SUCH_TABLE (SQLSTATE `42S02`, which MySQL shares with other errors).
+const ER_NO_SUCH_TABLE: u16 = 1146;
+
 impl PruneBackend for MySql {
+    fn is_missing_table(error: &sqlx::Error, _: &Table) -> bool {
+        error
+            .as_database_error()
+            .and_then(|error| error.try_downcast_ref::<MySqlDatabaseError>())
+            .is_some_and(|error| error.number() == ER_NO_SUCH_TABLE)
+    }
+
     async fn cutoff(pool: &Pool<Self>, age: Duration) -> Result<String, sqlx::Error> {
         // UTC, like `processed_at`, whatever this session's `time_zone` is.
         sqlx::query_scalar("SELECT CAST(UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AS CHAR)")

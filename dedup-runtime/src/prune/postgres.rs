@@ -12,6 +12,7 @@
 
 use std::time::Duration;
 
+use sqlx::postgres::PgDatabaseError;
 use sqlx::postgres::types::PgInterval;
 use sqlx::{AssertSqlSafe, Pool, Postgres, Row};
 
@@ -36,7 +37,17 @@ macro_rules! utc_text {
     };
 }
 
+/// undefined_table.
+const UNDEFINED_TABLE: &str = "42P01";
+
 impl PruneBackend for Postgres {
+    fn is_missing_table(error: &sqlx::Error, _: &Table) -> bool {
+        error
+            .as_database_error()
+            .and_then(|error| error.try_downcast_ref::<PgDatabaseError>())
+            .is_some_and(|error| error.code() == UNDEFINED_TABLE)
+    }
+
     async fn cutoff(pool: &Pool<Self>, age: Duration) -> Result<String, sqlx::Error> {
         // An interval of microseconds only is an absolute duration (no calendar days); the
         // text is ISO 8601 in UTC, whatever this session's DateStyle and TimeZone.

@@ -11,7 +11,22 @@ use crate::schema::Table;
 /// text comparison to be a time comparison.
 const CUTOFF: &str = "SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?1)";
 
+/// SQLITE_ERROR: a generic error, whose message says which. SQLite's messages are never
+/// translated, and this one has one fixed format, `no such table: <name as written>`.
+const SQLITE_ERROR: &str = "1";
+
+/// Whether SQLite's error `code` and `message` say that `table` does not exist.
+fn no_such_table(code: Option<&str>, message: &str, table: &Table) -> bool {
+    code == Some(SQLITE_ERROR) && message.strip_prefix("no such table: ") == Some(table.name())
+}
+
 impl PruneBackend for Sqlite {
+    fn is_missing_table(error: &sqlx::Error, table: &Table) -> bool {
+        error
+            .as_database_error()
+            .is_some_and(|error| no_such_table(error.code().as_deref(), error.message(), table))
+    }
+
     async fn cutoff(pool: &Pool<Self>, age: Duration) -> Result<String, sqlx::Error> {
         // SQLite's clock has millisecond resolution: round the age up to whole
         // milliseconds, so that the cutoff is never later than `now - age`.
@@ -112,5 +127,37 @@ impl PruneBackend for Sqlite {
                 })
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_such_table_names_this_table() {
+        let table = Table::new("processed_messages").unwrap();
+        let qualified = Table::new("main.processed_messages").unwrap();
+        let message = "no such table: processed_messages";
+        assert!(no_such_table(Some("1"), message, &table));
+        assert!(!no_such_table(Some("1"), message, &qualified));
+        assert!(no_such_table(
+            Some("1"),
+            "no such table: main.processed_messages",
+            &qualified
+        ));
+        // Another table (a trigger's), another code, another message.
+        assert!(!no_such_table(
+            Some("1"),
+            "no such table: audit_log",
+            &table
+        ));
+        assert!(!no_such_table(Some("5"), message, &table));
+        assert!(!no_such_table(
+            Some("1"),
+            "no such column: processed_at",
+            &table
+        ));
+        assert!(!no_such_table(None, message, &table));
     }
 }
