@@ -38,7 +38,8 @@
 //! Each behind a feature: `postgres` (PostgreSQL), `sqlite` (SQLite), `mysql` (MySQL and
 //! MariaDB). The handler's first parameter picks the backend. `uuid` adds
 //! [`MessageKey`] for `uuid::Uuid`; `metrics` records counters and a latency histogram
-//! per handler through the `metrics` facade (the README lists their names).
+//! per handler through the `metrics` facade (the [README][metrics] lists their names and
+//! labels).
 //!
 //! | | claim statement | concurrent copies | transient failures retried |
 //! | --- | --- | --- | --- |
@@ -50,8 +51,9 @@
 //!
 //! `processed_messages(consumer, message_id, processed_at)`, primary key
 //! `(consumer, message_id)`, an index on `processed_at` for pruning by age. [`migrate`]
-//! creates it; [`schema_sql`] and the files under `migrations/` give the same SQL for your
-//! own migration tool. Ids compare byte for byte on every backend.
+//! creates it; [`schema_sql`] and the files under [`migrations/`][migrations] (in this
+//! crate's package too) give the same SQL for your own migration tool. Ids compare byte
+//! for byte on every backend.
 //!
 //! # Acknowledging to a broker
 //!
@@ -74,7 +76,9 @@
 //! # }
 //! ```
 //!
-//! `examples/rabbitmq.rs` and `examples/nats.rs` are complete consumers.
+//! The repository's [`examples/rabbitmq.rs`][rabbitmq] (lapin) and
+//! [`examples/nats.rs`][nats] (async-nats, JetStream) are complete consumers, with manual
+//! acknowledgements and dead-lettering.
 //!
 //! # Pruning
 //!
@@ -96,8 +100,15 @@
 //! # Ok(()) }
 //! ```
 //!
-//! `cargo run --example prune -- --help` is the operator's command for the same, with a
-//! dry run.
+//! The repository's [`examples/prune.rs`][prune] is an operator's command for the same
+//! (`cargo run --example prune -- --help` in a clone): per-consumer counts, a dry run, a
+//! progress bar.
+//!
+//! [metrics]: https://github.com/dedup-rs/dedup#metrics
+//! [migrations]: https://github.com/dedup-rs/dedup/tree/main/dedup-runtime/migrations
+//! [rabbitmq]: https://github.com/dedup-rs/dedup/blob/main/examples/rabbitmq.rs
+//! [nats]: https://github.com/dedup-rs/dedup/blob/main/examples/nats.rs
+//! [prune]: https://github.com/dedup-rs/dedup/blob/main/examples/prune.rs
 
 #![warn(missing_docs)]
 // On docs.rs (nightly, `--cfg docsrs`): a badge naming the feature each feature-gated item
@@ -190,8 +201,10 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 /// With a pool, the generated function does what this code does (plus a `tracing` span
 /// per call with `handler`, `consumer`, `message_id`, `outcome` and `attempts`, and the
 /// metrics of the `metrics` feature). On SQLite it begins with `BEGIN IMMEDIATE`, on MySQL
-/// and MariaDB it claims and commits differently; the README's "What it generates" says
-/// how.
+/// and MariaDB it claims and commits differently; the README's ["What it
+/// generates"][generates] says how.
+///
+/// [generates]: https://github.com/dedup-rs/dedup#what-it-generates
 ///
 /// ```no_run
 /// use std::hash::{BuildHasher, RandomState};

@@ -9,9 +9,12 @@ use crate::schema::{DEFAULT_TABLE, InvalidTableName, Table};
 /// Creates the default dedup table, `processed_messages`, and its pruning index, if they
 /// do not exist yet. Safe to call at every start and from several processes at once.
 ///
-/// The same SQL ships as files to copy into your own migrations:
-/// `dedup-runtime/migrations/{postgres,mysql,sqlite}/0001_processed_messages.sql`, and
-/// [`schema_sql`] prints it for any table name.
+/// The same SQL ships as files to copy into your own migrations, in this crate's package
+/// and [in the repository][migrations]:
+/// `migrations/{postgres,mysql,sqlite}/0001_processed_messages.sql`; [`schema_sql`]
+/// prints it for any table name.
+///
+/// [migrations]: https://github.com/dedup-rs/dedup/tree/main/dedup-runtime/migrations
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), sqlx::Error> {

@@ -139,7 +139,10 @@ impl Prune {
     /// Nothing is checked yet: [`run`](Prune::run) and [`stats`](Prune::stats) refuse an
     /// `older_than` shorter than `redelivery_window` with
     /// [`PruneError::WindowTooShort`] ([`check`](Prune::check) asks without a database).
-    /// The README's "Pruning" section says how to size the window for each broker.
+    /// The README's ["Sizing the redelivery window"][sizing] says how to size it for
+    /// RabbitMQ, NATS JetStream, Kafka and SQS.
+    ///
+    /// [sizing]: https://github.com/dedup-rs/dedup#sizing-the-redelivery-window
     ///
     /// ```
     /// # use std::time::Duration;
