@@ -18,7 +18,8 @@
 //! An `--older-than` shorter than the `--redelivery-window` is refused: pruning ids the
 //! broker may still redeliver turns a redelivery into a second effect. The README's
 //! "Pruning" section says how to size the window for each broker. Exit status: 0 when
-//! done, 1 when the database fails, 2 for bad arguments or a refused prune.
+//! done, 1 when the database fails, 2 for bad arguments (a dedup table that does not
+//! exist included: the message says how to create it) or a refused prune.
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -171,6 +172,11 @@ fn human(duration: Duration) -> String {
     out
 }
 
+/// `1 id`, `2,000 ids`: a count and its noun, singular for 1.
+fn count(n: u64, one: &str, many: &str) -> String {
+    format!("{} {}", thousands(n), if n == 1 { one } else { many })
+}
+
 /// `1234567` → `1,234,567`.
 fn thousands(n: u64) -> String {
     let digits = n.to_string();
@@ -251,14 +257,14 @@ impl Bar {
         let mut stderr = std::io::stderr().lock();
         let _ = write!(
             stderr,
-            "\r[{}{}] {:>3}%  {}/{} ids  {}/s  {} batches{eta}\x1b[K",
+            "\r[{}{}] {:>3}%  {}/{}  {}/s  {}{eta}\x1b[K",
             "#".repeat(filled),
             "-".repeat(WIDTH as usize - filled),
             progress.deleted * 100 / total,
             thousands(progress.deleted),
-            thousands(total),
+            count(total, "id", "ids"),
             thousands(rate as u64),
-            progress.batches,
+            count(progress.batches, "batch", "batches"),
         );
         if progress.done {
             let _ = writeln!(stderr);
@@ -303,8 +309,8 @@ async fn operate<DB: PruneBackend>(pool: Pool<DB>, args: &Args) -> Result<(), Pr
     let total: u64 = before.iter().map(|consumer| consumer.prunable).sum();
     if args.dry_run {
         println!(
-            "dry run: {} ids would be deleted; nothing was.",
-            thousands(total)
+            "dry run: {} would be deleted; nothing was.",
+            count(total, "id", "ids")
         );
         return Ok(());
     }
@@ -312,12 +318,12 @@ async fn operate<DB: PruneBackend>(pool: Pool<DB>, args: &Args) -> Result<(), Pr
     let mut bar = Bar { total, drawn: None };
     let done = prune.run(&pool, |progress| bar.draw(progress)).await?;
     println!(
-        "deleted {} ids processed before {} in {} ({}/s, {} batches)",
-        thousands(done.deleted),
+        "deleted {} processed before {} in {} ({}/s, {})",
+        count(done.deleted, "id", "ids"),
         done.cutoff,
         human(done.elapsed),
         thousands(done.rate() as u64),
-        done.batches
+        count(done.batches, "batch", "batches"),
     );
     let after = prune.stats(&pool).await?;
     print_stats("kept:", &after, false);
@@ -417,5 +423,8 @@ mod tests {
         assert_eq!(human(Duration::from_secs(7 * 86_400)), "7d");
         assert_eq!(human(Duration::from_secs(3_600 + 7)), "1h");
         assert_eq!(thousands(1_234_567), "1,234,567");
+        assert_eq!(count(1, "id", "ids"), "1 id");
+        assert_eq!(count(0, "id", "ids"), "0 ids");
+        assert_eq!(count(2_000, "batch", "batches"), "2,000 batches");
     }
 }

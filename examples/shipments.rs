@@ -12,7 +12,12 @@
 //! cargo run --example shipments
 //! ```
 //!
-//! Runs on an embedded SQLite file in the temporary directory, removed at the end.
+//! Runs on an embedded SQLite file in the temporary directory, removed at the end. Only
+//! there: the handler's first parameter, `&mut SqliteConnection`, picks the backend at
+//! compile time, so `DATABASE_URL` is not used (the example says so when it is set).
+//! `examples/any_backend.rs` is a consumer written once per backend and run on the
+//! database `DATABASE_URL` names; on PostgreSQL and MariaDB, business keys work the same,
+//! with the constraint identified as the README's "Business keys" describes.
 
 use std::time::Duration;
 
@@ -45,6 +50,14 @@ async fn create_shipment(tx: &mut SqliteConnection, msg: &ShipOrder) -> Result<(
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Not echoed: a URL may hold a password.
+    if std::env::var_os("DATABASE_URL").is_some() {
+        eprintln!(
+            "note: DATABASE_URL is set and not used: this example runs on an embedded SQLite \
+             file (its handler takes `&mut SqliteConnection`). `cargo run --example \
+             any_backend` runs a consumer on the database it names."
+        );
+    }
     let path = std::env::temp_dir().join(format!("dedup-shipments-{}.db", std::process::id()));
     let pool = SqlitePoolOptions::new()
         .max_connections(4)

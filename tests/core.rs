@@ -333,8 +333,11 @@ macro_rules! backend_suite {
                 ];
                 for (id, expected) in cases {
                     let error = counted(&*pool, &id, &calls).await.unwrap_err();
-                    assert_eq!(InvalidMessageId::find(&error), Some(&expected), "{id:?}");
-                    assert!(matches!(error, sqlx::Error::Encode(_)));
+                    assert!(
+                        matches!(error, sqlx::Error::InvalidArgument(_)),
+                        "{error:?}"
+                    );
+                    assert_eq!(InvalidMessageId::find(&error), Some(expected), "{id:?}");
                 }
                 assert_eq!(calls.load(Ordering::SeqCst), 0, "the body never ran");
                 assert_eq!(effects(&pool, "").await, 0);

@@ -324,7 +324,7 @@ macro_rules! operator_suite {
                             other => panic!("{bad:?}: {other:?}"),
                         }
                         // Recognisable through the chain, like a handler's.
-                        assert_eq!(InvalidMessageId::find(&error), Some(expected));
+                        assert_eq!(InvalidMessageId::find(&error), Some(expected.clone()));
                     }
                 }
                 // The longest id is an id: not processed, nothing to forget.
@@ -402,7 +402,7 @@ macro_rules! operator_suite {
                         ledger.forget(CONSUMER, "id").await.unwrap_err(),
                     ] {
                         match &error {
-                            LedgerError::NoSuchTable { table, .. } => assert_eq!(table.name(), name),
+                            LedgerError::MissingTable { table, .. } => assert_eq!(table.name(), name),
                             other => panic!("{name}: {other:?}"),
                         }
                         let message = error.to_string();

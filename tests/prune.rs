@@ -240,13 +240,32 @@ macro_rules! prune_suite {
                     refused,
                     Err(PruneError::InvalidBatchSize { size: 0, .. })
                 ));
-                let missing = ok()
-                    .table(fresh_table())
-                    .run(&*pool, |_| {})
-                    .await
-                    .unwrap_err();
-                assert!(matches!(missing, PruneError::Database(_)), "{missing:?}");
-                assert!(std::error::Error::source(&missing).is_some());
+                // A table that does not exist, for the run and for the dry run: recognised
+                // by the backend's code, and the message says how to create it.
+                let absent = fresh_table();
+                let missing = [
+                    ok().table(absent.as_str())
+                        .run(&*pool, |_| {})
+                        .await
+                        .unwrap_err(),
+                    ok().table(absent.as_str()).stats(&*pool).await.unwrap_err(),
+                ];
+                for missing in missing {
+                    match &missing {
+                        PruneError::MissingTable { table, error } => {
+                            assert_eq!(table, &absent);
+                            assert!(error.as_database_error().is_some(), "{error:?}");
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                    let text = missing.to_string();
+                    assert!(
+                        text.starts_with(&format!("the dedup table `{absent}` does not exist"))
+                            && text.contains("migrate"),
+                        "{text}"
+                    );
+                    assert!(std::error::Error::source(&missing).is_some());
+                }
                 assert_eq!(ids(&pool, &table, "c").await, all, "nothing was deleted");
 
                 // An age equal to the window is allowed.

@@ -73,3 +73,9 @@ mod prune_postgres_datestyle;
 // idling in its transaction (25P03), a transient failure.
 #[path = "regressions/ack_idle_in_transaction.rs"]
 mod ack_idle_in_transaction;
+
+// The invalid-id error read "error occurred while encoding a value: invalid message id: …",
+// sqlx's words for the `Encode` variant that carried it. Fixed in b491750 ("Invalid message
+// id: the error's first words say so").
+#[path = "regressions/invalid_id_reads_as_an_encoding_error.rs"]
+mod invalid_id_reads_as_an_encoding_error;

@@ -1,8 +1,8 @@
-//! The `#[idempotent]` attribute of [dedup](https://docs.rs/dedup-runtime).
+//! The `#[idempotent]` attribute of dedup, for use through `dedup-runtime`.
 //!
-//! Depend on `dedup-runtime` and use the attribute through it
-//! (`use dedup_runtime::idempotent;`): the generated code calls the runtime, and the
-//! runtime's documentation describes the attribute in full.
+//! Depend on `dedup-runtime` and write `use dedup_runtime::idempotent;`: the generated
+//! code calls the runtime, and the attribute's documentation is
+//! [`dedup_runtime::idempotent`](https://docs.rs/dedup-runtime/latest/dedup_runtime/attr.idempotent.html).
 
 mod args;
 mod expand;
@@ -11,10 +11,9 @@ mod unawaited;
 
 use proc_macro::TokenStream;
 
-/// Makes an `async fn` message handler effectively-once.
-///
-/// See [`dedup_runtime::idempotent`](https://docs.rs/dedup-runtime/latest/dedup_runtime/attr.idempotent.html)
-/// for the arguments, the rewritten signature and the equivalent hand-written code.
+// No doc comment here, on purpose: rustdoc appends an inlined item's own docs to those of
+// its re-export, so any text here would end the page of `dedup_runtime::idempotent`, the
+// one users read. The crate's doc above points there.
 #[proc_macro_attribute]
 pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::idempotent(args.into(), item.into()).into()

@@ -32,6 +32,24 @@ use crate::outcome::Outcome;
 /// | `Ack` | `basic_ack` | `AckKind::Ack` |
 /// | `Retry { after }` | wait `after`, then `basic_nack` with `requeue: true` | `AckKind::Nak(Some(after))` |
 /// | `DeadLetter` | `basic_reject` with `requeue: false` (the queue's dead-letter exchange takes it) | publish a copy to a dead-letter subject, then `AckKind::Term` |
+///
+/// ```
+/// use dedup_runtime::{Ack, AckPolicy, Outcome};
+///
+/// /// What a RabbitMQ consumer does for each `Ack` (lapin's calls, in words).
+/// fn rabbitmq(ack: Ack) -> String {
+///     match ack {
+///         Ack::Ack => "basic_ack".to_owned(),
+///         Ack::Retry { after } => format!("wait {after:?}, then basic_nack with requeue"),
+///         Ack::DeadLetter => "basic_reject without requeue".to_owned(),
+///     }
+/// }
+///
+/// let policy = AckPolicy::<sqlx::Sqlite>::new();
+/// let away: Result<Outcome<()>, sqlx::Error> = Err(sqlx::Error::PoolTimedOut);
+/// // The second delivery of a message whose database was away: twice the first delay.
+/// assert_eq!(rabbitmq(policy.decide(&away, 2)), "wait 2s, then basic_nack with requeue");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Ack {
     /// Acknowledge: the message was processed, now or by an earlier delivery.
@@ -49,6 +67,14 @@ pub enum Ack {
 }
 
 /// How a handler failed: worth another delivery, or not.
+///
+/// ```
+/// use dedup_runtime::{AckPolicy, Failure};
+///
+/// let policy = AckPolicy::<sqlx::Sqlite>::new();
+/// assert_eq!(policy.failure(&sqlx::Error::PoolClosed), Failure::Transient);
+/// assert_eq!(policy.failure(&sqlx::Error::RowNotFound), Failure::Permanent);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Failure {
     /// The database was contended or unavailable; a later delivery may succeed.

@@ -22,7 +22,22 @@ use crate::schema::SchemaBackend;
 /// A database `dedup` supports: `sqlx::Postgres` (feature `postgres`), `sqlx::Sqlite`
 /// (feature `sqlite`) and `sqlx::MySql` (feature `mysql`, also for MariaDB).
 ///
-/// Sealed: what it requires are the library's internals.
+/// Sealed: what it requires are the library's internals. Name it to write code generic
+/// over the database:
+///
+/// ```
+/// use dedup_runtime::Backend;
+///
+/// /// Creates the dedup table at start-up, whichever database the service runs on.
+/// async fn start<DB: Backend>(pool: &sqlx::Pool<DB>) -> Result<(), sqlx::Error> {
+///     dedup_runtime::migrate(pool).await
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), sqlx::Error> {
+/// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// start(&pool).await?;
+/// # Ok(()) }
+/// ```
 pub trait Backend:
     Database + ClaimBackend + ClassifyBackend + SchemaBackend + LedgerBackend + Sealed
 {

@@ -13,6 +13,7 @@ use sqlx::Database;
 use sqlx::error::DatabaseError;
 
 use crate::chain;
+use crate::schema::Table;
 
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
@@ -36,6 +37,12 @@ pub trait ClassifyBackend: Database {
     /// The unique violation this error reports, if it is one.
     #[doc(hidden)]
     fn unique_violation_link(error: &(dyn StdError + 'static)) -> Option<Violation>;
+
+    /// Whether `error`, from a statement on `table`, says that the table does not exist:
+    /// for [`PruneError::MissingTable`](crate::PruneError::MissingTable) and
+    /// [`LedgerError::MissingTable`](crate::LedgerError::MissingTable).
+    #[doc(hidden)]
+    fn is_missing_table(error: &sqlx::Error, table: &Table) -> bool;
 
     /// Which of `names` (the `unique = …` of a handler) `violation` is. Runs on the
     /// failed transaction's connection before it is rolled back, for backends that have

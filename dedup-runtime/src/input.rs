@@ -52,6 +52,41 @@ impl<DB: Database> Drop for Handle<'_, DB> {
 /// With a pool the handler begins and commits its own transaction, and retries transient
 /// failures. With a connection that is already inside a transaction, the handler runs in
 /// a savepoint: if the caller rolls back, the dedup record and the effects go with it.
+///
+/// ```
+/// use dedup_runtime::idempotent;
+/// use sqlx::SqliteConnection;
+///
+/// #[idempotent(consumer = "docs-db", key = id)]
+/// async fn record(tx: &mut SqliteConnection, id: &str) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO seen (id) VALUES (?)").bind(id).execute(&mut *tx).await?;
+///     Ok(())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), sqlx::Error> {
+/// // `sqlite::memory:` gives every connection its own database: one connection here.
+/// let pool = sqlx::sqlite::SqlitePoolOptions::new()
+///     .max_connections(1)
+///     .connect("sqlite::memory:")
+///     .await?;
+/// dedup_runtime::migrate(&pool).await?;
+/// sqlx::raw_sql("CREATE TABLE seen (id TEXT NOT NULL)").execute(&pool).await?;
+///
+/// // `&Pool`: the handler's own transaction.
+/// assert!(record(&pool, "a").await?.is_processed());
+///
+/// // `&mut Transaction`: a savepoint in yours; your rollback takes the dedup row too.
+/// let mut tx = pool.begin().await?;
+/// assert!(record(&mut tx, "b").await?.is_processed());
+/// tx.rollback().await?;
+///
+/// // `&mut PoolConnection` or `&mut SqliteConnection`, not in a transaction: the
+/// // handler's own transaction, on your connection.
+/// let mut conn = pool.acquire().await?;
+/// assert!(record(&mut conn, "b").await?.is_processed()); // rolled back above: new
+/// assert!(record(&mut *conn, "a").await?.is_duplicate());
+/// # Ok(()) }
+/// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` cannot run this `#[idempotent]` handler on `{DB}`",
     label = "expected `&Pool<{DB}>`, or `&mut` a connection or `Transaction` of `{DB}`",
@@ -83,6 +118,33 @@ impl<'a, DB: Backend> Db<'a, DB> for &'a mut PoolConnection<DB> {
 
 /// The types a handler may declare as its first parameter (behind `&mut`): the backend's
 /// connection type, or `sqlx::Transaction<'_, DB>`. Its `Database` picks the backend.
+///
+/// ```
+/// use dedup_runtime::{HandlerConnection, idempotent};
+/// use sqlx::{Sqlite, SqliteConnection, Transaction};
+///
+/// // The body may also take the transaction itself, to open savepoints in it.
+/// #[idempotent(consumer = "docs-handler-connection", key = id)]
+/// async fn record(tx: &mut Transaction<'_, Sqlite>, id: &str) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO seen (id) VALUES (?)").bind(id).execute(&mut **tx).await?;
+///     Ok(())
+/// }
+///
+/// /// The database a handler's connection type runs on.
+/// fn database<'t, C: HandlerConnection<'t>>() -> &'static str {
+///     <C::Database as sqlx::Database>::NAME
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), sqlx::Error> {
+/// assert_eq!(database::<SqliteConnection>(), "SQLite");
+/// assert_eq!(database::<Transaction<'_, Sqlite>>(), "SQLite");
+/// # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1)
+/// #     .connect("sqlite::memory:").await?;
+/// # dedup_runtime::migrate(&pool).await?;
+/// # sqlx::raw_sql("CREATE TABLE seen (id TEXT NOT NULL)").execute(&pool).await?;
+/// assert!(record(&pool, "evt_91c2").await?.is_processed());
+/// # Ok(()) }
+/// ```
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a connection an `#[idempotent]` handler can run on",
     label = "the handler's first parameter is the connection its body works on",
@@ -110,19 +172,19 @@ impl<'t, DB: Backend> HandlerConnection<'t> for Transaction<'t, DB> {
     }
 }
 
-/// The per-connection impls of [`Db`] and [`HandlerConnection`] for one backend.
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
-    allow(unused_macros)
-)]
+/// The per-connection impls of [`Db`] and [`HandlerConnection`] for one backend, each
+/// under the backend's feature (on the impls themselves, so that docs.rs shows which
+/// feature each one needs).
 macro_rules! connection_impls {
-    ($database:ty, $connection:ty) => {
+    ($($feature:literal => $database:ty, $connection:ty;)*) => {$(
+        #[cfg(feature = $feature)]
         impl<'a> crate::input::Db<'a, $database> for &'a mut $connection {
             fn into_handle(self) -> crate::input::Handle<'a, $database> {
                 crate::input::Handle::new(crate::input::Source::Conn(self))
             }
         }
 
+        #[cfg(feature = $feature)]
         #[diagnostic::do_not_recommend]
         impl<'t> crate::input::HandlerConnection<'t> for $connection {
             type Database = $database;
@@ -131,12 +193,11 @@ macro_rules! connection_impls {
                 &mut *tx.tx
             }
         }
-    };
+    )*};
 }
 
-#[cfg(feature = "mysql")]
-connection_impls!(sqlx::MySql, sqlx::MySqlConnection);
-#[cfg(feature = "postgres")]
-connection_impls!(sqlx::Postgres, sqlx::PgConnection);
-#[cfg(feature = "sqlite")]
-connection_impls!(sqlx::Sqlite, sqlx::SqliteConnection);
+connection_impls! {
+    "mysql" => sqlx::MySql, sqlx::MySqlConnection;
+    "postgres" => sqlx::Postgres, sqlx::PgConnection;
+    "sqlite" => sqlx::Sqlite, sqlx::SqliteConnection;
+}

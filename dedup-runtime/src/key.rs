@@ -23,6 +23,15 @@ const INLINE: usize = 40;
 ///
 /// Produced by [`MessageKey::message_id`]. Strings are borrowed, integers and UUIDs are
 /// written into an inline buffer, so that computing the id allocates nothing.
+///
+/// ```
+/// use dedup_runtime::{MessageId, MessageKey};
+///
+/// assert_eq!(1207_u64.message_id().as_str(), "1207");
+/// // A Kafka record's offset repeats in every partition: key on all three.
+/// let id = MessageId::owned(format!("{}/{}/{}", "orders", 3, 1207));
+/// assert_eq!(id.to_string(), "orders/3/1207");
+/// ```
 #[derive(Clone)]
 pub struct MessageId<'a>(Repr<'a>);
 
@@ -108,14 +117,20 @@ impl fmt::Debug for MessageId<'_> {
 
 /// Why a message id was refused. Nothing was written and the handler's body did not run.
 ///
-/// The generated function reports it through the handler's own error type `E` (it travels
-/// as [`sqlx::Error::Encode`]); [`InvalidMessageId::find`] digs it out again:
+/// The generated function reports it through the handler's own error type `E`, as a
+/// [`sqlx::Error::InvalidArgument`] whose text is this error's (`invalid message id: it is
+/// empty`): of sqlx's variants, the one for an invalid argument, and the only one that
+/// prints no words of sqlx's own before ours (`Encode`, which would carry the typed error
+/// as its source, reads "error occurred while encoding a value: …"). It carries text, so
+/// [`InvalidMessageId::find`] reads the typed error back from that text, which has one
+/// fixed format per variant:
 ///
 /// ```
 /// use dedup_runtime::InvalidMessageId;
 ///
 /// let error: sqlx::Error = InvalidMessageId::Empty.into();
-/// assert_eq!(InvalidMessageId::find(&error), Some(&InvalidMessageId::Empty));
+/// assert_eq!(error.to_string(), "invalid message id: it is empty");
+/// assert_eq!(InvalidMessageId::find(&error), Some(InvalidMessageId::Empty));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -136,28 +151,130 @@ pub enum InvalidMessageId {
     },
 }
 
+/// The first words of every [`InvalidMessageId`]'s text.
+const PREFIX: &str = "invalid message id: ";
+
+/// The longest text of an [`InvalidMessageId`] (`TooLong` with two `u64::MAX`), rounded up.
+const LONGEST_TEXT: usize = 128;
+
 impl InvalidMessageId {
     /// Finds an `InvalidMessageId` in `error` or its chain of [`source`](StdError::source)s,
-    /// so that it can be recognised behind `sqlx::Error`, a `thiserror` enum or
-    /// `anyhow::Error` (pass `error.as_ref()`).
-    pub fn find<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a InvalidMessageId> {
-        crate::chain::find(error, |link, _| link.downcast_ref::<InvalidMessageId>())
+    /// so that it can be recognised behind `sqlx::Error`, a `thiserror` enum (`#[from]` or
+    /// `#[error(transparent)]`), `Box<dyn Error>` or `anyhow::Error` (pass
+    /// `error.as_ref()`).
+    ///
+    /// It finds the typed error itself, or its text: as a `sqlx::Error::InvalidArgument`
+    /// (how the generated code reports it), or as the whole text of the chain's last link
+    /// (an `#[error(transparent)]` wrapper shows the `sqlx::Error`'s text but hides it from
+    /// the chain). An error type that keeps only a string of the error is not seen
+    /// through unless that string is the last link's whole text.
+    ///
+    /// ```
+    /// use std::error::Error;
+    ///
+    /// use dedup_runtime::InvalidMessageId;
+    ///
+    /// // What thiserror's `#[error(transparent)] Database(#[from] sqlx::Error)` generates.
+    /// #[derive(Debug)]
+    /// struct AppError(sqlx::Error);
+    /// impl std::fmt::Display for AppError {
+    ///     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    ///         self.0.fmt(f)
+    ///     }
+    /// }
+    /// impl Error for AppError {
+    ///     fn source(&self) -> Option<&(dyn Error + 'static)> {
+    ///         self.0.source()
+    ///     }
+    /// }
+    ///
+    /// let error = AppError(InvalidMessageId::ContainsNul { position: 3 }.into());
+    /// assert_eq!(error.to_string(), "invalid message id: it contains a NUL byte at 3");
+    /// assert_eq!(
+    ///     InvalidMessageId::find(&error),
+    ///     Some(InvalidMessageId::ContainsNul { position: 3 })
+    /// );
+    /// assert_eq!(InvalidMessageId::find(&sqlx::Error::RowNotFound), None);
+    /// ```
+    pub fn find(error: &(dyn StdError + 'static)) -> Option<InvalidMessageId> {
+        crate::chain::find(error, |link, _| {
+            if let Some(found) = link.downcast_ref::<InvalidMessageId>() {
+                return Some(found.clone());
+            }
+            match link.downcast_ref::<sqlx::Error>() {
+                Some(sqlx::Error::InvalidArgument(text)) => InvalidMessageId::parse(text),
+                Some(_) => None,
+                None if link.source().is_none() => InvalidMessageId::displayed(link),
+                None => None,
+            }
+        })
+    }
+
+    /// The error whose text is exactly `text`.
+    fn parse(text: &str) -> Option<InvalidMessageId> {
+        let detail = text.strip_prefix(PREFIX)?;
+        let number = |digits: &str| -> Option<usize> {
+            // Only what `Display` writes: no sign, no leading zero.
+            let canonical = digits.bytes().all(|b| b.is_ascii_digit())
+                && (digits == "0" || !digits.starts_with('0'));
+            canonical.then(|| digits.parse().ok()).flatten()
+        };
+        if detail == "it is empty" {
+            Some(InvalidMessageId::Empty)
+        } else if let Some(position) = detail.strip_prefix("it contains a NUL byte at ") {
+            Some(InvalidMessageId::ContainsNul {
+                position: number(position)?,
+            })
+        } else {
+            let (len, max) = detail
+                .strip_prefix("it is ")?
+                .split_once(" bytes long, the limit is ")?;
+            Some(InvalidMessageId::TooLong {
+                len: number(len)?,
+                max: number(max)?,
+            })
+        }
+    }
+
+    /// The error whose text is exactly `link`'s, written into a buffer on the stack (an
+    /// error whose text is longer is not one).
+    fn displayed(link: &dyn fmt::Display) -> Option<InvalidMessageId> {
+        struct Buffer {
+            bytes: [u8; LONGEST_TEXT],
+            len: usize,
+        }
+        impl fmt::Write for Buffer {
+            fn write_str(&mut self, s: &str) -> fmt::Result {
+                let end = self.len + s.len();
+                self.bytes
+                    .get_mut(self.len..end)
+                    .ok_or(fmt::Error)?
+                    .copy_from_slice(s.as_bytes());
+                self.len = end;
+                Ok(())
+            }
+        }
+        let mut buffer = Buffer {
+            bytes: [0; LONGEST_TEXT],
+            len: 0,
+        };
+        fmt::write(&mut buffer, format_args!("{link}")).ok()?;
+        let text = std::str::from_utf8(&buffer.bytes[..buffer.len]).ok()?;
+        InvalidMessageId::parse(text)
     }
 }
 
 impl fmt::Display for InvalidMessageId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // `InvalidMessageId::parse` reads these back: change both together.
+        f.write_str(PREFIX)?;
         match self {
-            InvalidMessageId::Empty => f.write_str("invalid message id: it is empty"),
-            InvalidMessageId::TooLong { len, max } => write!(
-                f,
-                "invalid message id: it is {len} bytes long, the limit is {max}"
-            ),
+            InvalidMessageId::Empty => f.write_str("it is empty"),
+            InvalidMessageId::TooLong { len, max } => {
+                write!(f, "it is {len} bytes long, the limit is {max}")
+            }
             InvalidMessageId::ContainsNul { position } => {
-                write!(
-                    f,
-                    "invalid message id: it contains a NUL byte at {position}"
-                )
+                write!(f, "it contains a NUL byte at {position}")
             }
         }
     }
@@ -165,9 +282,11 @@ impl fmt::Display for InvalidMessageId {
 
 impl StdError for InvalidMessageId {}
 
+/// A [`sqlx::Error::InvalidArgument`] with the id error's text, which
+/// [`InvalidMessageId::find`] reads back.
 impl From<InvalidMessageId> for sqlx::Error {
     fn from(error: InvalidMessageId) -> Self {
-        sqlx::Error::Encode(Box::new(error))
+        sqlx::Error::InvalidArgument(error.to_string())
     }
 }
 
@@ -358,8 +477,62 @@ mod tests {
         let error = Wrapper(InvalidMessageId::ContainsNul { position: 3 }.into());
         assert_eq!(
             InvalidMessageId::find(&error),
-            Some(&InvalidMessageId::ContainsNul { position: 3 })
+            Some(InvalidMessageId::ContainsNul { position: 3 })
         );
         assert_eq!(InvalidMessageId::find(&sqlx::Error::RowNotFound), None);
+        // The typed error itself, as a user's error type may hold it.
+        let typed = InvalidMessageId::TooLong { len: 300, max: 255 };
+        assert_eq!(InvalidMessageId::find(&typed), Some(typed.clone()));
+    }
+
+    #[test]
+    fn text_reads_back_as_the_same_error() {
+        let errors = [
+            InvalidMessageId::Empty,
+            InvalidMessageId::TooLong {
+                len: MAX_MESSAGE_ID_LEN + 1,
+                max: MAX_MESSAGE_ID_LEN,
+            },
+            InvalidMessageId::TooLong {
+                len: usize::MAX,
+                max: usize::MAX,
+            },
+            InvalidMessageId::ContainsNul { position: 0 },
+            InvalidMessageId::ContainsNul { position: 254 },
+        ];
+        for error in errors {
+            let text = error.to_string();
+            assert!(text.starts_with("invalid message id: "), "{text}");
+            assert!(text.len() <= LONGEST_TEXT, "{text}");
+            assert_eq!(
+                InvalidMessageId::parse(&text),
+                Some(error.clone()),
+                "{text}"
+            );
+            assert_eq!(
+                InvalidMessageId::displayed(&text),
+                Some(error.clone()),
+                "{text}"
+            );
+            let sqlx: sqlx::Error = error.clone().into();
+            assert_eq!(sqlx.to_string(), text);
+            assert_eq!(InvalidMessageId::find(&sqlx), Some(error));
+        }
+        // Only the exact text: not a prefix, a suffix, other digits, another argument.
+        for text in [
+            "invalid message id: it is empty.",
+            "invalid message id: it is",
+            "error: invalid message id: it is empty",
+            "invalid message id: it is +300 bytes long, the limit is 255",
+            "invalid message id: it is 0300 bytes long, the limit is 255",
+            "invalid message id: it contains a NUL byte at ",
+            "invalid message id: it contains a NUL byte at -1",
+        ] {
+            assert_eq!(InvalidMessageId::parse(text), None, "{text}");
+        }
+        let other = sqlx::Error::InvalidArgument("`limit` must be positive".into());
+        assert_eq!(InvalidMessageId::find(&other), None);
+        let long = "x".repeat(2 * LONGEST_TEXT);
+        assert_eq!(InvalidMessageId::displayed(&long), None);
     }
 }

@@ -266,8 +266,8 @@ impl<'p, DB: Backend> Ledger<'p, DB> {
     }
 
     fn classify(&self, error: sqlx::Error) -> LedgerError {
-        if DB::is_missing_table(&error) {
-            LedgerError::NoSuchTable {
+        if DB::is_missing_table(&error, &self.table) {
+            LedgerError::MissingTable {
                 table: self.table.clone(),
                 error,
             }
@@ -365,7 +365,7 @@ pub enum LedgerError {
     /// "…"`, or another schema / database than the connection's. Told apart by the
     /// database's code: PostgreSQL `42P01`, MySQL and MariaDB 1146; SQLite's
     /// `SQLITE_ERROR` with its fixed, untranslated `no such table: …` message.
-    NoSuchTable {
+    MissingTable {
         /// The table asked for.
         table: Table,
         /// The database's error.
@@ -381,7 +381,7 @@ impl fmt::Display for LedgerError {
             LedgerError::InvalidMessageId(error) => error.fmt(f),
             LedgerError::InvalidConsumer(error) => error.fmt(f),
             LedgerError::InvalidTable(error) => error.fmt(f),
-            LedgerError::NoSuchTable { table, .. } => write!(
+            LedgerError::MissingTable { table, .. } => write!(
                 f,
                 "the dedup table `{}` does not exist: create it with `migrate` or \
                  `migrate_table`, or name the table of the handlers' `table = \"…\"`",
@@ -400,7 +400,7 @@ impl StdError for LedgerError {
             LedgerError::InvalidMessageId(error) => Some(error),
             LedgerError::InvalidConsumer(error) => Some(error),
             LedgerError::InvalidTable(error) => Some(error),
-            LedgerError::NoSuchTable { error, .. } => Some(error),
+            LedgerError::MissingTable { error, .. } => Some(error),
             LedgerError::Database(error) => Some(error),
         }
     }
@@ -451,10 +451,6 @@ pub trait LedgerBackend: Database {
         consumer: &'a str,
         id: &'a str,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
-
-    /// Whether `error`, from one of the statements above, says the table does not exist.
-    #[doc(hidden)]
-    fn is_missing_table(error: &sqlx::Error) -> bool;
 }
 
 #[cfg(test)]

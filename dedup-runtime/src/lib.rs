@@ -38,7 +38,8 @@
 //! Each behind a feature: `postgres` (PostgreSQL), `sqlite` (SQLite), `mysql` (MySQL and
 //! MariaDB). The handler's first parameter picks the backend. `uuid` adds
 //! [`MessageKey`] for `uuid::Uuid`; `metrics` records counters and a latency histogram
-//! per handler through the `metrics` facade (the README lists their names).
+//! per handler through the `metrics` facade (the [README][metrics] lists their names and
+//! labels).
 //!
 //! | | claim statement | concurrent copies | transient failures retried |
 //! | --- | --- | --- | --- |
@@ -50,8 +51,9 @@
 //!
 //! `processed_messages(consumer, message_id, processed_at)`, primary key
 //! `(consumer, message_id)`, an index on `processed_at` for pruning by age. [`migrate`]
-//! creates it; [`schema_sql`] and the files under `migrations/` give the same SQL for your
-//! own migration tool. Ids compare byte for byte on every backend.
+//! creates it; [`schema_sql`] and the files under [`migrations/`][migrations] (in this
+//! crate's package too) give the same SQL for your own migration tool. Ids compare byte
+//! for byte on every backend.
 //!
 //! # Acknowledging to a broker
 //!
@@ -74,7 +76,9 @@
 //! # }
 //! ```
 //!
-//! `examples/rabbitmq.rs` and `examples/nats.rs` are complete consumers.
+//! The repository's [`examples/rabbitmq.rs`][rabbitmq] (lapin) and
+//! [`examples/nats.rs`][nats] (async-nats, JetStream) are complete consumers, with manual
+//! acknowledgements and dead-lettering.
 //!
 //! # Pruning
 //!
@@ -96,10 +100,20 @@
 //! # Ok(()) }
 //! ```
 //!
-//! `cargo run --example prune -- --help` is the operator's command for the same, with a
-//! dry run.
+//! The repository's [`examples/prune.rs`][prune] is an operator's command for the same
+//! (`cargo run --example prune -- --help` in a clone): per-consumer counts, a dry run, a
+//! progress bar.
+//!
+//! [metrics]: https://github.com/dedup-rs/dedup#metrics
+//! [migrations]: https://github.com/dedup-rs/dedup/tree/main/dedup-runtime/migrations
+//! [rabbitmq]: https://github.com/dedup-rs/dedup/blob/main/examples/rabbitmq.rs
+//! [nats]: https://github.com/dedup-rs/dedup/blob/main/examples/nats.rs
+//! [prune]: https://github.com/dedup-rs/dedup/blob/main/examples/prune.rs
 
 #![warn(missing_docs)]
+// On docs.rs (nightly, `--cfg docsrs`): a badge naming the feature each feature-gated item
+// needs. `doc_cfg` derives them from the items' `#[cfg]`s (it absorbed `doc_auto_cfg`).
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 // Where things are (a concern with SQL has one trait, and one file per backend under the
 // directory of its name; `backend.rs` joins the concerns into `Backend`):
@@ -195,41 +209,59 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 /// # What it does, written by hand
 ///
 /// With a pool, the generated function does what this code does (plus a `tracing` span
-/// per call with `handler`, `consumer`, `message_id`, `outcome` and `attempts`):
+/// per call with `handler`, `consumer`, `message_id`, `outcome` and `attempts`, and the
+/// metrics of the `metrics` feature). On SQLite it begins with `BEGIN IMMEDIATE`, on MySQL
+/// and MariaDB it claims and commits differently; the README's ["What it
+/// generates"][generates] says how.
+///
+/// [generates]: https://github.com/dedup-rs/dedup#what-it-generates
 ///
 /// ```no_run
-/// # use dedup_runtime::{Duplicate, Outcome};
+/// use std::hash::{BuildHasher, RandomState};
+/// use std::time::{Duration, Instant};
+///
+/// use dedup_runtime::{BASE_DELAY, Duplicate, MAX_ATTEMPTS, MAX_DELAY, MessageKey, Outcome};
+/// use sqlx::{PgPool, Postgres};
 /// # struct PaymentReceived { id: String, order_id: i64 }
-/// async fn mark_paid(pool: &sqlx::PgPool, msg: &PaymentReceived)
-///     -> Result<Outcome<()>, sqlx::Error>
-/// {
-///     // 1. The key is checked before anything is written: empty, over
-///     //    MAX_MESSAGE_ID_LEN bytes or containing NUL → an `InvalidMessageId` error.
-///     let id: &str = &msg.id;
-///     let mut attempt = 1;
+///
+/// async fn mark_paid(pool: &PgPool, msg: &PaymentReceived) -> Result<Outcome<()>, sqlx::Error> {
+///     // 1. The key is checked before anything is written: empty, over MAX_MESSAGE_ID_LEN
+///     //    bytes or containing NUL, it is an `InvalidMessageId` (nothing runs, no retry).
+///     let key = msg.id.message_id();
+///     let id = key.validate().map_err(sqlx::Error::from)?;
+///     let mut attempt = 0;
 ///     loop {
-///         // 2. One transaction: BEGIN (SQLite: BEGIN IMMEDIATE), claim, body, COMMIT.
-///         let mut tx = pool.begin().await?;
-///         let claimed = sqlx::query(
-///             "INSERT INTO processed_messages (consumer, message_id) VALUES ($1, $2) \
-///              ON CONFLICT DO NOTHING",
+///         attempt += 1;
+///         // 2. One transaction, and in it the claim: one statement that inserts nothing
+///         //    for a message processed before.
+///         let mut tx = match pool.begin().await {
+///             Ok(tx) => tx,
+///             Err(error) => { back_off(attempt, transient(&error), error).await?; continue; }
+///         };
+///         let claim = sqlx::query(
+///             "INSERT INTO processed_messages (consumer, message_id, processed_at) \
+///              VALUES ($1, $2, clock_timestamp()) ON CONFLICT DO NOTHING",
 ///         )
 ///         .bind("billing")
 ///         .bind(id)
 ///         .execute(&mut *tx)
-///         .await?
-///         .rows_affected()
-///             == 1;
-///         if !claimed {
-///             // 3. A copy that was processed before: nothing runs, acknowledge it.
-///             //    Dropping the transaction queues its ROLLBACK, which sqlx sends before
-///             //    the connection's next use (inside a caller's transaction, the
-///             //    savepoint is rolled back at once instead).
-///             drop(tx);
-///             return Ok(Outcome::Duplicate(Duplicate::AlreadyProcessed));
+///         .await;
+///         match claim {
+///             // 3. A copy: nothing runs. Dropping `tx` queues its ROLLBACK, which sqlx
+///             //    sends as the pool takes the connection back, off the caller's path.
+///             Ok(done) if done.rows_affected() == 0 => {
+///                 return Ok(Outcome::Duplicate(Duplicate::AlreadyProcessed));
+///             }
+///             Ok(_) => {}
+///             Err(error) => {
+///                 tx.rollback().await.ok();
+///                 back_off(attempt, transient(&error), error).await?;
+///                 continue;
+///             }
 ///         }
-///         // 4. The body, on the same transaction.
-///         let result: Result<(), sqlx::Error> = async {
+///         let claimed_at = Instant::now();
+///         // 4. The body, on the same transaction. Its error is the call's, unless transient.
+///         let body: Result<(), sqlx::Error> = async {
 ///             sqlx::query("UPDATE orders SET status = 'paid' WHERE id = $1")
 ///                 .bind(msg.order_id)
 ///                 .execute(&mut *tx)
@@ -237,30 +269,62 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 ///             Ok(())
 ///         }
 ///         .await;
-///         // 5. COMMIT, checked in the same round trip: PostgreSQL sends
-///         //    `SET LOCAL dedup.checked_commit = on; COMMIT AND CHAIN`, whose `SET`
-///         //    fails with 25P02 when a statement of the body failed and the body
-///         //    went on (PostgreSQL would answer a plain COMMIT with ROLLBACK and no
-///         //    error); see `RolledBack`.
-///         let error = match result {
-///             Ok(value) => match tx.commit().await {
-///                 Ok(()) => return Ok(Outcome::Processed(value)),
-///                 Err(error) => error,
-///             },
-///             Err(error) => {
-///                 tx.rollback().await.ok();
-///                 error
-///             }
-///         };
-///         // 6. A deadlock, serialization failure or lock timeout runs the whole
-///         //    transaction again, body included, after a random pause that doubles
-///         //    in bound each time; up to MAX_ATTEMPTS attempts.
-///         # let transient = false;
-///         if !transient || attempt == dedup_runtime::MAX_ATTEMPTS {
-///             return Err(error);
+///         if let Err(error) = body {
+///             tx.rollback().await.ok();
+///             back_off(attempt, transient(&error), error).await?;
+///             continue;
 ///         }
-///         attempt += 1;
+///         // 5. The checked COMMIT, in one round trip: its `SET LOCAL` fails with 25P02 in
+///         //    a transaction that a failed statement of the body aborted, where a plain
+///         //    COMMIT would answer ROLLBACK and no error. A slow transaction first moves
+///         //    `processed_at` to now (see `STAMP_AFTER`).
+///         let committed = async {
+///             if claimed_at.elapsed() >= dedup_runtime::STAMP_AFTER {
+///                 sqlx::query(
+///                     "UPDATE processed_messages SET processed_at = clock_timestamp() \
+///                      WHERE consumer = $1 AND message_id = $2",
+///                 )
+///                 .bind("billing")
+///                 .bind(id)
+///                 .execute(&mut *tx)
+///                 .await?;
+///             }
+///             sqlx::raw_sql("SET LOCAL dedup.checked_commit = on; COMMIT AND CHAIN")
+///                 .execute(&mut *tx)
+///                 .await
+///         }
+///         .await;
+///         match committed {
+///             // Committed. `AND CHAIN` left an empty transaction open for sqlx's
+///             // bookkeeping: dropping `tx` queues its ROLLBACK, as in 3.
+///             Ok(_) => return Ok(Outcome::Processed(())),
+///             Err(error) => {
+///                 // 25P02 comes back as `RolledBack` (holding this error), and is retried.
+///                 let code = error.as_database_error().and_then(|error| error.code());
+///                 let rolled_back = code.as_deref() == Some("25P02");
+///                 tx.rollback().await.ok();
+///                 back_off(attempt, rolled_back || transient(&error), error).await?;
+///             }
+///         }
 ///     }
+/// }
+///
+/// /// A deadlock, serialization failure or lock timeout (`40P01`, `40001`, `55P03`).
+/// fn transient(error: &sqlx::Error) -> bool {
+///     dedup_runtime::is_transient::<Postgres>(error)
+/// }
+///
+/// /// 6. Retries run the whole transaction again, body included, up to MAX_ATTEMPTS times,
+/// ///    after a random pause ("full jitter") whose bound doubles from BASE_DELAY to
+/// ///    MAX_DELAY; anything else, or the last attempt's error, ends the call.
+/// async fn back_off(attempt: u32, retry: bool, error: sqlx::Error) -> Result<(), sqlx::Error> {
+///     if !retry || attempt == MAX_ATTEMPTS {
+///         return Err(error);
+///     }
+///     let bound = BASE_DELAY.saturating_mul(1 << (attempt - 1)).min(MAX_DELAY);
+///     let micros = RandomState::new().hash_one(attempt) % (bound.as_micros() as u64 + 1);
+///     tokio::time::sleep(Duration::from_micros(micros)).await;
+///     Ok(())
 /// }
 /// ```
 ///

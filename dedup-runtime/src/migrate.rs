@@ -9,9 +9,12 @@ use crate::schema::{DEFAULT_TABLE, InvalidTableName, Table};
 /// Creates the default dedup table, `processed_messages`, and its pruning index, if they
 /// do not exist yet. Safe to call at every start and from several processes at once.
 ///
-/// The same SQL ships as files to copy into your own migrations:
-/// `dedup-runtime/migrations/{postgres,mysql,sqlite}/0001_processed_messages.sql`, and
-/// [`schema_sql`] prints it for any table name.
+/// The same SQL ships as files to copy into your own migrations, in this crate's package
+/// and [in the repository][migrations]:
+/// `migrations/{postgres,mysql,sqlite}/0001_processed_messages.sql`; [`schema_sql`]
+/// prints it for any table name.
+///
+/// [migrations]: https://github.com/dedup-rs/dedup/tree/main/dedup-runtime/migrations
 ///
 /// ```
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), sqlx::Error> {
@@ -29,6 +32,17 @@ pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
 ///
 /// An invalid name is refused before anything runs, with an [`InvalidTableName`] inside
 /// [`sqlx::Error::Configuration`].
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), sqlx::Error> {
+/// let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+/// // For handlers declared `#[idempotent(table = "audit_processed", …)]`:
+/// dedup_runtime::migrate_table(&pool, "audit_processed").await?;
+///
+/// let refused = dedup_runtime::migrate_table(&pool, "audit; DROP TABLE users").await;
+/// assert!(matches!(refused, Err(sqlx::Error::Configuration(_))));
+/// # Ok(()) }
+/// ```
 pub async fn migrate_table<DB: Backend>(pool: &Pool<DB>, table: &str) -> Result<(), sqlx::Error> {
     let table = Table::new(table).map_err(sqlx::Error::config)?;
     DB::create(pool, DB::ddl(&table)).await

@@ -45,6 +45,14 @@ impl<T> Outcome<T> {
     }
 
     /// Which rule recognised the duplicate, or `None` when the message was processed.
+    ///
+    /// ```
+    /// use dedup_runtime::{Duplicate, Outcome};
+    ///
+    /// let again: Outcome<()> = Outcome::Duplicate(Duplicate::AlreadyProcessed);
+    /// assert_eq!(again.duplicate(), Some(Duplicate::AlreadyProcessed));
+    /// assert_eq!(Outcome::Processed(()).duplicate(), None);
+    /// ```
     pub fn duplicate(&self) -> Option<Duplicate> {
         match self {
             Outcome::Processed(_) => None,
@@ -53,6 +61,15 @@ impl<T> Outcome<T> {
     }
 
     /// Maps the processed value, keeping a duplicate as it is.
+    ///
+    /// ```
+    /// use dedup_runtime::{Duplicate, Outcome};
+    ///
+    /// let rows: Outcome<u64> = Outcome::Processed(3);
+    /// assert_eq!(rows.map(|rows| rows > 0), Outcome::Processed(true));
+    /// let again: Outcome<u64> = Outcome::Duplicate(Duplicate::AlreadyProcessed);
+    /// assert_eq!(again.map(|rows| rows > 0), Outcome::Duplicate(Duplicate::AlreadyProcessed));
+    /// ```
     pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Outcome<U> {
         match self {
             Outcome::Processed(value) => Outcome::Processed(f(value)),
@@ -62,6 +79,23 @@ impl<T> Outcome<T> {
 }
 
 /// Which rule recognised a message as a duplicate.
+///
+/// ```
+/// use dedup_runtime::{Duplicate, Outcome};
+///
+/// fn log_line(outcome: &Outcome<()>) -> String {
+///     match outcome.duplicate() {
+///         None => "processed".to_owned(),
+///         Some(Duplicate::BusinessKey { constraint }) => format!("order already shipped ({constraint})"),
+///         Some(other) => other.to_string(), // "message already processed"
+///     }
+/// }
+///
+/// let again = Outcome::Duplicate(Duplicate::AlreadyProcessed);
+/// assert_eq!(log_line(&again), "message already processed");
+/// let shipped = Outcome::Duplicate(Duplicate::BusinessKey { constraint: "shipments_order_id_key" });
+/// assert_eq!(log_line(&shipped), "order already shipped (shipments_order_id_key)");
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Duplicate {

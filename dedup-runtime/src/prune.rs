@@ -139,7 +139,10 @@ impl Prune {
     /// Nothing is checked yet: [`run`](Prune::run) and [`stats`](Prune::stats) refuse an
     /// `older_than` shorter than `redelivery_window` with
     /// [`PruneError::WindowTooShort`] ([`check`](Prune::check) asks without a database).
-    /// The README's "Pruning" section says how to size the window for each broker.
+    /// The README's ["Sizing the redelivery window"][sizing] says how to size it for
+    /// RabbitMQ, NATS JetStream, Kafka and SQS.
+    ///
+    /// [sizing]: https://github.com/dedup-rs/dedup#sizing-the-redelivery-window
     ///
     /// ```
     /// # use std::time::Duration;
@@ -336,7 +339,8 @@ impl Prune {
             let batch_started = Instant::now();
             let (deleted, last) = self
                 .batch::<DB>(pool, &table, consumer, &state.cutoff, after.as_deref())
-                .await?;
+                .await
+                .map_err(|error| PruneError::from_database::<DB>(&table, error))?;
             let batch_time = batch_started.elapsed();
             after = last.or(after);
             state.deleted += deleted;
@@ -427,11 +431,33 @@ impl Prune {
     ) -> Result<Vec<ConsumerStats>, PruneError> {
         let table = self.validate()?;
         let cutoff = DB::cutoff(pool, self.cutoff_age()).await?;
-        Ok(DB::stats(pool, &table, self.consumer.as_deref(), &cutoff).await?)
+        DB::stats(pool, &table, self.consumer.as_deref(), &cutoff)
+            .await
+            .map_err(|error| PruneError::from_database::<DB>(&table, error))
     }
 }
 
 /// Where a [`Prune::run`] stands, passed to its progress callback after every batch.
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), dedup_runtime::PruneError> {
+/// use std::time::Duration;
+///
+/// let week = Duration::from_secs(7 * 24 * 3600);
+/// let done = dedup_runtime::Prune::new(week, week)
+///     .run(&pool, |progress| {
+///         eprintln!(
+///             "{} ids deleted in {} batches, {:.0}/s, up to {}",
+///             progress.deleted,
+///             progress.batches,
+///             progress.rate(),
+///             progress.cutoff,
+///         );
+///     })
+///     .await?;
+/// assert!(done.done);
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct PruneProgress {
@@ -480,6 +506,24 @@ impl PruneProgress {
 
 /// One consumer's ids in the dedup table, from [`Prune::stats`]. Ages are measured on the
 /// database's clock.
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), dedup_runtime::PruneError> {
+/// use std::time::Duration;
+///
+/// let day = Duration::from_secs(24 * 3600);
+/// for consumer in dedup_runtime::Prune::new(7 * day, 4 * day).stats(&pool).await? {
+///     println!(
+///         "{}: {} ids, {} to delete, {} to keep, the oldest {:?} old",
+///         consumer.consumer,
+///         consumer.ids,
+///         consumer.prunable,
+///         consumer.kept(),
+///         consumer.oldest,
+///     );
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ConsumerStats {
@@ -505,6 +549,34 @@ impl ConsumerStats {
 }
 
 /// Why [`Prune`] refused to run or stopped.
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use dedup_runtime::{Prune, PruneError};
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), sqlx::Error> {
+/// let pool = sqlx::sqlite::SqlitePoolOptions::new()
+///     .max_connections(1)
+///     .connect("sqlite::memory:")
+///     .await?;
+/// let day = Duration::from_secs(24 * 3600);
+///
+/// // Refused before anything runs: the broker may redeliver for 4 days.
+/// let early = Prune::new(day, 4 * day).run(&pool, |_| {}).await;
+/// assert!(matches!(early, Err(PruneError::WindowTooShort { .. })));
+///
+/// // Nobody ran `migrate` on this database: the dry run says so.
+/// match Prune::new(7 * day, 4 * day).stats(&pool).await {
+///     Err(error @ PruneError::MissingTable { .. }) => {
+///         assert!(error.to_string().starts_with(
+///             "the dedup table `processed_messages` does not exist in this database"
+///         ));
+///     }
+///     other => panic!("{other:?}"),
+/// }
+/// # Ok(()) }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum PruneError {
@@ -533,9 +605,36 @@ pub enum PruneError {
         /// The largest accepted.
         max: u32,
     },
+    /// The dedup table does not exist in the pool's database (or schema): nothing was
+    /// deleted. Create it with [`migrate`](crate::migrate) (or
+    /// [`migrate_table`](crate::migrate_table) for a `table = "…"` of your own), or point
+    /// the prune at the database and table your consumers write. Recognised by code:
+    /// PostgreSQL `42P01`, MySQL/MariaDB 1146, SQLite's `SQLITE_ERROR` with its fixed
+    /// `no such table: <name>` for this table's name.
+    MissingTable {
+        /// The table, as given to [`Prune::table`] (`processed_messages` by default).
+        table: String,
+        /// The database's error.
+        error: sqlx::Error,
+    },
     /// The database failed. The batches before the failing one are committed; the
     /// failing one is not.
     Database(sqlx::Error),
+}
+
+impl PruneError {
+    /// `error` from a statement on `table`: [`PruneError::MissingTable`] when it says
+    /// that the table does not exist.
+    fn from_database<DB: PruneBackend>(table: &Table, error: sqlx::Error) -> PruneError {
+        if DB::is_missing_table(&error, table) {
+            PruneError::MissingTable {
+                table: table.name().to_owned(),
+                error,
+            }
+        } else {
+            PruneError::Database(error)
+        }
+    }
 }
 
 impl fmt::Display for PruneError {
@@ -557,6 +656,12 @@ impl fmt::Display for PruneError {
             PruneError::InvalidBatchSize { size, max } => {
                 write!(f, "prune batch size {size} is not between 1 and {max}")
             }
+            PruneError::MissingTable { table, .. } => write!(
+                f,
+                "the dedup table `{table}` does not exist in this database: create it with \
+                 `dedup_runtime::migrate` (`migrate_table` for a `table = \"…\"` of your own), \
+                 or prune the database and table your consumers write"
+            ),
             PruneError::Database(error) => write!(f, "pruning failed: {error}"),
         }
     }
@@ -566,7 +671,7 @@ impl StdError for PruneError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
             PruneError::InvalidTable(error) => Some(error),
-            PruneError::Database(error) => Some(error),
+            PruneError::MissingTable { error, .. } | PruneError::Database(error) => Some(error),
             _ => None,
         }
     }
@@ -587,7 +692,30 @@ impl From<InvalidTableName> for PruneError {
 /// A [`Backend`] that [`Prune`] runs on: every one of them (`sqlx::Postgres`,
 /// `sqlx::MySql`, `sqlx::Sqlite`, each under its feature).
 ///
-/// Sealed: its methods are the library's internals, the pruning SQL of each backend.
+/// Sealed: its methods are the library's internals, the pruning SQL of each backend. Name
+/// it to prune generically:
+///
+/// ```
+/// use std::time::Duration;
+///
+/// use dedup_runtime::{Prune, PruneBackend, PruneError};
+///
+/// /// The nightly job: a week of ids kept, for a broker that redelivers for up to 4 days.
+/// async fn nightly<DB: PruneBackend>(pool: &sqlx::Pool<DB>) -> Result<u64, PruneError> {
+///     let day = Duration::from_secs(24 * 3600);
+///     let done = Prune::new(7 * day, 4 * day).run(pool, |_| {}).await?;
+///     Ok(done.deleted)
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), PruneError> {
+/// let pool = sqlx::sqlite::SqlitePoolOptions::new()
+///     .max_connections(1)
+///     .connect("sqlite::memory:")
+///     .await?;
+/// dedup_runtime::migrate(&pool).await?;
+/// assert_eq!(nightly(&pool).await?, 0);
+/// # Ok(()) }
+/// ```
 pub trait PruneBackend: Backend {
     /// The cutoff `now - age` on the database's clock, as text its comparisons accept on
     /// every session (see [`PruneProgress::cutoff`] for the formats).

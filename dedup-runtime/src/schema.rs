@@ -35,6 +35,16 @@ pub const DEFAULT_TABLE: &str = "processed_messages";
 pub const MAX_TABLE_NAME_LEN: usize = dedup_limits::MAX_TABLE_NAME_LEN;
 
 /// A validated dedup table name: `name` or `schema.name`, each a plain SQL identifier.
+///
+/// ```
+/// use dedup_runtime::Table;
+///
+/// let table = Table::new("audit.processed_messages")?;
+/// assert_eq!(table.name(), "audit.processed_messages");
+/// assert_eq!((table.schema(), table.base()), (Some("audit"), "processed_messages"));
+/// assert_eq!(Table::new("processed_messages")?.schema(), None);
+/// # Ok::<(), dedup_runtime::InvalidTableName>(())
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Table {
     name: String,
@@ -79,6 +89,11 @@ impl Table {
 }
 
 /// A table name that is not a plain SQL identifier (optionally `schema.`-qualified).
+///
+/// ```
+/// let error = dedup_runtime::Table::new("processed messages").unwrap_err();
+/// assert!(error.to_string().starts_with(r#"invalid dedup table name "processed messages""#));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidTableName {
     name: String,

@@ -7,6 +7,7 @@ use sqlx::error::DatabaseError;
 use sqlx::mysql::{MySqlConnection, MySqlDatabaseError};
 
 use super::{ClassifyBackend, Violation};
+use crate::schema::Table;
 
 /// ER_DUP_ENTRY: a unique key, or for the claim statement the dedup table's primary key.
 pub(crate) const ER_DUP_ENTRY: u16 = 1062;
@@ -69,6 +70,9 @@ fn resolve(
 /// ER_LOCK_WAIT_TIMEOUT, ER_LOCK_DEADLOCK.
 const TRANSIENT: [u16; 2] = [1205, 1213];
 
+/// ER_NO_SUCH_TABLE: "Table '%s.%s' doesn't exist".
+const ER_NO_SUCH_TABLE: u16 = 1146;
+
 impl ClassifyBackend for MySql {
     fn is_transient_link(error: &(dyn StdError + 'static)) -> bool {
         error
@@ -101,6 +105,13 @@ impl ClassifyBackend for MySql {
     /// otherwise the current database's tables with a unique key of that name are looked
     /// up (the rare path: one query, on the failed transaction's connection) and
     /// [`resolve`] decides.
+    fn is_missing_table(error: &sqlx::Error, _: &Table) -> bool {
+        error
+            .as_database_error()
+            .and_then(|error| error.try_downcast_ref::<MySqlDatabaseError>())
+            .is_some_and(|error| error.number() == ER_NO_SUCH_TABLE)
+    }
+
     async fn matching(
         conn: &mut MySqlConnection,
         violation: Violation,

@@ -7,11 +7,15 @@ use sqlx::error::DatabaseError;
 use sqlx::postgres::{PgConnection, PgDatabaseError};
 
 use super::{ClassifyBackend, Violation};
+use crate::schema::Table;
 
 /// serialization_failure, deadlock_detected, lock_not_available (lock_timeout).
 const TRANSIENT: [&str; 3] = ["40001", "40P01", "55P03"];
 
 const UNIQUE_VIOLATION: &str = "23505";
+
+/// undefined_table.
+const UNDEFINED_TABLE: &str = "42P01";
 
 impl ClassifyBackend for Postgres {
     fn is_transient_link(error: &(dyn StdError + 'static)) -> bool {
@@ -33,6 +37,13 @@ impl ClassifyBackend for Postgres {
         error
             .constraint()
             .map(|name| Violation::Named(name.to_owned()))
+    }
+
+    fn is_missing_table(error: &sqlx::Error, _: &Table) -> bool {
+        error
+            .as_database_error()
+            .and_then(|error| error.try_downcast_ref::<PgDatabaseError>())
+            .is_some_and(|error| error.code() == UNDEFINED_TABLE)
     }
 
     async fn matching(

@@ -7,6 +7,7 @@ use sqlx::error::DatabaseError;
 use sqlx::sqlite::{SqliteConnection, SqliteError};
 
 use super::{ClassifyBackend, Violation};
+use crate::schema::Table;
 
 const SQLITE_CONSTRAINT_UNIQUE: i64 = 2067;
 const SQLITE_CONSTRAINT_PRIMARYKEY: i64 = 1555;
@@ -64,6 +65,15 @@ async fn index_columns(
 /// SQLITE_BUSY and SQLITE_LOCKED, the primary codes under every extended code.
 const TRANSIENT: [i64; 2] = [5, 6];
 
+/// SQLITE_ERROR: a generic error, whose message says which. SQLite's messages are never
+/// translated, and this one has one fixed format, `no such table: <name as written>`.
+const SQLITE_ERROR: &str = "1";
+
+/// Whether SQLite's error `code` and `message` say that `table` does not exist.
+fn no_such_table(code: Option<&str>, message: &str, table: &Table) -> bool {
+    code == Some(SQLITE_ERROR) && message.strip_prefix("no such table: ") == Some(table.name())
+}
+
 impl ClassifyBackend for Sqlite {
     /// Extended codes 2067 (UNIQUE) and 1555 (PRIMARY KEY) come with a message of one
     /// fixed, untranslated format: `UNIQUE constraint failed: t.a, t.b`, or
@@ -79,6 +89,12 @@ impl ClassifyBackend for Sqlite {
 
     /// SQLite reports columns, not the index: resolve each named index to its table and
     /// columns (in index order) and compare; `table.column` names compare directly.
+    fn is_missing_table(error: &sqlx::Error, table: &Table) -> bool {
+        error
+            .as_database_error()
+            .is_some_and(|error| no_such_table(error.code().as_deref(), error.message(), table))
+    }
+
     async fn matching(
         conn: &mut SqliteConnection,
         violation: Violation,
@@ -130,7 +146,7 @@ impl ClassifyBackend for Sqlite {
 
 #[cfg(test)]
 mod tests {
-    use super::{Violation, parse_violation};
+    use super::{Table, Violation, no_such_table, parse_violation};
 
     #[test]
     fn parses_the_fixed_message_format() {
@@ -153,5 +169,32 @@ mod tests {
             Some(Violation::Named("by_lower_email".into()))
         );
         assert_eq!(parse_violation("NOT NULL constraint failed: t.a"), None);
+    }
+
+    #[test]
+    fn no_such_table_names_this_table() {
+        let table = Table::new("processed_messages").unwrap();
+        let qualified = Table::new("main.processed_messages").unwrap();
+        let message = "no such table: processed_messages";
+        assert!(no_such_table(Some("1"), message, &table));
+        assert!(!no_such_table(Some("1"), message, &qualified));
+        assert!(no_such_table(
+            Some("1"),
+            "no such table: main.processed_messages",
+            &qualified
+        ));
+        // Another table (a trigger's), another code, another message.
+        assert!(!no_such_table(
+            Some("1"),
+            "no such table: audit_log",
+            &table
+        ));
+        assert!(!no_such_table(Some("5"), message, &table));
+        assert!(!no_such_table(
+            Some("1"),
+            "no such column: processed_at",
+            &table
+        ));
+        assert!(!no_such_table(None, message, &table));
     }
 }

@@ -2,14 +2,10 @@
 //! no zone); `TIMESTAMPDIFF` from the epoch's `DATETIME` reads it as microseconds since
 //! the Unix epoch, whatever the session's `time_zone` (`UNIX_TIMESTAMP` would apply it).
 
-use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{AssertSqlSafe, MySql, Pool};
 
 use super::LedgerBackend;
 use crate::schema::Table;
-
-/// ER_NO_SUCH_TABLE: also for a table in a database that does not exist.
-const ER_NO_SUCH_TABLE: u16 = 1146;
 
 impl LedgerBackend for MySql {
     async fn processed_at_micros<'a>(
@@ -50,12 +46,5 @@ impl LedgerBackend for MySql {
             .execute(pool)
             .await?;
         Ok(done.rows_affected() > 0)
-    }
-
-    fn is_missing_table(error: &sqlx::Error) -> bool {
-        error
-            .as_database_error()
-            .and_then(|error| error.try_downcast_ref::<MySqlDatabaseError>())
-            .is_some_and(|error| error.number() == ER_NO_SUCH_TABLE)
     }
 }

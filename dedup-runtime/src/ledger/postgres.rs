@@ -2,14 +2,10 @@
 //! as seconds since the Unix epoch (an exact `numeric` since PostgreSQL 14), whatever the
 //! session's `TimeZone`.
 
-use sqlx::postgres::PgDatabaseError;
 use sqlx::{AssertSqlSafe, Pool, Postgres};
 
 use super::LedgerBackend;
 use crate::schema::Table;
-
-/// undefined_table: also for a table in a schema that does not exist.
-const UNDEFINED_TABLE: &str = "42P01";
 
 impl LedgerBackend for Postgres {
     async fn processed_at_micros<'a>(
@@ -46,12 +42,5 @@ impl LedgerBackend for Postgres {
             .execute(pool)
             .await?;
         Ok(done.rows_affected() > 0)
-    }
-
-    fn is_missing_table(error: &sqlx::Error) -> bool {
-        error
-            .as_database_error()
-            .and_then(|error| error.try_downcast_ref::<PgDatabaseError>())
-            .is_some_and(|error| error.code() == UNDEFINED_TABLE)
     }
 }

@@ -8,14 +8,6 @@ use super::LedgerBackend;
 use crate::claim::sqlite::BEGIN;
 use crate::schema::Table;
 
-/// SQLITE_ERROR, the generic code that a missing table shares with every other error of
-/// a statement's preparation.
-const SQLITE_ERROR: &str = "1";
-
-/// What SQLite says, after [`SQLITE_ERROR`], when the table (or its attached schema) does
-/// not exist. Fixed in SQLite's source (`"no such table: %s"`) and never translated.
-const NO_SUCH_TABLE: &str = "no such table: ";
-
 impl LedgerBackend for Sqlite {
     async fn processed_at_micros<'a>(
         pool: &'a Pool<Self>,
@@ -58,12 +50,5 @@ impl LedgerBackend for Sqlite {
             .await?;
         tx.commit().await?;
         Ok(done.rows_affected() > 0)
-    }
-
-    fn is_missing_table(error: &sqlx::Error) -> bool {
-        error.as_database_error().is_some_and(|error| {
-            error.code().as_deref() == Some(SQLITE_ERROR)
-                && error.message().starts_with(NO_SUCH_TABLE)
-        })
     }
 }
