@@ -6,7 +6,7 @@
 //!
 //! | helper | what for |
 //! | --- | --- |
-//! | [`postgres`], [`mysql`], [`sqlite`], [`sqlite_with`] | a migrated pool on each backend (SQLite: a temporary file, [`TempSqlite`]) |
+//! | [`postgres`], [`mysql`], [`sqlite`], [`sqlite_with`], [`sqlite_journal`] | a migrated pool on each backend (SQLite: a temporary file, [`TempSqlite`]) |
 //! | [`claims`], [`claims_in`] | dedup rows of one `(consumer, message_id)` |
 //! | [`rows`] | rows of a test's own table whose column has a value (its effects) |
 //! | [`ddl`], [`ddl_lock`] | test tables created one at a time |
@@ -89,11 +89,25 @@ pub async fn sqlite() -> TempSqlite {
 /// # Panics
 /// When the file cannot be created or migrated.
 pub async fn sqlite_with(max_connections: u32, busy_timeout: Duration) -> TempSqlite {
+    sqlite_journal(max_connections, busy_timeout, SqliteJournalMode::Wal).await
+}
+
+/// Like [`sqlite_with`], in `journal` mode: [`SqliteJournalMode::Delete`] (a rollback
+/// journal) for a test that needs readers to block a writer's `COMMIT`, which WAL never
+/// does.
+///
+/// # Panics
+/// When the file cannot be created or migrated.
+pub async fn sqlite_journal(
+    max_connections: u32,
+    busy_timeout: Duration,
+    journal: SqliteJournalMode,
+) -> TempSqlite {
     let path = std::env::temp_dir().join(format!("dedup-test-{}.db", unique("db")));
     let options = SqliteConnectOptions::new()
         .filename(&path)
         .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
+        .journal_mode(journal)
         .busy_timeout(busy_timeout);
     let pool = SqlitePoolOptions::new()
         .max_connections(max_connections)
@@ -138,7 +152,7 @@ impl std::ops::Deref for TempSqlite {
 
 impl Drop for TempSqlite {
     fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
+        for suffix in ["", "-wal", "-shm", "-journal"] {
             let mut path = self.path.clone().into_os_string();
             path.push(suffix);
             let _ = std::fs::remove_file(path);

@@ -314,3 +314,31 @@ async fn let_underscore_forms() {
     );
     assert_eq!(effects(&pool).await, 2);
 }
+
+/// `effect = "send-first"`: a body that never touches its connection (an email, an HTTP
+/// call) compiles under these lints, with no warning about the unused `tx`.
+#[idempotent(consumer = "accepted-send-first", key = id, effect = "send-first")]
+async fn send_first(
+    tx: &mut SqliteConnection,
+    id: &str,
+    calls: &std::sync::atomic::AtomicU32,
+) -> Result<u32, sqlx::Error> {
+    Ok(calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1)
+}
+
+#[tokio::test]
+async fn send_first_without_the_connection() {
+    let pool = pool().await;
+    let calls = std::sync::atomic::AtomicU32::new(0);
+    assert_eq!(
+        send_first(&*pool, "send-1", &calls).await.unwrap(),
+        Outcome::Processed(1)
+    );
+    assert!(
+        send_first(&*pool, "send-1", &calls)
+            .await
+            .unwrap()
+            .is_duplicate()
+    );
+    assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
+}

@@ -10,7 +10,15 @@ use syn::spanned::Spanned;
 use syn::{Expr, Ident, Lit, LitStr, Path, Token};
 
 /// Every argument the attribute knows, in the order the messages list them.
-const KNOWN: &str = "`consumer`, `key`, `unique`, `table`, `crate`";
+const KNOWN: &str = "`consumer`, `key`, `unique`, `table`, `effect`, `crate`";
+
+/// What `effect = "…"` declares for a body whose effect is outside the database.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Effect {
+    /// `"send-first"`: the call, then the processed mark commits; a crash between the two
+    /// repeats the call on redelivery, and nothing re-runs the body after it ran.
+    SendFirst,
+}
 
 /// The parsed and validated arguments.
 pub struct Args {
@@ -19,6 +27,11 @@ pub struct Args {
     /// The unique constraints of `unique = …`; empty when not given.
     pub unique: Vec<LitStr>,
     pub table: LitStr,
+    /// The effect declared with `effect = "…"`, when its value is one this version runs.
+    pub effect: Option<Effect>,
+    /// `effect` was written, whatever its value: the body may leave its connection unused
+    /// (an error about that would be a second one for an effect refused already).
+    pub effect_named: bool,
     pub krate: Path,
     /// False when `crate = …` was given but could not be read: `krate` is then only the
     /// default, and code that names the runtime through it would fail once more.
@@ -168,11 +181,13 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
     let mut crate_given = unread.krate;
     let mut unique_named = false;
     let mut unknown_given = false;
+    let mut effect_name: Option<Ident> = None;
     let mut consumer = Once(None);
     let mut key = Once(None);
     let mut unique = Once(None);
     let mut table = Once(None);
     let mut krate = Once(None);
+    let mut effect = Once(None);
     for RawArg { name, value } in raw {
         match name.to_string().as_str() {
             "consumer" => {
@@ -197,6 +212,15 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
                 {
                     check_table(&lit, &mut errors);
                     table.set(name, lit, &mut errors);
+                }
+            }
+            "effect" => {
+                effect_name.get_or_insert_with(|| name.clone());
+                if let Some(lit) =
+                    string_literal(&name, &value, "effect = \"send-first\"", &mut errors)
+                    && let Some(value) = effect_value(&lit, &mut errors)
+                {
+                    effect.set(name, value, &mut errors);
                 }
             }
             "crate" => {
@@ -235,7 +259,7 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
         // A misspelt or unreadable argument, or an invalid consumer, has been reported
         // already.
         _ if unread.any => {}
-        (None, _) if unknown_given || unique_given => {}
+        (None, _) if unknown_given || unique_given || effect_name.is_some() => {}
         (Some(_), None) if consumer_given => {}
         (None, _) => errors.add(
             Span::call_site(),
@@ -260,6 +284,17 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
              add `key = msg.id` to record the id too, or remove `consumer`",
         );
     }
+    if let (None, Some(name)) = (&key, &effect_name)
+        && !unread.any
+    {
+        errors.add(
+            name.span(),
+            "`effect` needs the message id: with `unique = …` alone a second copy is \
+             recognised only when the body's own insert fails, and by then its external \
+             call may have happened; add `consumer = \"name\", key = msg.id`, so that the \
+             id is claimed before the body runs",
+        );
+    }
     let consumer = consumer.map(|(_, lit)| lit);
 
     let args = Args {
@@ -270,6 +305,8 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
             || LitStr::new("processed_messages", Span::call_site()),
             |(_, lit)| lit,
         ),
+        effect: effect.0.map(|(_, effect)| effect),
+        effect_named: effect_name.is_some(),
         krate_known: krate.0.is_some() || !crate_given,
         krate: krate
             .0
@@ -360,7 +397,7 @@ fn closest(unknown: &str) -> Option<&'static str> {
         row[b.len()]
     }
     let lower = unknown.to_ascii_lowercase();
-    ["consumer", "key", "unique", "table", "crate"]
+    ["consumer", "key", "unique", "table", "effect", "crate"]
         .into_iter()
         .find(|known| distance(&lower, known) <= 2 && lower.len() + 2 > known.len())
 }
@@ -391,6 +428,51 @@ fn string_literal(
         format_args!("`{name}` takes a string literal, such as `{example}`"),
     );
     None
+}
+
+/// The effect `effect = "…"` names. `"mark-first"` is part of the contract, but needs a
+/// schema this version does not have: refused, so that nobody ships it believing it runs.
+fn effect_value(lit: &LitStr, errors: &mut Errors) -> Option<Effect> {
+    const SEND_FIRST: &str = "`effect = \"send-first\"` (the call, then the processed mark: \
+                              a crash between the two repeats the call)";
+    let value = lit.value();
+    match value.as_str() {
+        "send-first" => Some(Effect::SendFirst),
+        "mark-first" => {
+            errors.add(
+                lit.span(),
+                "`effect = \"mark-first\"` is not available in this version: marking the \
+                 message processed before the call needs an in-progress state in the dedup \
+                 table, which a later version's `migrate` adds; until then write \
+                 `effect = \"send-first\"`, whose risk is a duplicate call instead of a lost \
+                 one (a crash between the call and the commit repeats the call: pass the \
+                 provider an idempotency key)",
+            );
+            None
+        }
+        other => {
+            // `send_first`, `SendFirst`, `send first`: the spelling, not the choice, is off.
+            let spelled: String = other
+                .chars()
+                .filter(|c| !matches!(c, '-' | '_' | ' '))
+                .collect::<String>()
+                .to_ascii_lowercase();
+            let hint = match spelled.as_str() {
+                "sendfirst" => "did you mean `\"send-first\"`? ",
+                "markfirst" => "did you mean `\"mark-first\"`? ",
+                _ => "",
+            };
+            errors.add(
+                lit.span(),
+                format_args!(
+                    "unknown effect `{other:?}`; {hint}write {SEND_FIRST} or \
+                     `effect = \"mark-first\"` (the processed mark, then the call: a crash \
+                     between the two loses the call; not available in this version)"
+                ),
+            );
+            None
+        }
+    }
 }
 
 fn check_consumer(lit: &LitStr, errors: &mut Errors) {
@@ -460,6 +542,52 @@ mod tests {
 
         let (messages, _) = parsed(r#"= 1, consumer = "billing", key = id"#);
         assert_eq!(messages.len(), 1, "{messages:?}");
+    }
+
+    #[test]
+    fn effects() {
+        let (messages, args) = parsed(r#"consumer = "c", key = id, effect = "send-first""#);
+        assert!(messages.is_empty(), "{messages:?}");
+        assert_eq!(args.effect, Some(Effect::SendFirst));
+        assert!(args.effect_named);
+
+        // A refused value still counts as declared: no second error about the connection.
+        let (messages, args) = parsed(r#"consumer = "c", key = id, effect = "mark-first""#);
+        assert_eq!(messages.len(), 1, "{messages:?}");
+        assert!(messages[0].contains("not available in this version"));
+        assert_eq!(args.effect, None);
+        assert!(args.effect_named);
+
+        for (spelling, hint) in [
+            ("send_first", Some("send-first")),
+            ("SendFirst", Some("send-first")),
+            ("mark first", Some("mark-first")),
+            ("at-most-once", None),
+        ] {
+            let (messages, _) = parsed(&format!(
+                r#"consumer = "c", key = id, effect = "{spelling}""#
+            ));
+            assert_eq!(messages.len(), 1, "{messages:?}");
+            let expected = hint.map(|hint| format!("did you mean `\"{hint}\"`?"));
+            assert_eq!(
+                expected.is_some_and(|expected| messages[0].contains(&expected)),
+                hint.is_some(),
+                "{spelling}: {messages:?}"
+            );
+        }
+
+        // Without `key`, the one message says to add it (not also "nothing to deduplicate on").
+        for tokens in [
+            r#"effect = "send-first""#,
+            r#"unique = "u", effect = "send-first""#,
+        ] {
+            let (messages, _) = parsed(tokens);
+            assert_eq!(messages.len(), 1, "{tokens}: {messages:?}");
+            assert!(
+                messages[0].starts_with("`effect` needs the message id"),
+                "{messages:?}"
+            );
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@ use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
 use syn::{AttrStyle, FnArg, Ident, Item, ItemFn, LitStr, Path, ReturnType, Signature, Type};
 
-use crate::args::{self, Args};
+use crate::args::{self, Args, Effect};
 use crate::handler::{self, Handler};
 use crate::unawaited;
 
@@ -33,7 +33,8 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     };
     let item_is_fn = item_fn.is_some();
     let key = args.key.as_ref().map(|(_, key)| key);
-    let handler = item_fn.and_then(|item_fn| handler::analyze(item_fn, key, &mut errors));
+    let handler =
+        item_fn.and_then(|item_fn| handler::analyze(item_fn, key, args.effect_named, &mut errors));
     let result = errors.finish();
     let mut tokens = match (&result, handler) {
         (Ok(()), Some(handler)) => return guarded_handler_fn(&args, handler),
@@ -422,6 +423,15 @@ fn placeholder_fn(krate: &Path, handler: Handler) -> TokenStream {
 //             __private::Exit::Error(__dedup_error) => Err(__private::into_handler_error(__dedup_error)),
 //         }
 //     }
+//
+// With `effect = "send-first"` two things differ, and nothing else:
+//
+//     let mut __dedup_run = __private::Run::new("send_receipt", Some(…), &[]).send_first();
+//     let __dedup_body = async |#[allow(unused_variables)] tx: &mut PgConnection| { … };
+//
+// `send_first()` makes `commit` and `abort` end the call instead of answering `Retry`
+// once the body ran (it may have called out: a second run would call again), and the
+// body may leave its connection unused. A handler without `effect` expands as above.
 fn body(
     args: &Args,
     name: &Ident,
@@ -448,7 +458,20 @@ fn body(
     let table = &args.table;
     let handler_name = LitStr::new(&name.to_string(), name.span());
     let unique = &args.unique;
-    let attempt = attempt(&private, connection, output, stmts, &tx, at);
+    let attempt = attempt(
+        &private,
+        connection,
+        output,
+        stmts,
+        &tx,
+        at,
+        args.effect_named,
+    );
+    // `effect = "send-first"`: the body may call out, so it never runs twice (run.rs).
+    let policy = match args.effect {
+        Some(Effect::SendFirst) => quote!(.send_first()),
+        None => TokenStream::new(),
+    };
     let into_error = {
         let at = handler::error_type(&output.ty).map_or_else(|| output.ty.span(), Spanned::span);
         // The whole call spanned at `E`, so that a missing `From<sqlx::Error>` points there.
@@ -532,7 +555,7 @@ fn body(
                                 &#id,
                             )),
                             &[#(#unique),*],
-                        );
+                        )#policy;
                         #run_loop
                     }
                 }
@@ -543,7 +566,7 @@ fn body(
                 #handler_name,
                 ::core::option::Option::None,
                 &[#(#unique),*],
-            );
+            )#policy;
             #run_loop
         }},
     };
@@ -578,6 +601,7 @@ fn attempt(
     stmts: &[syn::Stmt],
     tx: &Ident,
     at: Span,
+    external: bool,
 ) -> TokenStream {
     let conn_pat = &connection.pat;
     let conn_ty = &connection.ty;
@@ -595,10 +619,13 @@ fn attempt(
     // dedup row that commits: an error, not rustc's warning. A body may still allow
     // the lint where it means it.
     let deny = quote_spanned!(Span::call_site()=> #[deny(unused_must_use)]);
+    // A body with an external effect may leave its connection unused: no warning for
+    // that parameter alone.
+    let unused = external.then(|| quote!(#[allow(unused_variables)]));
     quote! {
         let #conn: &mut #conn_ty = #from_transaction(&mut #tx);
         #deny
-        let #body = async |#conn_pat: &mut #conn_ty| {
+        let #body = async |#unused #conn_pat: &mut #conn_ty| {
             #fake_return
             #(#stmts)*
         };

@@ -52,7 +52,14 @@ pub struct Retried {
 /// Checks the function, and the `key` expression against it; returns the parts the
 /// expansion needs whenever its connection and return type were understood, even next to
 /// errors (a missing `async`, an unused connection): the placeholder is built from them.
-pub fn analyze(item: ItemFn, key: Option<&Expr>, errors: &mut Errors) -> Option<Handler> {
+/// `external`: the attribute declares an effect outside the database (`effect = …`), so
+/// the body may leave its connection unused.
+pub fn analyze(
+    item: ItemFn,
+    key: Option<&Expr>,
+    external: bool,
+    errors: &mut Errors,
+) -> Option<Handler> {
     // The attribute below this one expands next and checks the same function: anything
     // we reported too would show twice.
     if let Some(again) = item.attrs.iter().find(|attr| is_idempotent(attr)) {
@@ -71,7 +78,7 @@ pub fn analyze(item: ItemFn, key: Option<&Expr>, errors: &mut Errors) -> Option<
              transaction it awaits; write `async fn`",
         );
     }
-    let connection = connection(&item, errors);
+    let connection = connection(&item, external, errors);
     if let (Some(connection), Some(key)) = (&connection, key) {
         check_key(key, connection, errors);
     }
@@ -348,7 +355,7 @@ fn type_text(ty: &Type) -> String {
     out
 }
 
-fn connection(item: &ItemFn, errors: &mut Errors) -> Option<Connection> {
+fn connection(item: &ItemFn, external: bool, errors: &mut Errors) -> Option<Connection> {
     let sig = &item.sig;
     let index = usize::from(sig.receiver().is_some());
     let Some(FnArg::Typed(arg)) = sig.inputs.iter().nth(index) else {
@@ -408,13 +415,18 @@ fn connection(item: &ItemFn, errors: &mut Errors) -> Option<Connection> {
     // From here on the type is understood: a mistake in the binding is reported, and the
     // connection still returned, so that callers see the generated signature.
     if let Pat::Ident(binding) = &*arg.pat {
-        if find_use(|visitor| visitor.visit_block(&item.block), &binding.ident).is_none() {
+        if !external
+            && find_use(|visitor| visitor.visit_block(&item.block), &binding.ident).is_none()
+        {
             errors.add(
                 binding.ident.span(),
                 format_args!(
                     "the body never uses `{0}`, so its effects would not be atomic with the \
                      dedup record: run the handler's queries on `{0}` (for example \
-                     `.execute(&mut *{0})`) so that they commit or roll back together with it",
+                     `.execute(&mut *{0})`) so that they commit or roll back together with \
+                     it; if the body's effect is outside the database (an email, an HTTP \
+                     call), declare it: `effect = \"send-first\"` (a crash between the call \
+                     and the commit repeats the call: pass the provider an idempotency key)",
                     binding.ident.unraw_string()
                 ),
             );

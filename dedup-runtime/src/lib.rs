@@ -347,14 +347,20 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 ///   [Business keys](#business-keys).
 /// - `table = "processed_messages"` — the dedup table, a plain SQL identifier, optionally
 ///   schema-qualified (`audit.processed_messages`); create it with [`migrate_table`].
+/// - `effect = "send-first"` — the body's effect is outside the database (an email, an
+///   HTTP call): the body may leave its connection unused, and once it has run nothing runs
+///   it again. Needs `key`. `effect = "mark-first"` is part of the contract but not
+///   available in this version (a compile error). See
+///   [Effects outside the database](#effects-outside-the-database).
 /// - `crate = "path"` — where this crate is, when it is re-exported or renamed.
 ///
 /// # The handler
 ///
 /// - An `async fn`. Its first parameter (after `self`) is the connection the body works
 ///   on: `&mut PgConnection`, `&mut SqliteConnection`, `&mut MySqlConnection` or
-///   `&mut sqlx::Transaction<'_, DB>`; the body must use it. Other parameters, generics
-///   and where clauses pass through unchanged.
+///   `&mut sqlx::Transaction<'_, DB>`; the body must use it, unless `effect = …` declares
+///   that its effect is outside the database. Other parameters, generics and where clauses
+///   pass through unchanged.
 /// - It returns `Result<T, E>` (or an alias such as `anyhow::Result<T>`) with
 ///   `E: From<sqlx::Error>`; the generated function returns `Result<Outcome<T>, E>`.
 ///   Database failures and an invalid id reach the caller through `E`
@@ -450,7 +456,8 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 /// When the handler owns the transaction (it was given a pool, or a connection that is
 /// not inside a transaction), a transient failure — deadlock, serialization failure,
 /// lock timeout, `SQLITE_BUSY` — runs the whole transaction again, body included, up to
-/// [`MAX_ATTEMPTS`] times with exponential backoff and full jitter. The body must
+/// [`MAX_ATTEMPTS`] times with exponential backoff and full jitter (a send-first handler
+/// only until its body has run: see [Effects outside the database](#effects-outside-the-database)). The body must
 /// therefore be able to run again: parameters it takes by value it must not consume.
 /// A transient error raised *inside the body* is recognised when `E` is `sqlx::Error`, an
 /// error type whose `source()` chain reaches it (`thiserror`'s `#[from]`), or
@@ -466,7 +473,8 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 /// SQLite on `SQLITE_FULL`, an I/O error, `RAISE(ROLLBACK, …)` or `ON CONFLICT
 /// ROLLBACK`. The handler never reports such a call as processed: it commits only a
 /// transaction that still holds its dedup row, runs the call again (like a transient
-/// failure), and then returns [`RolledBack`]; nothing of it was committed. What it cannot
+/// failure; a send-first handler does not), and then returns [`RolledBack`]; nothing of it
+/// was committed. What it cannot
 /// undo: on SQLite the statements a body runs *after* an automatic rollback run in
 /// autocommit mode, each committed on its own. To try a statement that may fail, run it in
 /// a savepoint (`let mut sp = tx.begin().await?;` … `sp.commit()`), whose rollback
@@ -479,6 +487,69 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 /// back to the pool. DDL in a body (`TRUNCATE`, `CREATE`, `ALTER`…) commits implicitly on
 /// MySQL: it commits the dedup row and the work so far, and a later error can no longer
 /// roll them back. Keep DDL out of handlers.
+///
+/// # Effects outside the database
+///
+/// An email, a partner's HTTP API, a message to another broker: no such call is atomic
+/// with the transaction, so a handler that makes one declares which risk it takes, and its
+/// body may then leave its connection unused. `effect = "send-first"` takes the risk of a
+/// duplicate call:
+///
+/// ```no_run
+/// # use dedup_runtime::idempotent;
+/// # struct Order { id: String, email: String }
+/// # struct Mailer;
+/// # impl Mailer {
+/// #     async fn send(&self, _to: &str, _idempotency_key: &str) -> Result<(), std::io::Error> { Ok(()) }
+/// # }
+/// type Error = Box<dyn std::error::Error + Send + Sync>;
+///
+/// #[idempotent(consumer = "receipts", key = msg.id, effect = "send-first")]
+/// async fn send_receipt(tx: &mut sqlx::PgConnection, msg: &Order, mailer: &Mailer)
+///     -> Result<(), Error>
+/// {
+///     // A provider that honours idempotency keys drops a second request with this one.
+///     mailer.send(&msg.email, &format!("receipt:{}", msg.id)).await?;
+///     Ok(())
+/// }
+/// ```
+///
+/// The call runs as any body does: `BEGIN`, the claim of the message id, the body (the
+/// call, and whatever it writes on `tx`, such as the provider's receipt id, which commits
+/// with the mark), then `COMMIT`, which marks the message processed. So the effect
+/// happens *before* the processed mark commits:
+///
+/// - **The duplicate it allows.** The process dies, the connection is lost or the call's
+///   future is dropped *after the external call returned (or was sent) and before
+///   `COMMIT` completed*: the transaction rolls back, no mark is left, and the
+///   redelivery makes the call again. The same when `COMMIT` itself fails, and when it is
+///   lost in flight (the server may have committed, and the redelivery is a duplicate,
+///   or not, and it calls again: the caller cannot tell). Pass the provider an
+///   idempotency key derived from the message id, so that it drops the repeat; for a
+///   receipt email a rare duplicate is acceptable, for a payment the key is what makes it
+///   once. Inside a caller's transaction the mark commits with the caller's `COMMIT`: the
+///   window lasts until then.
+/// - **No retry after the body ran.** A handler without `effect` runs the whole
+///   transaction again on a transient failure; here that would call the external service
+///   a second time without the caller ever seeing it. A transient failure at `BEGIN` or at
+///   the claim is still retried (the body has not run); once it has, a deadlock,
+///   serialization failure or lock timeout at `COMMIT`, a transient error the body
+///   returns, and a transaction the database rolled back by itself ([`RolledBack`]) end
+///   the call with that error. Nothing is committed; the caller decides.
+///   [`AckPolicy`] answers [`Ack::Retry`] to the transient ones: the redelivery calls
+///   again (the same duplicate as a crash, but a visible one).
+/// - **A concurrent copy waits on the claim** (the row lock of the uncommitted dedup row;
+///   on SQLite, the write lock) for as long as the call takes, then sees a duplicate
+///   (or, if the first copy rolled back, processes: it calls). The transaction, and on
+///   SQLite the database's write lock, stays open during the call: keep calls short, with
+///   a timeout well below the broker's ack deadline and the database's idle-in-transaction
+///   limits. Leases for long calls, with no transaction open during the call, come in a
+///   later version.
+///
+/// `effect = "mark-first"` (the mark commits first, then the call: a crash between them
+/// loses the call instead of repeating it) is not available in this version: it needs an
+/// in-progress state in the dedup table that a later version's [`migrate`] adds, and
+/// until then it is a compile error, so that nobody ships it believing it works.
 ///
 /// # The caller's connection
 ///

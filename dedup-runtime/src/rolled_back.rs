@@ -27,7 +27,8 @@ use std::fmt;
 ///
 /// When the handler owns the transaction it runs the call again, like a transient
 /// failure (a swallowed deadlock usually succeeds the second time), up to
-/// [`MAX_ATTEMPTS`](crate::MAX_ATTEMPTS) times; then this error reaches the caller,
+/// [`MAX_ATTEMPTS`](crate::MAX_ATTEMPTS) times — a handler with `effect = "send-first"`
+/// not at all, since its body may have called out; then this error reaches the caller,
 /// inside [`sqlx::Error::AnyDriverError`], through the handler's `From<sqlx::Error>`.
 /// [`AckPolicy`](crate::AckPolicy) dead-letters it: a body that fails the same way on
 /// every attempt is a bug to fix, and the dead-letter queue keeps the message for a replay.

@@ -88,6 +88,12 @@
 //!     }
 //! }
 //! ```
+//!
+//! With `effect = "send-first"` the expansion is the same but for one call,
+//! `__private::Run::new(…).send_first()`: the body may make an external call, so after it
+//! ran, `commit` answers `Commit::Error` (never `Commit::Retry`) and `abort` answers
+//! `Abort::BodyError` (never `Abort::Retry`), and the loop cannot reach the body a second
+//! time. `begin` still retries: its failures come before the body.
 
 #![allow(missing_docs)]
 
@@ -239,6 +245,9 @@ pub struct Run<'k> {
     pooled: bool,
     /// When the current attempt's claim was sent.
     claimed_at: Option<Instant>,
+    /// Whether a transient failure after the body ran may run it again: not for
+    /// `effect = "send-first"`, whose body may have made an external call ([`Run::send_first`]).
+    rerun_body: bool,
     started: metrics::Started,
 }
 
@@ -273,8 +282,19 @@ impl<'k> Run<'k> {
             owned: false,
             pooled: false,
             claimed_at: None,
+            rerun_body: true,
             started: metrics::Started::now(),
         }
+    }
+
+    /// `effect = "send-first"`: the body may call something outside the database, so once
+    /// it has run, nothing runs it again. A transient failure at `BEGIN` or at the claim
+    /// (the body has not run) is still retried; one at `COMMIT`, a transient error from the
+    /// body, or a transaction the database rolled back by itself ([`RolledBack`]) ends
+    /// the call with the error: the caller sees it, instead of a silent second call.
+    pub fn send_first(mut self) -> Self {
+        self.rerun_body = false;
+        self
     }
 
     pub fn span(&self) -> Span {
@@ -337,7 +357,7 @@ impl<'k> Run<'k> {
         let tx = match begun {
             Ok(tx) => tx,
             Err(error) => {
-                return self.after_error::<DB>(error).await.into();
+                return self.after_error::<DB>(error, true).await.into();
             }
         };
         let mut tx = Tx { tx, unclean };
@@ -377,7 +397,7 @@ impl<'k> Run<'k> {
             },
             Err(error) => {
                 self.rollback(tx).await;
-                self.after_error::<DB>(error).await.into()
+                self.after_error::<DB>(error, true).await.into()
             }
         }
     }
@@ -402,7 +422,7 @@ impl<'k> Run<'k> {
                 self.finish(End::Processed);
                 Commit::Committed
             }
-            Err(error) => self.after_error::<DB>(error).await.into(),
+            Err(error) => self.after_error::<DB>(error, self.rerun_body).await.into(),
         }
     }
 
@@ -432,7 +452,7 @@ impl<'k> Run<'k> {
                 self.finish(End::Duplicate(&duplicate));
                 return Abort::Duplicate(duplicate);
             }
-            if transient && self.back_off().await {
+            if transient && self.rerun_body && self.back_off().await {
                 return Abort::Retry;
             }
             self.finish(End::Failed(if transient {
@@ -460,8 +480,9 @@ impl<'k> Run<'k> {
     /// After an error of ours: [`Next::Retry`] once backed off from a transient `error`
     /// with an attempt left, otherwise the error to end the call with. A transaction the
     /// database rolled back by itself ([`RolledBack`]) is run again too: a swallowed
-    /// deadlock succeeds the next time.
-    async fn after_error<DB: Backend>(&mut self, error: sqlx::Error) -> Next {
+    /// deadlock succeeds the next time. `retry`: whether running the attempt again is
+    /// allowed at all (not after a send-first body ran).
+    async fn after_error<DB: Backend>(&mut self, error: sqlx::Error, retry: bool) -> Next {
         let class = if classify::is_transient::<DB>(&error) {
             Class::Transient
         } else if RolledBack::find(&error).is_some() {
@@ -471,7 +492,9 @@ impl<'k> Run<'k> {
         };
         if class != Class::Database {
             tracing::debug!(attempt = self.attempt, %error, "transient database error");
-            if self.back_off().await {
+            if !retry {
+                tracing::debug!("not retried: the send-first body ran, and may have called out");
+            } else if self.back_off().await {
                 return Next::Retry;
             }
         }

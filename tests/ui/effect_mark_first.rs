@@ -1,0 +1,22 @@
+use dedup_runtime::{Outcome, idempotent};
+use sqlx::PgConnection;
+
+#[idempotent(consumer = "audit-ping", key = id, effect = "mark-first")]
+async fn ping(tx: &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
+    println!("pinging the auditor for {id}");
+    Ok(())
+}
+
+// A caller written against the generated signature: it type-checks against the placeholder
+// emitted next to the error, so the error above is the only one.
+async fn consume(pool: &sqlx::PgPool) -> Result<(), sqlx::Error> {
+    match ping(pool, "evt_1").await? {
+        Outcome::Processed(()) => println!("processed"),
+        Outcome::Duplicate(_) => println!("seen before"),
+    }
+    Ok(())
+}
+
+fn main() {
+    let _ = consume;
+}

@@ -1,0 +1,10 @@
+use dedup_runtime::idempotent;
+use sqlx::PgConnection;
+
+#[idempotent(consumer = "email-sender", key = id, effect = "fire-and-forget")]
+async fn send_email(tx: &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
+    println!("sending the email for {id}");
+    Ok(())
+}
+
+fn main() {}
