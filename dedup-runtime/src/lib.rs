@@ -496,7 +496,7 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 /// duplicate call:
 ///
 /// ```no_run
-/// # use dedup_runtime::idempotent;
+/// # use dedup_runtime::{IdempotencyKey, idempotent};
 /// # struct Order { id: String, email: String }
 /// # struct Mailer;
 /// # impl Mailer {
@@ -508,8 +508,10 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 /// async fn send_receipt(tx: &mut sqlx::PgConnection, msg: &Order, mailer: &Mailer)
 ///     -> Result<(), Error>
 /// {
-///     // A provider that honours idempotency keys drops a second request with this one.
-///     mailer.send(&msg.email, &format!("receipt:{}", msg.id)).await?;
+///     // A provider that honours idempotency keys drops a second request with this one:
+///     // `receipt:<message id>`, the same on every delivery of the message.
+///     let key = IdempotencyKey::new("receipt", &msg.id);
+///     mailer.send(&msg.email, key.as_str()).await?;
 ///     Ok(())
 /// }
 /// ```
@@ -525,7 +527,8 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 ///   redelivery makes the call again. The same when `COMMIT` itself fails, and when it is
 ///   lost in flight (the server may have committed, and the redelivery is a duplicate,
 ///   or not, and it calls again: the caller cannot tell). Pass the provider an
-///   idempotency key derived from the message id, so that it drops the repeat; for a
+///   idempotency key derived from the message id ([`IdempotencyKey`]), so that it drops
+///   the repeat; for a
 ///   receipt email a rare duplicate is acceptable, for a payment the key is what makes it
 ///   once. Inside a caller's transaction the mark commits with the caller's `COMMIT`: the
 ///   window lasts until then.
