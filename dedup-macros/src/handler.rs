@@ -88,7 +88,7 @@ pub fn analyze(
     let output = output(&item, errors);
     let connection = connection?;
     Some(Handler {
-        retried: retried(&item.sig, &connection),
+        retried: retried(&item.sig, &connection, external),
         connection,
         output: output?,
         item,
@@ -107,11 +107,23 @@ struct Movable {
 
 // Input: `async fn send(tx: &mut PgConnection, msg: Email, n: u32)`.
 // Output: the error for a body that moves out of `msg`, the one parameter it could move.
-fn retried(sig: &syn::Signature, connection: &Connection) -> Retried {
+fn retried(sig: &syn::Signature, connection: &Connection, external: bool) -> Retried {
     let handler = sig.ident.unraw_string();
-    let note = "transient failures (a serialization failure, a deadlock, a lock timeout) are \
-                retried, and a retry runs the whole transaction body again"
-        .to_owned();
+    // With `effect = …` the body runs at most once, but it is still called from the loop
+    // that retries `BEGIN` and the claim: the note says that instead.
+    let note = if external {
+        "with `effect = …` the body runs at most once, but it is called from the loop that \
+         retries `BEGIN` and the claim, so it must be callable again"
+    } else {
+        "transient failures (a serialization failure, a deadlock, a lock timeout) are \
+         retried, and a retry runs the whole transaction body again"
+    }
+    .to_owned();
+    let may = if external {
+        "is called from a retry loop"
+    } else {
+        "may run more than once"
+    };
     let movable = movable(sig, connection);
     match movable.as_slice() {
         [
@@ -121,10 +133,7 @@ fn retried(sig: &syn::Signature, connection: &Connection) -> Retried {
                 by_reference: Some(by_reference),
             },
         ] => Retried {
-            message: format!(
-                "the body of `{handler}` may run more than once, so it cannot move out of \
-                 `{name}`"
-            ),
+            message: format!("the body of `{handler}` {may}, so it cannot move out of `{name}`"),
             label: format!("`{name}` is taken by value: the first attempt would use it up"),
             notes: vec![
                 note,
@@ -142,9 +151,7 @@ fn retried(sig: &syn::Signature, connection: &Connection) -> Retried {
                 by_reference: None,
             },
         ] => Retried {
-            message: format!(
-                "the body of `{handler}` may run more than once, so it cannot move `{name}`"
-            ),
+            message: format!("the body of `{handler}` {may}, so it cannot move `{name}`"),
             label: format!("the first attempt would use up `{name}`"),
             notes: vec![
                 note,
@@ -183,8 +190,7 @@ fn retried(sig: &syn::Signature, connection: &Connection) -> Retried {
             };
             Retried {
                 message: format!(
-                    "the body of `{handler}` may run more than once, so it cannot move out of \
-                     its parameters"
+                    "the body of `{handler}` {may}, so it cannot move out of its parameters"
                 ),
                 label,
                 notes: vec![note, fix],
