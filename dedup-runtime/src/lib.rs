@@ -115,18 +115,24 @@
 //   migrate.rs      `migrate`, `migrate_table`, `schema_sql`
 //   prune/          deleting old ids, never before the redelivery window ends
 //   ack.rs          what to tell the broker (`AckPolicy`)
+//   lapin.rs, async_nats.rs  the broker side of `Ack`: delivery counts and settling, on
+//                   RabbitMQ and NATS JetStream (features `lapin`, `async-nats`)
 //   metrics.rs      counters and a latency histogram (feature `metrics`)
 //   key.rs          message ids (`MessageKey`) and the ids refused (`InvalidMessageId`)
 //   outcome.rs, retry.rs, rolled_back.rs, probe.rs: outcomes, backoff, `RolledBack`,
 //                   seeing the database error inside the handler's error type
 //   dedup-limits    (a crate) the limits the attribute and the runtime share
 mod ack;
+#[cfg(feature = "async-nats")]
+pub mod async_nats;
 mod backend;
 mod chain;
 mod claim;
 mod classify;
 mod input;
 mod key;
+#[cfg(feature = "lapin")]
+pub mod lapin;
 mod metrics;
 mod migrate;
 mod outcome;
