@@ -10,8 +10,8 @@
 //! acknowledged.
 //!
 //! ```text
-//! cargo run --example nats -- publish 1000   # 1,000 messages, each sent twice
-//! cargo run --example nats                   # consume; kill it, run it again …
+//! cargo run --features brokers --example nats -- publish 1000   # 1,000 messages, sent twice
+//! cargo run --features brokers --example nats                   # consume; kill, run again …
 //! ```
 //!
 //! Configuration, from the environment:

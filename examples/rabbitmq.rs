@@ -8,8 +8,8 @@
 //! had committed comes back as a duplicate and is only acknowledged.
 //!
 //! ```text
-//! cargo run --example rabbitmq -- publish 1000   # 1,000 messages, each sent twice
-//! cargo run --example rabbitmq                   # consume; kill it, run it again …
+//! cargo run --features brokers --example rabbitmq -- publish 1000   # 1,000 messages, sent twice
+//! cargo run --features brokers --example rabbitmq                   # consume; kill, run again …
 //! ```
 //!
 //! Configuration, from the environment:
