@@ -10,8 +10,8 @@
 //! acknowledged.
 //!
 //! ```text
-//! cargo run --example nats -- publish 1000   # 1,000 messages, each sent twice
-//! cargo run --example nats                   # consume; kill it, run it again …
+//! cargo run --features brokers --example nats -- publish 1000   # 1,000 messages, sent twice
+//! cargo run --features brokers --example nats                   # consume; kill, run again …
 //! ```
 //!
 //! Configuration, from the environment:
@@ -36,7 +36,8 @@
 //! consumer's dedup must hold whatever reaches it). Its payload is stored with the effect.
 //!
 //! What each outcome does to the message (the mapping is `dedup_runtime::AckPolicy`'s;
-//! [`settle`] is the async-nats side):
+//! `dedup_runtime::async_nats::settle` sends the acknowledgement, and
+//! `dedup_runtime::async_nats::delivery_count` reads the count `AckPolicy` takes):
 //!
 //! | handler result | `AckPolicy` says | JetStream acknowledgement |
 //! | --- | --- | --- |
@@ -54,9 +55,10 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use async_nats::HeaderMap;
+use async_nats::jetstream;
 use async_nats::jetstream::consumer::pull::{self, MessagesErrorKind};
 use async_nats::jetstream::consumer::{AckPolicy as JetStreamAckPolicy, PullConsumer};
-use async_nats::jetstream::{self, AckKind};
+use dedup_runtime::async_nats::{delivery_count, settle};
 use dedup_runtime::{Ack, AckPolicy, Outcome, idempotent};
 use futures_util::StreamExt;
 use sqlx::postgres::PgPoolOptions;
@@ -90,31 +92,6 @@ async fn apply(tx: &mut PgConnection, msg: &Message) -> Result<(), sqlx::Error> 
         .bind(&msg.body)
         .execute(&mut *tx)
         .await?;
-    Ok(())
-}
-
-/// Tells JetStream what `AckPolicy` decided for `message`. Acknowledgements wait for the
-/// server's confirmation, so that "acked" means acked. A dead letter is copied to
-/// `dead_subject` (confirmed by its stream) before it is terminated: a crash in between
-/// redelivers it, and the dead-letter stream may then hold it twice, never zero times.
-async fn settle(
-    jetstream: &jetstream::Context,
-    message: &jetstream::Message,
-    dead_subject: &str,
-    ack: Ack,
-) -> Result<(), Error> {
-    match ack {
-        Ack::Ack => message.double_ack().await?,
-        Ack::Retry { after } => message.ack_with(AckKind::Nak(Some(after))).await?,
-        Ack::DeadLetter => {
-            let headers = message.headers.clone().unwrap_or_default();
-            jetstream
-                .publish_with_headers(dead_subject.to_owned(), headers, message.payload.clone())
-                .await?
-                .await?;
-            message.double_ack_with(AckKind::Term).await?;
-        }
-    }
     Ok(())
 }
 
@@ -259,7 +236,6 @@ impl Activity {
 /// One task pulling from the durable consumer: handles its messages one at a time until
 /// `stop` turns true.
 async fn consume(
-    jetstream: jetstream::Context,
     consumer: PullConsumer,
     config: Arc<Config>,
     pool: PgPool,
@@ -296,7 +272,7 @@ async fn consume(
         activity.in_flight.fetch_add(1, Ordering::SeqCst);
         activity.touch();
 
-        let delivered = u64::try_from(message.info()?.delivered).unwrap_or(1);
+        let delivered = delivery_count(&message);
         let msg = Message {
             id: message
                 .headers
@@ -323,7 +299,10 @@ async fn consume(
             Err(error) => eprintln!("message {shown:?} failed: {error}"),
         }
         let ack = policy.decide(&result, delivered);
-        settle(&jetstream, &message, &dead_subject, ack).await?;
+        // A dead letter is copied to `SUBJECT.dead` (confirmed by its stream) before it is
+        // terminated: a crash in between redelivers it, and the dead-letter stream may
+        // then hold it twice, never zero times.
+        settle(&message, ack, Some(&dead_subject)).await?;
         match ack {
             Ack::Ack => println!("acked {shown}"),
             Ack::Retry { .. } => println!("retry {shown}"),
@@ -377,7 +356,6 @@ async fn main() -> Result<(), Error> {
     let mut consumers = tokio::task::JoinSet::new();
     for _ in 0..config.consumers {
         consumers.spawn(consume(
-            jetstream.clone(),
             consumer.clone(),
             config.clone(),
             pool.clone(),

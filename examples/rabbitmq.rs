@@ -8,8 +8,8 @@
 //! had committed comes back as a duplicate and is only acknowledged.
 //!
 //! ```text
-//! cargo run --example rabbitmq -- publish 1000   # 1,000 messages, each sent twice
-//! cargo run --example rabbitmq                   # consume; kill it, run it again …
+//! cargo run --features brokers --example rabbitmq -- publish 1000   # 1,000 messages, sent twice
+//! cargo run --features brokers --example rabbitmq                   # consume; kill, run again …
 //! ```
 //!
 //! Configuration, from the environment:
@@ -30,7 +30,8 @@
 //! its AMQP `message_id` property; its body is the payload stored with the effect.
 //!
 //! What each outcome does to the message (the mapping is `dedup_runtime::AckPolicy`'s;
-//! [`settle`] is the lapin side):
+//! `dedup_runtime::lapin::settle` makes the lapin call, and
+//! `dedup_runtime::lapin::delivery_count` reads the count `AckPolicy` takes):
 //!
 //! | handler result | `AckPolicy` says | lapin call |
 //! | --- | --- | --- |
@@ -48,12 +49,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use dedup_runtime::lapin::{delivery_count, settle};
 use dedup_runtime::{Ack, AckPolicy, Outcome, idempotent};
 use futures_util::StreamExt;
 use lapin::options::{
-    BasicAckOptions, BasicConsumeOptions, BasicNackOptions, BasicPublishOptions, BasicQosOptions,
-    BasicRejectOptions, ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions,
-    QueueDeclareOptions,
+    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
+    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
@@ -86,51 +87,6 @@ async fn apply(tx: &mut PgConnection, msg: &Message) -> Result<(), sqlx::Error> 
         .execute(&mut *tx)
         .await?;
     Ok(())
-}
-
-/// Tells RabbitMQ what `AckPolicy` decided for `delivery`. Retries wait here, holding
-/// the message, then requeue it: RabbitMQ has no delayed requeue of its own (a
-/// TTL-and-dead-letter "retry queue" is the alternative for long delays), and while the
-/// database is away, a channel that takes no new message is the back-pressure wanted.
-async fn settle(delivery: &lapin::message::Delivery, ack: Ack) -> Result<(), lapin::Error> {
-    match ack {
-        Ack::Ack => {
-            delivery.acker.ack(BasicAckOptions::default()).await?;
-        }
-        Ack::Retry { after } => {
-            tokio::time::sleep(after).await;
-            let requeue = BasicNackOptions {
-                requeue: true,
-                multiple: false,
-            };
-            delivery.acker.nack(requeue).await?;
-        }
-        Ack::DeadLetter => {
-            let to_dead_letter_exchange = BasicRejectOptions { requeue: false };
-            delivery.acker.reject(to_dead_letter_exchange).await?;
-        }
-    }
-    Ok(())
-}
-
-/// How many times RabbitMQ has delivered this message, as far as it says: quorum queues
-/// count in `x-delivery-count`; classic queues only flag a redelivery.
-fn delivery_count(delivery: &lapin::message::Delivery) -> u64 {
-    let counted = delivery
-        .properties
-        .headers()
-        .as_ref()
-        .and_then(|headers| headers.inner().get("x-delivery-count"))
-        .and_then(|count| match count {
-            AMQPValue::LongLongInt(n) => u64::try_from(*n).ok(),
-            AMQPValue::LongInt(n) => u64::try_from(*n).ok(),
-            _ => None,
-        });
-    match counted {
-        Some(earlier) => earlier + 1,
-        None if delivery.redelivered => 2,
-        None => 1,
-    }
 }
 
 /// Declares the queue, its dead-letter exchange and dead-letter queue.

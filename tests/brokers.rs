@@ -23,7 +23,9 @@
 //! messages (and only they) dead-lettered. It prints what it saw: kills, the kills that
 //! caught a message between COMMIT and acknowledgement, redeliveries, duplicates.
 //!
-//! Larger runs: `DEDUP_CRASH_MESSAGES=50000 DEDUP_CRASH_KILLS=500 cargo test --test brokers`.
+//! The crate feature `brokers` builds it (and the examples it runs): `cargo test --features
+//! brokers --test brokers`, or `--all-features` as CI does. Larger runs:
+//! `DEDUP_CRASH_MESSAGES=50000 DEDUP_CRASH_KILLS=500 cargo test --features brokers --test brokers`.
 //! `DEDUP_CRASH_SEED` fixes the random choices (the timing of a real crash is not
 //! reproducible, the plan is). The services are the machine's: RabbitMQ on
 //! 127.0.0.1:5672 (`DEDUP_TEST_AMQP_URL`), NATS with JetStream on 127.0.0.1:4222
@@ -147,8 +149,8 @@ fn poison_bodies() -> HashSet<String> {
 // The consumer processes
 // ---------------------------------------------------------------------------------------
 
-/// The example binaries, built once per test process with the test's own profile (a
-/// no-op when `cargo test` has just built them).
+/// The example binaries, built once per test process with the test's own profile and the
+/// feature that enables them, `brokers` (a no-op when `cargo test` has just built them).
 fn example(name: &str) -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     let dir = BUILT.get_or_init(|| {
@@ -182,7 +184,8 @@ fn example(name: &str) -> PathBuf {
         }
         let status = cargo
             .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .args(["build", "--profile", &profile, "--example", "rabbitmq"])
+            .args(["build", "--profile", &profile, "--features", "brokers"])
+            .args(["--example", "rabbitmq"])
             .args(["--example", "nats"])
             .status()
             .expect("run cargo to build the examples");

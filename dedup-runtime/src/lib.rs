@@ -132,6 +132,8 @@
 //   prune/          deleting old ids, never before the redelivery window ends
 //   ledger/         the operator's lookup and forget of one id (`Ledger`)
 //   ack.rs          what to tell the broker (`AckPolicy`)
+//   lapin.rs, async_nats.rs  the broker side of `Ack`: delivery counts and settling, on
+//                   RabbitMQ and NATS JetStream (features `lapin`, `async-nats`)
 //   metrics.rs      counters and a latency histogram (feature `metrics`)
 //   idempotency.rs  keys for effects outside the database (`IdempotencyKey`)
 //   key.rs          message ids (`MessageKey`) and the ids refused (`InvalidMessageId`)
@@ -139,6 +141,8 @@
 //                   seeing the database error inside the handler's error type
 //   dedup-limits    (a crate) the limits the attribute and the runtime share
 mod ack;
+#[cfg(feature = "async-nats")]
+pub mod async_nats;
 mod backend;
 mod chain;
 mod claim;
@@ -148,6 +152,8 @@ mod features;
 mod idempotency;
 mod input;
 mod key;
+#[cfg(feature = "lapin")]
+pub mod lapin;
 mod ledger;
 mod metrics;
 mod migrate;

@@ -1,0 +1,169 @@
+//! NATS JetStream through [async-nats](https://docs.rs/async-nats): how often a message has
+//! been delivered, for [`AckPolicy::decide`](crate::AckPolicy::decide), and the
+//! acknowledgement for each [`Ack`].
+//!
+//! *Available on crate feature `async-nats` only* (async-nats 0.51, its `jetstream`
+//! feature). The feature turns on no crypto provider or TLS stack of async-nats: your own
+//! async-nats dependency picks them (it needs `ring` or `aws-lc-rs`; its default features
+//! include `ring`).
+//!
+//! ```no_run
+//! use async_nats::jetstream;
+//! use dedup_runtime::async_nats::{delivery_count, settle};
+//! use dedup_runtime::{AckPolicy, Outcome};
+//! use sqlx::{Sqlite, SqlitePool};
+//! # async fn apply(_: &SqlitePool, _: &str) -> Result<Outcome<()>, sqlx::Error> { todo!() }
+//!
+//! // For each message of a pull consumer with `AckPolicy::Explicit`:
+//! async fn handle(
+//!     pool: &SqlitePool,
+//!     policy: &AckPolicy<Sqlite>,
+//!     message: &jetstream::Message,
+//! ) -> Result<(), async_nats::Error> {
+//!     let headers = message.headers.as_ref();
+//!     let id = headers.and_then(|h| h.get("Message-Id")).map_or("", |id| id.as_str());
+//!     let result = apply(pool, id).await; // an #[idempotent] handler
+//!     let ack = policy.decide(&result, delivery_count(message));
+//!     // A dead letter is copied to `payments.dead` (a stream must capture it), then ended.
+//!     settle(message, ack, Some("payments.dead")).await
+//! }
+//! ```
+//!
+//! `examples/nats.rs` is a complete consumer built on these two functions.
+
+use ::async_nats::HeaderMap;
+use ::async_nats::jetstream::{AckKind, Message};
+
+use crate::ack::Ack;
+
+/// Which delivery of its message `message` is, counting from 1, as
+/// [`AckPolicy::decide`](crate::AckPolicy::decide) takes it: JetStream's own count, the
+/// `delivered` field of the message's [`info`](Message::info) (its `$JS.ACK.…` reply
+/// subject), which is 1 on the first delivery and counts every delivery, a `-NAK` included.
+///
+/// async-nats gives that count as an `i64`; a value below 1 (JetStream sends none) is read
+/// as 1. A message whose reply subject is not a JetStream acknowledgement subject (not
+/// delivered by a JetStream consumer, so it cannot be acknowledged either) counts as 1.
+pub fn delivery_count(message: &Message) -> u64 {
+    message
+        .info()
+        .map_or(1, |info| from_delivered(info.delivered))
+}
+
+/// JetStream's `delivered`, 1-based, as an unsigned count of at least 1.
+fn from_delivered(delivered: i64) -> u64 {
+    u64::try_from(delivered).unwrap_or(0).max(1)
+}
+
+/// Tells JetStream what [`AckPolicy::decide`](crate::AckPolicy::decide) decided for
+/// `message` (of a consumer with explicit acknowledgements):
+///
+/// | `ack` | acknowledgement |
+/// | --- | --- |
+/// | [`Ack::Ack`] | `+ACK`, and waits for the server to confirm it (`double_ack`) |
+/// | [`Ack::Retry { after }`](Ack::Retry) | `-NAK` with delay `after`: JetStream redelivers it then, until the consumer's `max_deliver` |
+/// | [`Ack::DeadLetter`] | with `dead_letter_subject`, a copy published there and confirmed by its stream first; then `+TERM`, confirmed |
+///
+/// - **"Acked" means acked**: `+ACK` and `+TERM` wait for the server's reply (within the
+///   JetStream context's timeout), so a crash after `settle` returns cannot bring the
+///   message back. `-NAK` is sent without waiting: if it is lost, the ack wait redelivers.
+/// - **JetStream has no dead-letter queue.** `+TERM` only stops redelivery (the server
+///   publishes a `$JS.EVENT.ADVISORY.CONSUMER.MSG_TERMINATED.<stream>.<consumer>`
+///   advisory naming the stream sequence; the message stays in a limits-retention stream
+///   until its limits remove it). Pass `Some(subject)` to park the message where an
+///   operator can find it: its payload and headers are published to `subject`, which a
+///   stream must capture (otherwise the publication fails and the message is not
+///   terminated), before the `+TERM`. A crash between the two redelivers the message, so
+///   that stream may then hold it twice, never zero times. Headers that direct a
+///   publication (`Nats-Expected-Stream`, `Nats-Expected-Last-Sequence`, `Nats-Rollup`,
+///   `Nats-TTL`, any `Nats-…` header but `Nats-Msg-Id`) are left out of the copy: meant
+///   for the original stream, they would make the copy fail or act on the dead-letter
+///   stream. With `None`, dead-lettering is the `+TERM` alone.
+///
+/// # Errors
+/// The client's error when an acknowledgement cannot be sent or is not confirmed, or when
+/// the dead-letter copy is not stored (then nothing was terminated).
+pub async fn settle(
+    message: &Message,
+    ack: Ack,
+    dead_letter_subject: Option<&str>,
+) -> Result<(), ::async_nats::Error> {
+    match ack {
+        Ack::Ack => message.double_ack().await?,
+        Ack::Retry { after } => message.ack_with(AckKind::Nak(Some(after))).await?,
+        Ack::DeadLetter => {
+            if let Some(subject) = dead_letter_subject {
+                message
+                    .context
+                    .publish_with_headers(
+                        subject.to_owned(),
+                        dead_letter_headers(message.headers.as_ref()),
+                        message.payload.clone(),
+                    )
+                    .await?
+                    .await?;
+            }
+            message.double_ack_with(AckKind::Term).await?;
+        }
+    }
+    Ok(())
+}
+
+/// The headers of a dead letter's copy: the original's but for those that direct a
+/// JetStream publication (`Nats-…`); `Nats-Msg-Id` stays, so that the dead-letter stream
+/// drops a second copy within its duplicate window.
+fn dead_letter_headers(original: Option<&HeaderMap>) -> HeaderMap {
+    let mut copy = HeaderMap::new();
+    for (name, values) in original.into_iter().flat_map(HeaderMap::iter) {
+        let text: &str = name.as_ref();
+        let directive = text
+            .get(..5)
+            .is_some_and(|prefix| prefix.eq_ignore_ascii_case("nats-"))
+            && !text.eq_ignore_ascii_case("nats-msg-id");
+        if directive {
+            continue;
+        }
+        for value in values {
+            copy.append(name.clone(), value.clone());
+        }
+    }
+    copy
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delivered_counts_are_at_least_one() {
+        assert_eq!(from_delivered(1), 1);
+        assert_eq!(from_delivered(2), 2);
+        assert_eq!(from_delivered(20), 20);
+        assert_eq!(from_delivered(i64::MAX), i64::MAX as u64);
+        // JetStream counts from 1; anything else is read as the first delivery.
+        assert_eq!(from_delivered(0), 1);
+        assert_eq!(from_delivered(-1), 1);
+        assert_eq!(from_delivered(i64::MIN), 1);
+    }
+
+    #[test]
+    fn dead_letter_copies_keep_the_message_headers_only() {
+        let mut original = HeaderMap::new();
+        original.insert("Message-Id", "evt_91c2");
+        original.append("Trace", "a");
+        original.append("Trace", "b");
+        original.insert("Nats-Msg-Id", "evt_91c2");
+        original.insert("Nats-Expected-Stream", "PAYMENTS");
+        original.insert("Nats-Expected-Last-Sequence", "41");
+        original.insert("nats-rollup", "sub");
+        original.insert("Nats-TTL", "1h");
+        let copy = dead_letter_headers(Some(&original));
+        let mut names: Vec<&str> = copy.iter().map(|(name, _)| name.as_ref()).collect();
+        names.sort_unstable();
+        assert_eq!(names, ["Message-Id", "Nats-Msg-Id", "Trace"]);
+        let traces: Vec<&str> = copy.get_all("Trace").map(|v| v.as_str()).collect();
+        assert_eq!(traces, ["a", "b"]);
+        assert_eq!(copy.get("Message-Id").map(|v| v.as_str()), Some("evt_91c2"));
+        assert!(dead_letter_headers(None).is_empty());
+    }
+}

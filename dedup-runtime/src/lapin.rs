@@ -1,0 +1,252 @@
+//! RabbitMQ through [lapin](https://docs.rs/lapin): how often a delivery has been delivered,
+//! for [`AckPolicy::decide`](crate::AckPolicy::decide), and the lapin call for each [`Ack`].
+//!
+//! *Available on crate feature `lapin` only* (lapin 4). The feature turns on none of
+//! lapin's own features: your own lapin dependency picks its runtime and TLS stack.
+//!
+//! ```no_run
+//! use dedup_runtime::lapin::{delivery_count, settle};
+//! use dedup_runtime::{AckPolicy, Outcome};
+//! use lapin::message::Delivery;
+//! use sqlx::{Sqlite, SqlitePool};
+//! # async fn apply(_: &SqlitePool, _: &str) -> Result<Outcome<()>, sqlx::Error> { todo!() }
+//!
+//! // For each delivery of a consumer with manual acknowledgements:
+//! async fn handle(
+//!     pool: &SqlitePool,
+//!     policy: &AckPolicy<Sqlite>,
+//!     delivery: &Delivery,
+//! ) -> Result<(), lapin::Error> {
+//!     let id = delivery.properties.message_id().as_ref().map_or("", |id| id.as_str());
+//!     let result = apply(pool, id).await; // an #[idempotent] handler
+//!     settle(delivery, policy.decide(&result, delivery_count(delivery))).await
+//! }
+//! ```
+//!
+//! `examples/rabbitmq.rs` is a complete consumer built on these two functions.
+
+use ::lapin::message::Delivery;
+use ::lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
+use ::lapin::types::AMQPValue;
+
+use crate::ack::Ack;
+
+/// Quorum queues: how many earlier deliveries of the message failed (RabbitMQ ≥ 4.3 counts
+/// only failures: a `basic.reject`, a consumer gone; before, every return).
+const DELIVERY_COUNT: &str = "x-delivery-count";
+/// Quorum queues, RabbitMQ ≥ 4.3: how many times the message was handed to a consumer
+/// before, failed or not (a `basic.nack` with requeue counts here only).
+const ACQUIRED_COUNT: &str = "x-acquired-count";
+
+/// Which delivery of its message `delivery` is, counting from 1, as
+/// [`AckPolicy::decide`](crate::AckPolicy::decide) takes it.
+///
+/// RabbitMQ says it in one of three ways, and this reads them all:
+///
+/// - **Quorum queues** count the *earlier* deliveries in the header `x-delivery-count`
+///   (absent on the first delivery), and from RabbitMQ 4.3 also in `x-acquired-count`:
+///   the count is the larger of the two plus 1. (From 4.3 `x-delivery-count` counts only
+///   failed deliveries — `basic.reject`, a consumer gone — and a `basic.nack` with requeue,
+///   which [`settle`] sends for [`Ack::Retry`], advances only `x-acquired-count`.)
+/// - **Classic queues** (and streams) count nothing; they set the `redelivered` flag on
+///   every delivery after the first: the count is then 2, "more than once".
+/// - Otherwise it is 1: the first delivery.
+///
+/// It is never less than 2 for a delivery flagged `redelivered`. A header that is not an
+/// integer, or is negative, is ignored as if absent; a count never overflows (it
+/// saturates at `u64::MAX`).
+///
+/// ```
+/// use dedup_runtime::lapin::delivery_count;
+/// use lapin::message::Delivery;
+/// use lapin::types::{AMQPValue, FieldTable};
+///
+/// let first = Delivery::mock(1, "".into(), "payments".into(), false, Vec::new());
+/// assert_eq!(delivery_count(&first), 1);
+///
+/// // A classic queue only flags a redelivery.
+/// let again = Delivery::mock(2, "".into(), "payments".into(), true, Vec::new());
+/// assert_eq!(delivery_count(&again), 2);
+///
+/// // A quorum queue counts the deliveries before this one.
+/// let mut third = Delivery::mock(3, "".into(), "payments".into(), true, Vec::new());
+/// let mut headers = FieldTable::default();
+/// headers.insert("x-delivery-count".into(), AMQPValue::LongLongInt(2));
+/// third.properties = third.properties.with_headers(headers);
+/// assert_eq!(delivery_count(&third), 3);
+/// ```
+pub fn delivery_count(delivery: &Delivery) -> u64 {
+    let headers = delivery.properties.headers().as_ref();
+    let earlier = [DELIVERY_COUNT, ACQUIRED_COUNT]
+        .into_iter()
+        .filter_map(|name| headers.and_then(|headers| headers.inner().get(name)))
+        .filter_map(earlier_deliveries)
+        .max();
+    count(earlier, delivery.redelivered)
+}
+
+/// The 1-based count from the number of earlier deliveries RabbitMQ reported (if it did)
+/// and the `redelivered` flag.
+fn count(earlier: Option<u64>, redelivered: bool) -> u64 {
+    let flagged = if redelivered { 2 } else { 1 };
+    earlier.map_or(flagged, |earlier| earlier.saturating_add(1).max(flagged))
+}
+
+/// A count header's value: a non-negative integer of any width (RabbitMQ sends a signed
+/// 64-bit `long`; a message re-published by a client may carry a narrower one).
+fn earlier_deliveries(value: &AMQPValue) -> Option<u64> {
+    match *value {
+        AMQPValue::ShortShortInt(n) => u64::try_from(n).ok(),
+        AMQPValue::ShortShortUInt(n) => Some(n.into()),
+        AMQPValue::ShortInt(n) => u64::try_from(n).ok(),
+        AMQPValue::ShortUInt(n) => Some(n.into()),
+        AMQPValue::LongInt(n) => u64::try_from(n).ok(),
+        AMQPValue::LongUInt(n) => Some(n.into()),
+        AMQPValue::LongLongInt(n) => u64::try_from(n).ok(),
+        _ => None,
+    }
+}
+
+/// Tells RabbitMQ what [`AckPolicy::decide`](crate::AckPolicy::decide) decided for
+/// `delivery` (of a consumer with manual acknowledgements):
+///
+/// | `ack` | lapin call |
+/// | --- | --- |
+/// | [`Ack::Ack`] | `basic_ack` |
+/// | [`Ack::Retry { after }`](Ack::Retry) | wait `after` here, then `basic_nack` with `requeue: true` |
+/// | [`Ack::DeadLetter`] | `basic_reject` with `requeue: false`: to the queue's dead-letter exchange |
+///
+/// - **A retry holds its message while it waits**, and with it one of the channel's
+///   prefetch slots (`basic_qos`): RabbitMQ has no delayed requeue of its own. While the
+///   database is away, a channel that takes no new message is the back-pressure wanted;
+///   for long delays, a TTL-and-dead-letter "retry queue" is the alternative. Dropping the
+///   future while it waits sends nothing: the message stays unacknowledged until the
+///   channel closes, then RabbitMQ delivers it again.
+/// - **A dead letter goes to the queue's `x-dead-letter-exchange`.** Declare one: without
+///   it RabbitMQ drops a rejected message. On a quorum queue, a message that exceeds its
+///   `x-delivery-limit` is dead-lettered (or dropped) by RabbitMQ itself.
+/// - An acknowledgement lapin can no longer send — the delivery was already settled, or
+///   its channel closed — is a no-op (lapin answers `Ok(false)`): RabbitMQ delivers an
+///   unacknowledged message again, and the dedup record makes that copy a duplicate.
+///
+/// # Errors
+/// The channel's error when the call fails on its way to the broker.
+pub async fn settle(delivery: &Delivery, ack: Ack) -> Result<(), ::lapin::Error> {
+    match ack {
+        Ack::Ack => {
+            delivery.acker.ack(BasicAckOptions::default()).await?;
+        }
+        Ack::Retry { after } => {
+            tokio::time::sleep(after).await;
+            let requeue = BasicNackOptions {
+                requeue: true,
+                multiple: false,
+            };
+            delivery.acker.nack(requeue).await?;
+        }
+        Ack::DeadLetter => {
+            let to_dead_letter_exchange = BasicRejectOptions { requeue: false };
+            delivery.acker.reject(to_dead_letter_exchange).await?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use ::lapin::types::{FieldTable, LongString};
+
+    use super::*;
+
+    fn delivery(redelivered: bool, headers: &[(&str, AMQPValue)]) -> Delivery {
+        let mut delivery = Delivery::mock(1, "".into(), "q".into(), redelivered, Vec::new());
+        if !headers.is_empty() {
+            let mut table = FieldTable::default();
+            for (name, value) in headers {
+                table.insert((*name).into(), value.clone());
+            }
+            delivery.properties = delivery.properties.clone().with_headers(table);
+        }
+        delivery
+    }
+
+    #[test]
+    fn without_a_count_the_redelivered_flag_decides() {
+        assert_eq!(delivery_count(&delivery(false, &[])), 1);
+        assert_eq!(delivery_count(&delivery(true, &[])), 2);
+        // Headers, but no count among them.
+        let other = [(
+            "x-first-death-reason",
+            AMQPValue::LongString("rejected".into()),
+        )];
+        assert_eq!(delivery_count(&delivery(false, &other)), 1);
+        assert_eq!(delivery_count(&delivery(true, &other)), 2);
+    }
+
+    #[test]
+    fn a_count_header_counts_earlier_deliveries() {
+        for (earlier, expected) in [(1, 2), (2, 3), (19, 20)] {
+            let headers = [(DELIVERY_COUNT, AMQPValue::LongLongInt(earlier))];
+            assert_eq!(delivery_count(&delivery(true, &headers)), expected);
+        }
+        // Every integer width RabbitMQ or a re-publishing client may use.
+        for value in [
+            AMQPValue::ShortShortInt(4),
+            AMQPValue::ShortShortUInt(4),
+            AMQPValue::ShortInt(4),
+            AMQPValue::ShortUInt(4),
+            AMQPValue::LongInt(4),
+            AMQPValue::LongUInt(4),
+            AMQPValue::LongLongInt(4),
+        ] {
+            let headers = [(DELIVERY_COUNT, value.clone())];
+            assert_eq!(delivery_count(&delivery(true, &headers)), 5, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn the_larger_of_the_two_counts_wins() {
+        // RabbitMQ 4.3: requeued with `basic.nack` three times, never failed.
+        let nacked = [
+            (DELIVERY_COUNT, AMQPValue::LongLongInt(0)),
+            (ACQUIRED_COUNT, AMQPValue::LongLongInt(3)),
+        ];
+        assert_eq!(delivery_count(&delivery(true, &nacked)), 4);
+        let acquired_only = [(ACQUIRED_COUNT, AMQPValue::LongInt(1))];
+        assert_eq!(delivery_count(&delivery(true, &acquired_only)), 2);
+        let both = [
+            (DELIVERY_COUNT, AMQPValue::LongLongInt(5)),
+            (ACQUIRED_COUNT, AMQPValue::LongLongInt(2)),
+        ];
+        assert_eq!(delivery_count(&delivery(true, &both)), 6);
+    }
+
+    #[test]
+    fn zero_negative_and_malformed_counts_fall_back_to_the_flag() {
+        // Zero earlier deliveries, but flagged: at least the second.
+        let zero = [(DELIVERY_COUNT, AMQPValue::LongLongInt(0))];
+        assert_eq!(delivery_count(&delivery(false, &zero)), 1);
+        assert_eq!(delivery_count(&delivery(true, &zero)), 2);
+        for value in [
+            AMQPValue::LongLongInt(-1),
+            AMQPValue::LongLongInt(i64::MIN),
+            AMQPValue::ShortShortInt(-3),
+            AMQPValue::LongString(LongString::from("3")),
+            AMQPValue::Double(3.0),
+            AMQPValue::Boolean(true),
+            AMQPValue::Void,
+        ] {
+            let headers = [(DELIVERY_COUNT, value.clone())];
+            assert_eq!(delivery_count(&delivery(false, &headers)), 1, "{value:?}");
+            assert_eq!(delivery_count(&delivery(true, &headers)), 2, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn counts_do_not_overflow() {
+        let huge = [(DELIVERY_COUNT, AMQPValue::LongLongInt(i64::MAX))];
+        assert_eq!(delivery_count(&delivery(true, &huge)), i64::MAX as u64 + 1);
+        assert_eq!(count(Some(u64::MAX), true), u64::MAX);
+        assert_eq!(count(Some(u64::MAX - 1), false), u64::MAX);
+    }
+}
