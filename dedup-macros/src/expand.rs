@@ -362,9 +362,10 @@ fn placeholder_fn(krate: &Path, handler: Handler) -> TokenStream {
 //         msg: &Paid,
 //     ) -> Result<::dedup_runtime::Outcome<()>, sqlx::Error> {
 //         trait __DedupRetryable<C, R> { /* see `retryable()` */ }
+//         static __DEDUP_METRICS: __private::HandlerMetrics = __private::HandlerMetrics::new();
 //         let __dedup_exit = match __private::message_id(&msg.id) {
 //             Err(__dedup_error) => {
-//                 __private::Exit::Error(__private::refused("mark_paid", "billing", __dedup_error))
+//                 __private::Exit::Error(__private::refused(&__DEDUP_METRICS, "mark_paid", "billing", __dedup_error))
 //             }
 //             Ok(__dedup_id) => {
 //                 let mut __dedup_run = __private::Run::new(
@@ -375,6 +376,7 @@ fn placeholder_fn(krate: &Path, handler: Handler) -> TokenStream {
 //                         &__dedup_id,
 //                     )),
 //                     &["payments_order_key"],
+//                     &__DEDUP_METRICS,
 //                 );
 //                 let mut __dedup_handle = __private::Db::into_handle(__dedup_db);
 //                 let __dedup_span = __dedup_run.span();
@@ -538,13 +540,14 @@ fn body(
     };
     // With `key = …`, the id is checked before anything runs; with `unique = …` alone
     // there is no id.
+    let metrics = local("__DEDUP_METRICS");
     let exit_value = match (&args.key, &args.consumer) {
         (Some((_, key)), Some(consumer)) => {
             let message_id = key_call(&private, key);
             quote! {
                 match #message_id {
                     ::core::result::Result::Err(#error) => #private::Exit::Error(
-                        #private::refused(#handler_name, #consumer, #error),
+                        #private::refused(&#metrics, #handler_name, #consumer, #error),
                     ),
                     ::core::result::Result::Ok(#id) => {
                         let mut #run = #private::Run::new(
@@ -555,6 +558,7 @@ fn body(
                                 &#id,
                             )),
                             &[#(#unique),*],
+                            &#metrics,
                         )#policy;
                         #run_loop
                     }
@@ -566,12 +570,16 @@ fn body(
                 #handler_name,
                 ::core::option::Option::None,
                 &[#(#unique),*],
+                &#metrics,
             )#policy;
             #run_loop
         }},
     };
 
     quote! {
+        // The handler's metric keys, built at its first call (empty without the runtime's
+        // `metrics` feature).
+        static #metrics: #private::HandlerMetrics = #private::HandlerMetrics::new();
         let #exit = #exit_value;
         match #exit {
             #private::Exit::Outcome(#value) => ::core::result::Result::Ok(#value),

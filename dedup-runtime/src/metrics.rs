@@ -45,6 +45,7 @@ impl End<'_> {
 }
 
 /// A failure's `class` label.
+/// In the order of `Keys::failures`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Class {
     InvalidId,
@@ -80,54 +81,118 @@ impl Started {
     }
 }
 
+/// One handler's metric keys, built at its first recorded call: after that, recording
+/// allocates nothing (a key with labels that are not literals is otherwise built, and
+/// its labels allocated, at every call). The generated code keeps one in a `static` per
+/// handler; without the `metrics` feature it is empty.
+pub struct HandlerMetrics {
+    #[cfg(feature = "metrics")]
+    keys: std::sync::OnceLock<Keys>,
+}
+
+impl HandlerMetrics {
+    /// No keys yet: they are built at the first recorded call.
+    #[allow(clippy::new_without_default)]
+    pub const fn new() -> Self {
+        HandlerMetrics {
+            #[cfg(feature = "metrics")]
+            keys: std::sync::OnceLock::new(),
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    fn keys(&self, handler: &'static str, consumer: &'static str) -> &Keys {
+        self.keys.get_or_init(|| Keys::new(handler, consumer))
+    }
+}
+
+#[cfg(feature = "metrics")]
+struct Keys {
+    processed: metrics::Key,
+    duplicate_message_id: metrics::Key,
+    duplicate_business_key: metrics::Key,
+    retries: metrics::Key,
+    /// By [`Class`], in its order.
+    failures: [metrics::Key; 5],
+    /// By [`End::outcome`]: processed, duplicate, failed.
+    duration: [metrics::Key; 3],
+}
+
+#[cfg(feature = "metrics")]
+impl Keys {
+    fn new(handler: &'static str, consumer: &'static str) -> Keys {
+        use metrics::{Key, Label};
+        let key = |name: &'static str, extra: Option<(&'static str, &'static str)>| {
+            let mut labels = vec![
+                Label::from_static_parts("handler", handler),
+                Label::from_static_parts("consumer", consumer),
+            ];
+            labels.extend(extra.map(|(key, value)| Label::from_static_parts(key, value)));
+            Key::from_parts(name, labels)
+        };
+        let failure = |class: Class| key("dedup_failures_total", Some(("class", class.label())));
+        let duration = |outcome| key("dedup_handler_duration_seconds", Some(("outcome", outcome)));
+        Keys {
+            processed: key("dedup_processed_total", None),
+            duplicate_message_id: key("dedup_duplicates_total", Some(("rule", "message_id"))),
+            duplicate_business_key: key("dedup_duplicates_total", Some(("rule", "business_key"))),
+            retries: key("dedup_retries_total", None),
+            failures: [
+                failure(Class::InvalidId),
+                failure(Class::Transient),
+                failure(Class::RolledBack),
+                failure(Class::Database),
+                failure(Class::Body),
+            ],
+            duration: [
+                duration("processed"),
+                duration("duplicate"),
+                duration("failed"),
+            ],
+        }
+    }
+}
+
+#[cfg(feature = "metrics")]
+static METADATA: metrics::Metadata<'static> =
+    metrics::Metadata::new(module_path!(), metrics::Level::INFO, Some(module_path!()));
+
 /// Records the end of one call.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn ended(handler: &'static str, consumer: &'static str, end: End<'_>, started: Started) {
+pub(crate) fn ended(
+    metrics: &HandlerMetrics,
+    handler: &'static str,
+    consumer: &'static str,
+    end: End<'_>,
+    started: Started,
+) {
     #[cfg(feature = "metrics")]
     {
-        match end {
-            End::Processed => metrics::counter!(
-                "dedup_processed_total",
-                "handler" => handler,
-                "consumer" => consumer
-            )
-            .increment(1),
-            End::Duplicate(duplicate) => metrics::counter!(
-                "dedup_duplicates_total",
-                "handler" => handler,
-                "consumer" => consumer,
-                "rule" => match duplicate {
-                    Duplicate::AlreadyProcessed => "message_id",
-                    Duplicate::BusinessKey { .. } => "business_key",
-                }
-            )
-            .increment(1),
-            End::Failed(class) => metrics::counter!(
-                "dedup_failures_total",
-                "handler" => handler,
-                "consumer" => consumer,
-                "class" => class.label()
-            )
-            .increment(1),
-        }
-        metrics::histogram!(
-            "dedup_handler_duration_seconds",
-            "handler" => handler,
-            "consumer" => consumer,
-            "outcome" => end.outcome()
-        )
-        .record(started.0.elapsed());
+        let keys = metrics.keys(handler, consumer);
+        let (counter, duration) = match end {
+            End::Processed => (&keys.processed, &keys.duration[0]),
+            End::Duplicate(Duplicate::BusinessKey { .. }) => {
+                (&keys.duplicate_business_key, &keys.duration[1])
+            }
+            End::Duplicate(_) => (&keys.duplicate_message_id, &keys.duration[1]),
+            End::Failed(class) => (&keys.failures[class as usize], &keys.duration[2]),
+        };
+        let elapsed = started.0.elapsed();
+        metrics::with_recorder(|recorder| {
+            recorder.register_counter(counter, &METADATA).increment(1);
+            recorder
+                .register_histogram(duration, &METADATA)
+                .record(elapsed);
+        });
     }
 }
 
 /// Records an attempt that is run again.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn retried(handler: &'static str, consumer: &'static str) {
+pub(crate) fn retried(metrics: &HandlerMetrics, handler: &'static str, consumer: &'static str) {
     #[cfg(feature = "metrics")]
-    metrics::counter!(
-        "dedup_retries_total",
-        "handler" => handler,
-        "consumer" => consumer
-    )
-    .increment(1);
+    {
+        let key = &metrics.keys(handler, consumer).retries;
+        metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA).increment(1));
+    }
 }

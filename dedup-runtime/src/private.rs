@@ -4,6 +4,7 @@
 pub use crate::claim::Statements;
 pub use crate::consumers::register as register_consumer;
 pub use crate::input::{Db, Handle, HandlerConnection};
+pub use crate::metrics::HandlerMetrics;
 pub use crate::run::{Abort, Begin, Claim, Commit, Exit, Run, message_id, refused};
 pub use tracing::Instrument;
 

@@ -26,9 +26,10 @@
 //!     msg: &Paid,
 //! ) -> Result<::dedup_runtime::Outcome<()>, sqlx::Error> {
 //!     trait __DedupRetryable<C, R> { /* see `retryable()` */ }
+//!     static __DEDUP_METRICS: __private::HandlerMetrics = __private::HandlerMetrics::new();
 //!     let __dedup_exit = match __private::message_id(&msg.id) {
 //!         Err(__dedup_error) => {
-//!             __private::Exit::Error(__private::refused("mark_paid", "billing", __dedup_error))
+//!             __private::Exit::Error(__private::refused(&__DEDUP_METRICS, "mark_paid", "billing", __dedup_error))
 //!         }
 //!         Ok(__dedup_id) => {
 //!             let mut __dedup_run = __private::Run::new(
@@ -39,6 +40,7 @@
 //!                     &__dedup_id,
 //!                 )),
 //!                 &["payments_order_key"],
+//!                 &__DEDUP_METRICS, // the handler's metric keys, built at its first call
 //!             );
 //!             let mut __dedup_handle = __private::Db::into_handle(__dedup_db);
 //!             let __dedup_span = __dedup_run.span();
@@ -109,7 +111,7 @@ use crate::claim::{self, Claimed, Statements, Tx};
 use crate::classify;
 use crate::input::{Handle, Source};
 use crate::key::{MessageId, MessageKey};
-use crate::metrics::{self, Class, End};
+use crate::metrics::{self, Class, End, HandlerMetrics};
 use crate::outcome::{Duplicate, Outcome};
 use crate::retry;
 use crate::rolled_back::RolledBack;
@@ -123,8 +125,14 @@ pub fn message_id<K: MessageKey + ?Sized>(key: &K) -> Result<MessageId<'_>, sqlx
 
 /// The call is over before it began: `key` gave an invalid id (`error`, from
 /// [`message_id`]). Counted, and returned.
-pub fn refused(handler: &'static str, consumer: &'static str, error: sqlx::Error) -> sqlx::Error {
+pub fn refused(
+    metrics: &'static HandlerMetrics,
+    handler: &'static str,
+    consumer: &'static str,
+    error: sqlx::Error,
+) -> sqlx::Error {
     metrics::ended(
+        metrics,
         handler,
         consumer,
         End::Failed(Class::InvalidId),
@@ -249,6 +257,7 @@ pub struct Run<'k> {
     /// `effect = "send-first"`, whose body may have made an external call ([`Run::send_first`]).
     rerun_body: bool,
     started: metrics::Started,
+    metrics: &'static HandlerMetrics,
 }
 
 impl<'k> Run<'k> {
@@ -256,6 +265,7 @@ impl<'k> Run<'k> {
         handler: &'static str,
         claim: Option<Claim<'k>>,
         unique: &'static [&'static str],
+        metrics: &'static HandlerMetrics,
     ) -> Self {
         let span = tracing::info_span!(
             "idempotent",
@@ -284,6 +294,7 @@ impl<'k> Run<'k> {
             claimed_at: None,
             rerun_body: true,
             started: metrics::Started::now(),
+            metrics,
         }
     }
 
@@ -311,7 +322,13 @@ impl<'k> Run<'k> {
             self.span.record("outcome", end.outcome());
             self.span.record("attempts", self.attempt);
         }
-        metrics::ended(self.handler, self.consumer(), end, self.started);
+        metrics::ended(
+            self.metrics,
+            self.handler,
+            self.consumer(),
+            end,
+            self.started,
+        );
     }
 
     /// Begins the transaction (or savepoint) and inserts the dedup row, if any.
@@ -515,7 +532,7 @@ impl<'k> Run<'k> {
             ?delay,
             "retrying after a transient failure"
         );
-        metrics::retried(self.handler, self.consumer());
+        metrics::retried(self.metrics, self.handler, self.consumer());
         tokio::time::sleep(delay).await;
         true
     }
