@@ -78,7 +78,9 @@ mod sqlite;
 /// forgotten, or its handler used `unique = …` alone (which records no id).
 /// A row that is not processed — its `state` is set: a mark or lease in progress, or an
 /// outcome unknown — reads as `None` too: its `processed_at` is when the claim began, not
-/// when the work was done, and a lookup must never call such a message processed.
+/// when the work was done, and a lookup must never call such a message processed. (A 0.1
+/// table not upgraded by [`migrate`](crate::migrate) yet lacks `state`: the lookup fails
+/// with the database's unknown-column error.)
 /// The time is `processed_at` as the database's clock wrote it (see
 /// [`STAMP_AFTER`](crate::STAMP_AFTER) for what it measures), converted exactly, to the
 /// microsecond (SQLite: the millisecond), whatever the session's time zone.

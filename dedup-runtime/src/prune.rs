@@ -115,7 +115,11 @@ pub const MAX_PRUNE_AGE: Duration = Duration::from_secs(1_000 * 365 * 24 * 60 * 
 /// whatever its age and whatever the cutoff: deleting an unexpired lease would let a
 /// second copy run while the first still works, and deleting an unknown row would hide a
 /// lost effect. [`ConsumerStats::unresolved`] counts them. Plain handlers never write
-/// `state`: for them nothing changes.
+/// `state`: for them nothing changes. A table that 0.1 created and no 0.2 [`migrate`]
+/// has upgraded yet lacks the column, and the run fails with the database's
+/// unknown-column error, deleting nothing: run [`migrate`] first.
+///
+/// [`migrate`]: crate::migrate
 ///
 /// # Clocks and formats
 ///
