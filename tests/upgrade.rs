@@ -475,3 +475,83 @@ async fn mariadb_upgrade_is_instant() {
     );
     exec(&pool, &format!("DROP TABLE {table}; DROP TABLE {fresh}")).await;
 }
+
+/// A qualified 0.1 table (`schema.table`) is upgraded like an unqualified one: the
+/// catalog lookups (`to_regclass`, `information_schema`, `pragma_table_info`) and the
+/// new index take the schema into account. `qualify` turns the frozen unqualified 0.1 DDL
+/// for `base` into the same DDL for `schema.base`.
+async fn qualified_upgrade<DB: Catalog>(
+    pool: &Pool<DB>,
+    schema: &str,
+    qualify: impl Fn(&str, &str) -> String,
+) where
+    for<'c> &'c Pool<DB>: sqlx::Executor<'c, Database = DB>,
+{
+    let base = dedup_suite::unique_table("upgqual");
+    let fresh = dedup_suite::unique_table("upgqualnew");
+    let qualified = format!("{schema}.{base}");
+    let _one_at_a_time = dedup_suite::ddl_lock().await;
+    exec(pool, &qualify(&DB::ddl_0_1(&base), &base)).await;
+    migrate_twice_at_once(pool, &qualified).await;
+    dedup_runtime::migrate_table(pool, &fresh).await.unwrap();
+    let normalise = |lines: Vec<String>, name: &str| -> Vec<String> {
+        lines.iter().map(|line| line.replace(name, "T")).collect()
+    };
+    let upgraded = normalise(DB::describe(pool, &base).await, &base);
+    assert!(
+        upgraded.iter().any(|line| line.starts_with("state ")),
+        "{upgraded:#?}"
+    );
+    assert_eq!(
+        upgraded,
+        normalise(DB::describe(pool, &fresh).await, &fresh)
+    );
+    exec(pool, &format!("DROP TABLE {qualified}")).await;
+    exec(pool, &format!("DROP TABLE {fresh}")).await;
+}
+
+#[tokio::test]
+async fn postgres_qualified_table_upgrade() {
+    let pool = dedup_suite::postgres().await;
+    // `describe` reads `current_schema()`: the table's schema is the public one, named.
+    qualified_upgrade(&pool, "public", |ddl, base| {
+        ddl.replace(
+            &format!("EXISTS {base} ("),
+            &format!("EXISTS public.{base} ("),
+        )
+        .replace(&format!(" ON {base} "), &format!(" ON public.{base} "))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mysql_qualified_table_upgrade() {
+    let pool = dedup_suite::mysql().await;
+    qualified_upgrade(&pool, "test", |ddl, base| {
+        ddl.replace(
+            &format!("EXISTS {base} ("),
+            &format!("EXISTS test.{base} ("),
+        )
+        .replace(
+            &format!("ALTER TABLE {base} "),
+            &format!("ALTER TABLE test.{base} "),
+        )
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sqlite_qualified_table_upgrade() {
+    let pool = dedup_suite::sqlite().await;
+    qualified_upgrade(&pool, "main", |ddl, base| {
+        ddl.replace(
+            &format!("EXISTS {base} ("),
+            &format!("EXISTS main.{base} ("),
+        )
+        .replace(
+            &format!("EXISTS {base}_processed_at_idx"),
+            &format!("EXISTS main.{base}_processed_at_idx"),
+        )
+    })
+    .await;
+}
