@@ -131,9 +131,9 @@
 //   claim/          begin, claim the message id, the checked commit, rollback, per backend
 //   classify/       what an error means: transient, unique violation, database away
 //   chain.rs        the one walk along an error's sources, for every classification
-//   schema/         the dedup table: its name (`Table`) and each backend's DDL
+//   schema/         the dedup table: its name (`Table`), each backend's DDL and its upgrade
 //   migrate.rs      `migrate`, `migrate_table`, `schema_sql`, `upgrade_sql`
-//   prune/          deleting old ids, never before the redelivery window ends
+//   prune/          deleting old processed ids, never before the redelivery window ends
 //   ledger/         the operator's lookup and forget of one id (`Ledger`)
 //   ack.rs          what to tell the broker (`AckPolicy`)
 //   metrics.rs      counters and a latency histogram (feature `metrics`)
