@@ -12,6 +12,7 @@
 //! | [`ddl`], [`ddl_lock`] | test tables created one at a time |
 //! | [`error_code`] | a database error's vendor code, for assertions |
 //! | [`unique`], [`unique_table`] | names no other test or run uses |
+//! | [`schema_0_1`] | the dedup table's DDL as 0.1 shipped it, frozen (upgrade tests) |
 //! | [`Runs`] | counts the runs of a handler's body (retries re-run it) |
 //! | [`Shuffle`] | a reproducible shuffle of deliveries |
 
@@ -357,6 +358,50 @@ impl Shuffle {
             let j = usize::try_from(self.next_u64() % (i as u64 + 1)).unwrap_or(0);
             items.swap(i, j);
         }
+    }
+}
+
+/// The dedup table as dedup 0.1 created it (its `migrate` and its shipped
+/// `0001_processed_messages.sql`), frozen here: the starting point of the upgrade tests,
+/// and what the shipped `0001` files must go on saying. Never change these strings.
+pub mod schema_0_1 {
+    /// PostgreSQL's 0.1 DDL for `table` (unqualified), one script.
+    pub fn postgres(table: &str) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\n    \
+             consumer     text COLLATE \"C\" NOT NULL,\n    \
+             message_id   text COLLATE \"C\" NOT NULL,\n    \
+             processed_at timestamptz NOT NULL DEFAULT now(),\n    \
+             PRIMARY KEY (consumer, message_id)\n);\n\
+             CREATE INDEX IF NOT EXISTS {table}_processed_at_idx ON {table} (processed_at);\n"
+        )
+    }
+
+    /// MySQL and MariaDB's 0.1 DDL for `table` (unqualified), one script.
+    pub fn mysql(table: &str) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\n    \
+             consumer     VARBINARY(255) NOT NULL,\n    \
+             message_id   VARBINARY(255) NOT NULL,\n    \
+             processed_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),\n    \
+             PRIMARY KEY (consumer, message_id),\n    \
+             KEY processed_at_idx (processed_at)\n\
+             ) ENGINE = InnoDB;\n\
+             ALTER TABLE {table} ALTER COLUMN processed_at SET DEFAULT (UTC_TIMESTAMP(6));\n"
+        )
+    }
+
+    /// SQLite's 0.1 DDL for `table` (unqualified), one script.
+    pub fn sqlite(table: &str) -> String {
+        format!(
+            "CREATE TABLE IF NOT EXISTS {table} (\n    \
+             consumer     TEXT NOT NULL,\n    \
+             message_id   TEXT NOT NULL,\n    \
+             processed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),\n    \
+             PRIMARY KEY (consumer, message_id)\n\
+             ) WITHOUT ROWID;\n\
+             CREATE INDEX IF NOT EXISTS {table}_processed_at_idx ON {table} (processed_at);\n"
+        )
     }
 }
 

@@ -1,42 +1,139 @@
-//! The SQL files shipped for users' own migration tools are exactly what `migrate` runs.
-//! After changing the DDL, regenerate them with `DEDUP_BLESS=1 cargo test --test schema`.
+//! The SQL files shipped for users' own migration tools: `0001` is the 0.1 table exactly as
+//! 0.1 shipped it (users may have applied it: it never changes), `0002` is exactly the
+//! upgrade `upgrade_sql` prints, and `schema_sql` creates the complete current table.
+//! After changing the upgrade's DDL, regenerate `0002` with
+//! `DEDUP_BLESS=1 cargo test --test schema`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
-fn check(backend: &str, generated: &str) {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+use dedup_suite::schema_0_1;
+
+fn path(backend: &str, file: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("dedup-runtime/migrations")
         .join(backend)
-        .join("0001_processed_messages.sql");
-    let header = "-- The dedup table of dedup-runtime: what `dedup_runtime::migrate` creates.\n\
-                  -- Copy it into your own migrations; it is safe to run more than once.\n\n";
-    let expected = format!("{header}{generated}");
-    if std::env::var_os("DEDUP_BLESS").is_some() {
-        std::fs::write(&path, &expected).unwrap();
+        .join(file)
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_else(|error| panic!("{}: {error}", path.display()))
+}
+
+const HEADER_0001: &str = "-- The dedup table of dedup-runtime: what `dedup_runtime::migrate` creates.\n\
+                           -- Copy it into your own migrations; it is safe to run more than once.\n\n";
+
+/// The header of each backend's `0002`: what it does, and whether it may run twice.
+fn header_0002(backend: &str) -> &'static str {
+    match backend {
+        "postgres" => {
+            "-- Upgrades the dedup table of dedup-runtime 0.1 (0001_processed_messages.sql) to 0.2:\n\
+             -- the columns state, owner, expires_at (NULL for every existing row: processed) and\n\
+             -- an index of the rows not processed. What `dedup_runtime::migrate` does to a 0.1\n\
+             -- table. Safe to run more than once. Consumers wait while it runs: it checks the new\n\
+             -- CHECK and builds the partial index with one scan of the table each.\n\n"
+        }
+        "mysql" => {
+            "-- Upgrades the dedup table of dedup-runtime 0.1 (0001_processed_messages.sql) to 0.2:\n\
+             -- the columns state, owner, expires_at (NULL for every existing row: processed). What\n\
+             -- `dedup_runtime::migrate` does to a 0.1 table; no index (MySQL has no partial index,\n\
+             -- and every claim would pay for a full one). MariaDB: safe to run more than once; on\n\
+             -- 10.11 the ALTER is ALGORITHM=INSTANT. MySQL 8 has no ADD COLUMN IF NOT EXISTS:\n\
+             -- delete the three `IF NOT EXISTS` and run it once (as migration tools do).\n\n"
+        }
+        "sqlite" => {
+            "-- Upgrades the dedup table of dedup-runtime 0.1 (0001_processed_messages.sql) to 0.2:\n\
+             -- the columns state, owner, expires_at (NULL for every existing row: processed) and\n\
+             -- an index of the rows not processed. What `dedup_runtime::migrate` does to a 0.1\n\
+             -- table. SQLite has no ADD COLUMN IF NOT EXISTS: run it once (as migration tools do).\n\n"
+        }
+        other => panic!("no backend {other}"),
     }
-    let shipped = std::fs::read_to_string(&path)
-        .unwrap_or_else(|error| panic!("{}: {error}", path.display()));
+}
+
+fn check(backend: &str, file: &str, expected: &str, bless: bool) {
+    let path = path(backend, file);
+    if bless && std::env::var_os("DEDUP_BLESS").is_some() {
+        std::fs::write(&path, expected).unwrap();
+    }
     assert_eq!(
-        shipped,
+        read(&path),
         expected,
-        "{} is stale: run with DEDUP_BLESS=1",
-        path.display()
+        "{} is stale{}",
+        path.display(),
+        if bless {
+            ": run with DEDUP_BLESS=1"
+        } else {
+            " (0.1's file: never change it)"
+        }
     );
 }
 
 #[test]
-fn shipped_sql_matches_migrate() {
-    check(
-        "postgres",
-        &dedup_runtime::schema_sql::<sqlx::Postgres>("processed_messages").unwrap(),
-    );
-    check(
-        "mysql",
-        &dedup_runtime::schema_sql::<sqlx::MySql>("processed_messages").unwrap(),
-    );
-    check(
-        "sqlite",
-        &dedup_runtime::schema_sql::<sqlx::Sqlite>("processed_messages").unwrap(),
+fn shipped_0001_is_the_frozen_0_1_table() {
+    for (backend, ddl) in [
+        ("postgres", schema_0_1::postgres("processed_messages")),
+        ("mysql", schema_0_1::mysql("processed_messages")),
+        ("sqlite", schema_0_1::sqlite("processed_messages")),
+    ] {
+        let expected = format!("{HEADER_0001}{ddl}");
+        check(backend, "0001_processed_messages.sql", &expected, false);
+    }
+}
+
+#[test]
+fn shipped_0002_matches_upgrade_sql() {
+    for (backend, sql) in [
+        (
+            "postgres",
+            dedup_runtime::upgrade_sql::<sqlx::Postgres>("processed_messages").unwrap(),
+        ),
+        (
+            "mysql",
+            dedup_runtime::upgrade_sql::<sqlx::MySql>("processed_messages").unwrap(),
+        ),
+        (
+            "sqlite",
+            dedup_runtime::upgrade_sql::<sqlx::Sqlite>("processed_messages").unwrap(),
+        ),
+    ] {
+        let expected = format!("{}{sql}", header_0002(backend));
+        check(
+            backend,
+            "0002_processed_messages_state.sql",
+            &expected,
+            true,
+        );
+    }
+}
+
+/// `schema_sql` creates the whole current table in one go: the 0.1 columns and the new.
+#[test]
+fn schema_sql_creates_the_current_table() {
+    for sql in [
+        dedup_runtime::schema_sql::<sqlx::Postgres>("processed_messages").unwrap(),
+        dedup_runtime::schema_sql::<sqlx::MySql>("processed_messages").unwrap(),
+        dedup_runtime::schema_sql::<sqlx::Sqlite>("processed_messages").unwrap(),
+    ] {
+        assert!(sql.starts_with("CREATE TABLE IF NOT EXISTS processed_messages ("));
+        for column in [
+            "consumer ",
+            "message_id ",
+            "processed_at ",
+            "state ",
+            "owner ",
+            "expires_at ",
+        ] {
+            assert!(sql.contains(&format!("\n    {column}")), "{column}: {sql}");
+        }
+    }
+    let postgres = dedup_runtime::schema_sql::<sqlx::Postgres>("processed_messages").unwrap();
+    assert!(postgres.contains("WHERE state IS NOT NULL"));
+    let sqlite = dedup_runtime::schema_sql::<sqlx::Sqlite>("processed_messages").unwrap();
+    assert!(sqlite.contains("WHERE state IS NOT NULL"));
+    let mysql = dedup_runtime::schema_sql::<sqlx::MySql>("processed_messages").unwrap();
+    assert!(
+        !mysql.contains("state IS NOT NULL"),
+        "no index of state on MySQL"
     );
 }
 
@@ -55,11 +152,20 @@ fn schema_sql_refuses_bad_names() {
             dedup_runtime::schema_sql::<sqlx::Postgres>(bad).is_err(),
             "{bad:?}"
         );
+        assert!(
+            dedup_runtime::upgrade_sql::<sqlx::Postgres>(bad).is_err(),
+            "{bad:?}"
+        );
     }
     let qualified = dedup_runtime::schema_sql::<sqlx::Postgres>("audit.processed").unwrap();
     assert!(qualified.contains("CREATE TABLE IF NOT EXISTS audit.processed ("));
     assert!(
         qualified
             .contains("CREATE INDEX IF NOT EXISTS processed_processed_at_idx ON audit.processed")
+    );
+    let upgrade = dedup_runtime::upgrade_sql::<sqlx::Postgres>("audit.processed").unwrap();
+    assert!(upgrade.starts_with("ALTER TABLE audit.processed\n"));
+    assert!(
+        upgrade.contains("CREATE INDEX IF NOT EXISTS processed_unresolved_idx ON audit.processed")
     );
 }

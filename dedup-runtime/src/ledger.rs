@@ -4,7 +4,8 @@
 //!
 //! One trait, [`LedgerBackend`], one file per backend (`ledger/<backend>.rs`): a lookup by
 //! primary key that reads `processed_at` as microseconds since the Unix epoch computed
-//! in SQL from the value the database's clock stored, and a `DELETE` by primary key.
+//! in SQL from the value the database's clock stored (of a processed row only: `state
+//! IS NULL`), and a `DELETE` by primary key.
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -71,10 +72,16 @@ mod sqlite;
 ///
 /// A lookup reads the committed rows of the table and takes no row lock: it never waits
 /// for a handler's transaction, and one that has claimed the id and not committed yet is
-/// not seen (the id reads as not processed until that commit). `None` means there is no record: the id was never
+/// not seen (the id reads as not processed until that commit). `None` means there is no
+/// processed record: the id was never
 /// processed by that consumer, or its record was pruned ([`Prune`](crate::Prune)) or
-/// forgotten, or its handler used `unique = …` alone (which records no id). The time is
-/// `processed_at` as the database's clock wrote it (see
+/// forgotten, or its handler used `unique = …` alone (which records no id).
+/// A row that is not processed — its `state` is set: a mark or lease in progress, or an
+/// outcome unknown — reads as `None` too: its `processed_at` is when the claim began, not
+/// when the work was done, and a lookup must never call such a message processed. (A 0.1
+/// table not upgraded by [`migrate`](crate::migrate) yet lacks `state`: the lookup fails
+/// with the database's unknown-column error.)
+/// The time is `processed_at` as the database's clock wrote it (see
 /// [`STAMP_AFTER`](crate::STAMP_AFTER) for what it measures), converted exactly, to the
 /// microsecond (SQLite: the millisecond), whatever the session's time zone.
 ///
@@ -141,7 +148,8 @@ impl<'p, DB: Backend> Ledger<'p, DB> {
     }
 
     /// When `consumer` processed the message `id`, or `None` if the table has no record
-    /// of it (never processed, pruned, forgotten, or in a transaction not committed yet).
+    /// of it (never processed, pruned, forgotten, or in a transaction not committed yet)
+    /// or only a record that is not processed (`state` set: in progress, outcome unknown).
     ///
     /// `id` is any [`MessageKey`] (`&str`, `String`, an integer, a `uuid::Uuid`), refused
     /// exactly as a handler refuses it ([`LedgerError::InvalidMessageId`]); `consumer` as
@@ -204,7 +212,9 @@ impl<'p, DB: Backend> Ledger<'p, DB> {
     ///
     /// The operator's replay tool, never something a handler calls: it undoes none of the
     /// first run's effects, and it is committed at once, on a connection of the pool. Only
-    /// that one row goes: the same id of other consumers, and every other id, stay. `id`
+    /// that one row goes: the same id of other consumers, and every other id, stay. A row
+    /// not processed (in progress, outcome unknown) goes too: its next delivery runs the
+    /// handler again. `id`
     /// and `consumer` are refused as in [`processed_at`](Ledger::processed_at), before
     /// anything is deleted.
     ///
@@ -432,7 +442,8 @@ impl From<InvalidTableName> for LedgerError {
 
 /// How one backend looks up and deletes one dedup row. Part of [`Backend`].
 pub trait LedgerBackend: Database {
-    /// `Some` when the row `(consumer, id)` exists, with its `processed_at` in
+    /// `Some` when the row `(consumer, id)` exists and is processed (`state IS NULL`),
+    /// with its `processed_at` in
     /// microseconds since the Unix epoch, computed by the database (`None` inside when
     /// it cannot read the value as a time).
     #[doc(hidden)]

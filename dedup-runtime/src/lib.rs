@@ -49,11 +49,15 @@
 //!
 //! # The dedup table
 //!
-//! `processed_messages(consumer, message_id, processed_at)`, primary key
-//! `(consumer, message_id)`, an index on `processed_at` for pruning by age. [`migrate`]
-//! creates it; [`schema_sql`] and the files under [`migrations/`][migrations] (in this
-//! crate's package too) give the same SQL for your own migration tool. Ids compare byte
-//! for byte on every backend.
+//! `processed_messages(consumer, message_id, processed_at, state, owner, expires_at)`,
+//! primary key `(consumer, message_id)`, an index on `processed_at` for pruning by age.
+//! `state`, `owner` and `expires_at` are NULL for a processed id (every plain handler's
+//! claim); they describe a claim not processed yet (in progress until `expires_at`, or
+//! outcome unknown), which pruning keeps and the ledger does not report as processed.
+//! [`migrate`] creates the table, or upgrades a 0.1 table in place; [`schema_sql`],
+//! [`upgrade_sql`] and the files under [`migrations/`][migrations] (in this crate's
+//! package too) give the same SQL for your own migration tool. Ids compare byte for byte
+//! on every backend.
 //!
 //! # Acknowledging to a broker
 //!
@@ -127,9 +131,9 @@
 //   claim/          begin, claim the message id, the checked commit, rollback, per backend
 //   classify/       what an error means: transient, unique violation, database away
 //   chain.rs        the one walk along an error's sources, for every classification
-//   schema/         the dedup table: its name (`Table`) and each backend's DDL
-//   migrate.rs      `migrate`, `migrate_table`, `schema_sql`
-//   prune/          deleting old ids, never before the redelivery window ends
+//   schema/         the dedup table: its name (`Table`), each backend's DDL and its upgrade
+//   migrate.rs      `migrate`, `migrate_table`, `schema_sql`, `upgrade_sql`
+//   prune/          deleting old processed ids, never before the redelivery window ends
 //   ledger/         the operator's lookup and forget of one id (`Ledger`)
 //   ack.rs          what to tell the broker (`AckPolicy`)
 //   lapin.rs, async_nats.rs  the broker side of `Ack`: delivery counts and settling, on
@@ -175,7 +179,7 @@ pub use idempotency::{IdempotencyKey, MAX_IDEMPOTENCY_KEY_LEN};
 pub use input::{Db, HandlerConnection};
 pub use key::{InvalidMessageId, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN, MessageId, MessageKey};
 pub use ledger::{InvalidConsumer, Ledger, LedgerError};
-pub use migrate::{migrate, migrate_table, schema_sql};
+pub use migrate::{migrate, migrate_table, schema_sql, upgrade_sql};
 pub use outcome::{Duplicate, Outcome};
 pub use prune::{
     ConsumerStats, DEFAULT_PRUNE_BATCH, MAX_PRUNE_AGE, MAX_PRUNE_BATCH, Prune, PruneBackend,
@@ -556,9 +560,10 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 ///   later version.
 ///
 /// `effect = "mark-first"` (the mark commits first, then the call: a crash between them
-/// loses the call instead of repeating it) is not available in this version: it needs an
-/// in-progress state in the dedup table that a later version's [`migrate`] adds, and
-/// until then it is a compile error, so that nobody ships it believing it works.
+/// loses the call instead of repeating it) is not available in this version: it needs the
+/// in-progress state of the dedup table (its `state`, `owner` and `expires_at`, which
+/// [`migrate`] adds but nothing writes yet), and until then it is a compile error, so that
+/// nobody ships it believing it works.
 ///
 /// # The caller's connection
 ///

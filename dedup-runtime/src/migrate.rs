@@ -1,18 +1,42 @@
-//! Creating the dedup table: `migrate` for the default name, `migrate_table` for others,
-//! `schema_sql` for your own migration tool. The DDL itself is in `schema/`.
+//! Creating the dedup table, or upgrading one that an earlier version created: `migrate`
+//! for the default name, `migrate_table` for others, `schema_sql` and `upgrade_sql` for
+//! your own migration tool. The DDL itself is in `schema/`.
 
 use sqlx::Pool;
 
 use crate::backend::Backend;
 use crate::schema::{DEFAULT_TABLE, InvalidTableName, Table};
 
-/// Creates the default dedup table, `processed_messages`, and its pruning index, if they
-/// do not exist yet. Safe to call at every start and from several processes at once.
+/// Creates the default dedup table, `processed_messages`, and its indexes, if they do not
+/// exist yet, and upgrades a table that dedup 0.1 created to the current columns. Safe to
+/// call at every start, from several processes at once, and while consumers are writing
+/// to the table.
+///
+/// # Upgrading a 0.1 table
+///
+/// 0.2 adds three nullable columns, `state`, `owner` and `expires_at` (for claims that
+/// are not processed yet: marks and leases), and on PostgreSQL and SQLite a partial index
+/// of the rows whose `state` is set. Every existing row keeps `state` NULL: processed.
+/// `migrate` adds what the table lacks, once, reading the catalog first, so that a later
+/// call changes and locks nothing:
+///
+/// - PostgreSQL: `ALTER TABLE … ADD COLUMN IF NOT EXISTS` (no default: a catalog change)
+///   and `CREATE INDEX`, in one transaction under an advisory lock. Consumers wait for
+///   that transaction, and do not fail: PostgreSQL checks the new `CHECK` and builds the
+///   partial index with a scan of the table each (measured on a 2-core machine, per
+///   million rows: 55 ms and 80 ms).
+/// - MySQL / MariaDB: one `ALTER TABLE … ADD COLUMN` of the missing columns (from
+///   `information_schema.columns`, since MySQL 8 has no `ADD COLUMN IF NOT EXISTS`),
+///   under a named lock (`GET_LOCK`). On MariaDB 10.11 it is `ALGORITHM=INSTANT`. No index:
+///   MySQL has no partial indexes, and every plain claim would pay for a full one.
+/// - SQLite: `ALTER TABLE … ADD COLUMN` of the columns `pragma_table_info` lacks, in one
+///   `BEGIN IMMEDIATE` transaction.
 ///
 /// The same SQL ships as files to copy into your own migrations, in this crate's package
 /// and [in the repository][migrations]:
-/// `migrations/{postgres,mysql,sqlite}/0001_processed_messages.sql`; [`schema_sql`]
-/// prints it for any table name.
+/// `migrations/{postgres,mysql,sqlite}/0001_processed_messages.sql` (the 0.1 table, as
+/// 0.1 shipped it) and `0002_processed_messages_state.sql` (the upgrade); [`schema_sql`]
+/// and [`upgrade_sql`] print them for any table name.
 ///
 /// [migrations]: https://github.com/dedup-rs/dedup/tree/main/dedup-runtime/migrations
 ///
@@ -25,7 +49,7 @@ use crate::schema::{DEFAULT_TABLE, InvalidTableName, Table};
 /// ```
 pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
     let table = Table::new(DEFAULT_TABLE).map_err(sqlx::Error::config)?;
-    DB::create(pool, DB::ddl(&table)).await
+    DB::create(pool, &table).await
 }
 
 /// Like [`migrate`], for a handler declared with `table = "…"`.
@@ -45,19 +69,41 @@ pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
 /// ```
 pub async fn migrate_table<DB: Backend>(pool: &Pool<DB>, table: &str) -> Result<(), sqlx::Error> {
     let table = Table::new(table).map_err(sqlx::Error::config)?;
-    DB::create(pool, DB::ddl(&table)).await
+    DB::create(pool, &table).await
 }
 
-/// The SQL that [`migrate_table`] runs for `table` on `DB`, as one script to paste into
-/// your own migrations.
+/// The SQL that [`migrate_table`] runs to create `table` on `DB` when it does not exist,
+/// as one script to paste into your own migrations: a complete, current table, with its
+/// indexes. It does not upgrade an existing 0.1 table: that is [`upgrade_sql`].
 ///
 /// ```
 /// let sql = dedup_runtime::schema_sql::<sqlx::Sqlite>("processed_messages").unwrap();
 /// assert!(sql.starts_with("CREATE TABLE IF NOT EXISTS processed_messages"));
+/// assert!(sql.contains("state        INTEGER CHECK (state IN (1, 2))"));
 /// ```
 pub fn schema_sql<DB: Backend>(table: &str) -> Result<String, InvalidTableName> {
     let table = Table::new(table)?;
     Ok(DB::ddl(&table)
+        .into_iter()
+        .map(|statement| statement + ";\n")
+        .collect())
+}
+
+/// The SQL that upgrades a dedup table created by 0.1 (`consumer`, `message_id`,
+/// `processed_at`) to the current columns and indexes, as one script for your own
+/// migration tool, to run after the 0.1 script ([`migrate`] says what it adds).
+///
+/// On PostgreSQL and MariaDB it is safe to run more than once (`IF NOT EXISTS`). SQLite
+/// has no `ADD COLUMN IF NOT EXISTS`, and neither has MySQL 8: there, run it once, as
+/// migration tools do (on MySQL 8, without the `IF NOT EXISTS` of each `ADD COLUMN`).
+///
+/// ```
+/// let sql = dedup_runtime::upgrade_sql::<sqlx::Postgres>("processed_messages").unwrap();
+/// assert!(sql.starts_with("ALTER TABLE processed_messages\n    ADD COLUMN IF NOT EXISTS state"));
+/// ```
+pub fn upgrade_sql<DB: Backend>(table: &str) -> Result<String, InvalidTableName> {
+    let table = Table::new(table)?;
+    Ok(DB::upgrade_ddl(&table)
         .into_iter()
         .map(|statement| statement + ";\n")
         .collect())

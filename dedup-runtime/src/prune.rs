@@ -107,6 +107,20 @@ pub const MAX_PRUNE_AGE: Duration = Duration::from_secs(1_000 * 365 * 24 * 60 * 
 /// [`MAX_ATTEMPTS`](crate::MAX_ATTEMPTS) times, with backoff). Dropping the future
 /// cancels the run between or inside a batch: a batch commits whole or not at all.
 ///
+/// # Rows not processed are kept
+///
+/// A row whose `state` is set is not a processed id: a mark or lease in progress (held by
+/// its `owner` until `expires_at`), or an outcome unknown that waits for an operator.
+/// Every `DELETE` above also requires `state IS NULL`, so such a row survives every run,
+/// whatever its age and whatever the cutoff: deleting an unexpired lease would let a
+/// second copy run while the first still works, and deleting an unknown row would hide a
+/// lost effect. [`ConsumerStats::unresolved`] counts them. Plain handlers never write
+/// `state`: for them nothing changes. A table that 0.1 created and no 0.2 [`migrate`]
+/// has upgraded yet lacks the column, and the run fails with the database's
+/// unknown-column error, deleting nothing: run [`migrate`] first.
+///
+/// [`migrate`]: crate::migrate
+///
 /// # Clocks and formats
 ///
 /// The cutoff and `processed_at` come from the same clock: the server's (PostgreSQL,
@@ -392,7 +406,8 @@ impl Prune {
     }
 
     /// Per consumer (only this prune's consumer, if one is set): how many ids the table
-    /// holds, how many a run would delete now, and how old the oldest ones are.
+    /// holds, how many a run would delete now, how many are not processed (kept at any
+    /// age), and how old the oldest ones are.
     ///
     /// Refuses the same settings as [`run`](Prune::run) does. It reads the whole table
     /// (one grouped scan), so on a large table it takes a while; it deletes nothing,
@@ -531,12 +546,16 @@ pub struct ConsumerStats {
     pub consumer: String,
     /// Ids the table holds for it.
     pub ids: u64,
-    /// Of those, how many are older than the prune's age: what a run would delete now.
+    /// Of those, how many are processed and older than the prune's age: what a run would
+    /// delete now.
     pub prunable: u64,
     /// Age of its oldest id.
     pub oldest: Duration,
     /// Age of its oldest id that a run would keep; `None` when it would delete them all.
     pub oldest_kept: Option<Duration>,
+    /// Of its ids, how many are not processed (`state` set: in progress, or outcome
+    /// unknown): a run keeps them whatever their age. Counted in [`kept`](Self::kept).
+    pub unresolved: u64,
 }
 
 impl ConsumerStats {
@@ -726,7 +745,7 @@ pub trait PruneBackend: Backend {
     ) -> impl Future<Output = Result<String, sqlx::Error>> + Send + '_;
 
     /// Deletes up to `limit` ids processed before `cutoff` (and not before `after`),
-    /// oldest first, in one short transaction; returns how many it deleted and the
+    /// never a row whose `state` is set, oldest first, in one short transaction; returns how many it deleted and the
     /// newest `processed_at` among them (in the cutoff's format): no id left to delete
     /// is older.
     #[doc(hidden)]

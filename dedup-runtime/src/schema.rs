@@ -13,20 +13,43 @@ mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
-/// How one backend creates the dedup table.
+/// How one backend creates the dedup table, and upgrades one that an earlier version
+/// created.
+///
+/// The table's columns, on every backend: `consumer`, `message_id`, `processed_at` (0.1),
+/// then `state`, `owner` and `expires_at` (0.2, for claims that are not processed yet:
+/// marks and leases). A plain handler's claim writes none of the three: `state` NULL means
+/// processed. `1` is in progress (held by `owner`, a 16-byte fencing token, until
+/// `expires_at` on the database's clock), `2` is outcome unknown (an operator resolves
+/// it). The three are nullable and have no default, so that adding them to a 0.1 table
+/// changes no row.
 pub trait SchemaBackend: Database {
-    /// The statements that create `table` and its pruning index, and upgrade an existing
-    /// one.
+    /// The statements that create `table` complete and current (its columns, its pruning
+    /// index, its index of rows not processed), when it does not exist yet.
     #[doc(hidden)]
     fn ddl(table: &Table) -> Vec<String>;
 
-    /// Runs `ddl` so that concurrent migrations do not trip over each other.
+    /// The statements that upgrade a 0.1 table (`consumer`, `message_id`, `processed_at`)
+    /// to the current columns and indexes: the `0002` files, for users' own migration
+    /// tools. `create` does the same, checking the catalog first.
     #[doc(hidden)]
-    fn create(
-        pool: &Pool<Self>,
-        ddl: Vec<String>,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
+    fn upgrade_ddl(table: &Table) -> Vec<String>;
+
+    /// Creates `table`, or upgrades it in place, so that concurrent migrations (and
+    /// consumers writing to the table) do not trip over each other.
+    #[doc(hidden)]
+    fn create<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 }
+
+/// The columns 0.2 adds to a 0.1 table, in the order they are added.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+const ADDED_COLUMNS: [&str; 3] = ["state", "owner", "expires_at"];
 
 /// The default dedup table, used when `#[idempotent]` has no `table = "…"`.
 pub const DEFAULT_TABLE: &str = "processed_messages";

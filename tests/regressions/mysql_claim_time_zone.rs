@@ -10,7 +10,9 @@ use dedup_runtime::{Prune, idempotent};
 use sqlx::MySqlConnection;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 
-/// A table created the way earlier versions did, with the session-zone default.
+/// A table created the way earlier versions did, with the session-zone default (and the
+/// columns of 0.2 added by hand, which pruning reads, without `migrate`'s upgrade of the
+/// default).
 const TABLE: &str = "regress_tz_processed";
 
 #[idempotent(consumer = "regress-my-tz", key = id, table = "regress_tz_processed")]
@@ -29,7 +31,10 @@ async fn a_consumer_in_another_zone_writes_utc_and_its_ids_survive_pruning() {
              message_id VARBINARY(255) NOT NULL, \
              processed_at DATETIME(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6), \
              PRIMARY KEY (consumer, message_id), KEY processed_at_idx (processed_at)) \
-             ENGINE = InnoDB"
+             ENGINE = InnoDB; \
+             ALTER TABLE {TABLE} ADD COLUMN IF NOT EXISTS state TINYINT NULL, \
+             ADD COLUMN IF NOT EXISTS owner BINARY(16) NULL, \
+             ADD COLUMN IF NOT EXISTS expires_at DATETIME(6) NULL"
         ),
     )
     .await;

@@ -18,7 +18,7 @@ impl LedgerBackend for MySql {
         // uncommitted claim.
         let sql = format!(
             "SELECT TIMESTAMPDIFF(MICROSECOND, CAST('1970-01-01 00:00:00' AS DATETIME(6)), \
-             processed_at) FROM {} WHERE consumer = ? AND message_id = ?",
+             processed_at) FROM {} WHERE consumer = ? AND message_id = ? AND state IS NULL",
             table.name()
         );
         sqlx::query_scalar(AssertSqlSafe(sql))

@@ -16,7 +16,7 @@ impl LedgerBackend for Postgres {
     ) -> Result<Option<Option<i64>>, sqlx::Error> {
         let sql = format!(
             "SELECT (extract(epoch FROM processed_at) * 1000000)::int8 FROM {} \
-             WHERE consumer = $1 AND message_id = $2",
+             WHERE consumer = $1 AND message_id = $2 AND state IS NULL",
             table.name()
         );
         sqlx::query_scalar(AssertSqlSafe(sql))

@@ -20,7 +20,8 @@ impl LedgerBackend for Sqlite {
         // milliseconds SQLite parsed. NULL for text that is not a time.
         let sql = format!(
             "SELECT CAST(round((julianday(processed_at) - 2440587.5) * 86400000.0) \
-             AS INTEGER) * 1000 FROM {} WHERE consumer = ?1 AND message_id = ?2",
+             AS INTEGER) * 1000 FROM {} \
+             WHERE consumer = ?1 AND message_id = ?2 AND state IS NULL",
             table.name()
         );
         sqlx::query_scalar(AssertSqlSafe(sql))

@@ -45,14 +45,15 @@ impl PruneBackend for MySql {
         // rather range-scan the primary key, then sort and lock every old row of the
         // consumer for each batch (measured: 143 ms instead of 30 ms per batch of 2,000):
         // `IGNORE INDEX (PRIMARY)` rules that out; single-table `DELETE` takes no index
-        // hint, hence the join. MySQL has no `DELETE … RETURNING`: the batch's newest
+        // hint, hence the join. `state IS NULL` on both: a row in progress or of unknown
+        // outcome is never deleted, at any age. MySQL has no `DELETE … RETURNING`: the batch's newest
         // `processed_at` is read first, in the same transaction, by the same query.
         let name = table.name();
         let after_sql = after.map_or("", |_| " AND processed_at >= CAST(? AS DATETIME(6))");
         let consumer_sql = consumer.map_or("", |_| " AND consumer = ?");
         let batch = format!(
             "FROM {name} IGNORE INDEX (PRIMARY) \
-             WHERE processed_at < CAST(? AS DATETIME(6)){after_sql}{consumer_sql} \
+             WHERE processed_at < CAST(? AS DATETIME(6)) AND state IS NULL{after_sql}{consumer_sql} \
              ORDER BY processed_at LIMIT ?"
         );
         let newest = format!(
@@ -61,7 +62,7 @@ impl PruneBackend for MySql {
         let delete = format!(
             "DELETE gone FROM {name} AS gone \
              JOIN (SELECT consumer, message_id {batch}) AS batch USING (consumer, message_id) \
-             WHERE gone.processed_at < CAST(? AS DATETIME(6))"
+             WHERE gone.processed_at < CAST(? AS DATETIME(6)) AND gone.state IS NULL"
         );
         let mut tx = pool.begin_with(BEGIN_READ_COMMITTED).await?;
         let mut last = sqlx::query_scalar(AssertSqlSafe(newest)).bind(cutoff);
@@ -99,11 +100,13 @@ impl PruneBackend for MySql {
         };
         let sql = format!(
             "SELECT consumer, COUNT(*), \
-             CAST(SUM(processed_at < CAST(? AS DATETIME(6))) AS SIGNED), \
+             CAST(SUM(processed_at < CAST(? AS DATETIME(6)) AND state IS NULL) AS SIGNED), \
              TIMESTAMPDIFF(MICROSECOND, MIN(processed_at), UTC_TIMESTAMP(6)), \
              TIMESTAMPDIFF(MICROSECOND, \
-                 MIN(CASE WHEN processed_at >= CAST(? AS DATETIME(6)) THEN processed_at END), \
-                 UTC_TIMESTAMP(6)) \
+                 MIN(CASE WHEN processed_at >= CAST(? AS DATETIME(6)) OR state IS NOT NULL \
+                     THEN processed_at END), \
+                 UTC_TIMESTAMP(6)), \
+             CAST(SUM(state IS NOT NULL) AS SIGNED) \
              FROM {name}{by_consumer} GROUP BY consumer ORDER BY consumer"
         );
         let mut query = sqlx::query(AssertSqlSafe(sql)).bind(cutoff).bind(cutoff);
@@ -122,6 +125,7 @@ impl PruneBackend for MySql {
                     prunable: count(row.try_get(2)?),
                     oldest: age(row.try_get(3)?),
                     oldest_kept: row.try_get::<Option<i64>, _>(4)?.map(age),
+                    unresolved: count(row.try_get(5)?),
                 })
             })
             .collect()

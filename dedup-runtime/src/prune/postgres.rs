@@ -62,7 +62,8 @@ impl PruneBackend for Postgres {
         // PostgreSQL's DELETE has no LIMIT: pick the oldest rows' physical ids through the
         // `processed_at` index (a TID scan, where `ctid IN (…)` could become a join over the
         // whole table), delete those, and check the cutoff again on each row, so that no
-        // row younger than it can go whatever the subquery returned.
+        // row younger than it can go whatever the subquery returned. `state IS NULL` on
+        // both: a row in progress or of unknown outcome is never deleted, at any age.
         let name = table.name();
         let mut next = 2;
         let mut param = || {
@@ -77,9 +78,10 @@ impl PruneBackend for Postgres {
         let sql = format!(
             "WITH gone AS (\
              DELETE FROM {name} WHERE ctid = ANY(ARRAY(\
-             SELECT ctid FROM {name} WHERE processed_at < $1::timestamptz{after_sql}{consumer_sql} \
+             SELECT ctid FROM {name} \
+             WHERE processed_at < $1::timestamptz AND state IS NULL{after_sql}{consumer_sql} \
              ORDER BY processed_at LIMIT $2)) \
-             AND processed_at < $1::timestamptz{consumer_sql} \
+             AND processed_at < $1::timestamptz AND state IS NULL{consumer_sql} \
              RETURNING processed_at) \
              SELECT count(*), {newest} FROM gone",
             newest = utc_text!("max(processed_at)"),
@@ -114,10 +116,11 @@ impl PruneBackend for Postgres {
         };
         let sql = format!(
             "SELECT consumer, count(*), \
-             count(*) FILTER (WHERE processed_at < $1::timestamptz), \
+             count(*) FILTER (WHERE processed_at < $1::timestamptz AND state IS NULL), \
              extract(epoch FROM now() - min(processed_at))::float8, \
              extract(epoch FROM now() - min(processed_at) \
-                 FILTER (WHERE processed_at >= $1::timestamptz))::float8 \
+                 FILTER (WHERE processed_at >= $1::timestamptz OR state IS NOT NULL))::float8, \
+             count(*) FILTER (WHERE state IS NOT NULL) \
              FROM {name}{by_consumer} GROUP BY consumer ORDER BY consumer"
         );
         let mut query = sqlx::query(AssertSqlSafe(sql)).bind(cutoff);
@@ -133,6 +136,7 @@ impl PruneBackend for Postgres {
                     prunable: count(row.try_get(2)?),
                     oldest: age_from_secs(row.try_get(3)?),
                     oldest_kept: row.try_get::<Option<f64>, _>(4)?.map(age_from_secs),
+                    unresolved: count(row.try_get(5)?),
                 })
             })
             .collect()

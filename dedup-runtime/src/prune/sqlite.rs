@@ -33,7 +33,8 @@ impl PruneBackend for Sqlite {
     ) -> Result<(u64, Option<String>), sqlx::Error> {
         // `DELETE … LIMIT` needs a compile-time option, and `RETURNING` a recent SQLite:
         // select the batch's newest `processed_at`, then delete the same oldest keys
-        // through the `processed_at` index, checking the cutoff again on each row.
+        // through the `processed_at` index, checking the cutoff again on each row. `state IS
+        // NULL` on both: a row in progress or of unknown outcome is never deleted, at any age.
         let name = table.name();
         let mut next = 2;
         let mut param = || {
@@ -47,13 +48,13 @@ impl PruneBackend for Sqlite {
         let consumer_sql =
             consumer.map_or_else(String::new, |_| format!(" AND +consumer = {}", param()));
         let batch = format!(
-            "FROM {name} WHERE processed_at < ?1{after_sql}{consumer_sql} \
+            "FROM {name} WHERE processed_at < ?1 AND state IS NULL{after_sql}{consumer_sql} \
              ORDER BY processed_at LIMIT ?2"
         );
         let newest = format!("SELECT MAX(processed_at) FROM (SELECT processed_at {batch})");
         let delete = format!(
             "DELETE FROM {name} WHERE (consumer, message_id) IN \
-             (SELECT consumer, message_id {batch}) AND processed_at < ?1"
+             (SELECT consumer, message_id {batch}) AND processed_at < ?1 AND state IS NULL"
         );
         // Writers queue for the lock at BEGIN instead of failing on upgrade.
         let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
@@ -90,10 +91,11 @@ impl PruneBackend for Sqlite {
             ""
         };
         let sql = format!(
-            "SELECT consumer, COUNT(*), SUM(processed_at < ?1), \
+            "SELECT consumer, COUNT(*), SUM(processed_at < ?1 AND state IS NULL), \
              (julianday('now') - julianday(MIN(processed_at))) * 86400.0, \
              (julianday('now') - julianday(MIN(CASE WHEN processed_at >= ?1 \
-                 THEN processed_at END))) * 86400.0 \
+                 OR state IS NOT NULL THEN processed_at END))) * 86400.0, \
+             SUM(state IS NOT NULL) \
              FROM {name}{by_consumer} GROUP BY consumer ORDER BY consumer"
         );
         let mut query = sqlx::query(AssertSqlSafe(sql)).bind(cutoff);
@@ -109,6 +111,7 @@ impl PruneBackend for Sqlite {
                     prunable: count(row.try_get(2)?),
                     oldest: age_from_secs(row.try_get(3)?),
                     oldest_kept: row.try_get::<Option<f64>, _>(4)?.map(age_from_secs),
+                    unresolved: count(row.try_get(5)?),
                 })
             })
             .collect()

@@ -1,39 +1,120 @@
 //! MySQL and MariaDB: `VARBINARY` ids (byte order), `processed_at` in UTC.
 
-use sqlx::{AssertSqlSafe, MySql, Pool};
+use sqlx::{AssertSqlSafe, Connection, MySql, Pool};
 
-use super::{SchemaBackend, Table};
+use super::{ADDED_COLUMNS, SchemaBackend, Table};
+
+/// Serialises concurrent `migrate` calls (a named lock: `GET_LOCK`), so that two of them
+/// never both find a column missing and both add it.
+const MIGRATE_LOCK: &str = "dedup_runtime.migrate";
+
+/// How long a `migrate` waits for another one's lock, in seconds.
+const MIGRATE_LOCK_WAIT: i32 = 120;
+
+/// The 0.2 columns, as `CREATE TABLE` and `ADD COLUMN` both write them, in order. Nullable,
+/// no default: on MariaDB 10.11 adding them is `ALGORITHM=INSTANT` (no copy, no rebuild;
+/// checked by `tests/upgrade.rs`). `expires_at` is UTC, like `processed_at`.
+const COLUMNS: [&str; 3] = [
+    "state        TINYINT NULL CHECK (state IN (1, 2))",
+    "owner        BINARY(16) NULL",
+    "expires_at   DATETIME(6) NULL",
+];
+
+fn create_table(table: &Table) -> String {
+    // VARBINARY: ids compare byte for byte, with no case folding and no PAD SPACE
+    // (`a` and `a ` are different messages). `processed_at` is UTC whatever the
+    // sessions' time zones (the claim and the commit write `UTC_TIMESTAMP(6)`, pruning
+    // compares with it). No index on `state`: MySQL has no partial index, and every plain
+    // claim would pay for a full one; listing the rows not processed scans the table.
+    let [state, owner, expires_at] = COLUMNS;
+    format!(
+        "CREATE TABLE IF NOT EXISTS {name} (\n    \
+         consumer     VARBINARY(255) NOT NULL,\n    \
+         message_id   VARBINARY(255) NOT NULL,\n    \
+         processed_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),\n    \
+         {state},\n    \
+         {owner},\n    \
+         {expires_at},\n    \
+         PRIMARY KEY (consumer, message_id),\n    \
+         KEY processed_at_idx (processed_at)\n\
+         ) ENGINE = InnoDB",
+        name = table.name()
+    )
+}
+
+/// Upgrades a table created with the session-zone default of earlier versions (metadata
+/// only, idempotent).
+fn utc_default(table: &Table) -> String {
+    format!(
+        "ALTER TABLE {} ALTER COLUMN processed_at SET DEFAULT (UTC_TIMESTAMP(6))",
+        table.name()
+    )
+}
+
+/// `ALTER TABLE … ADD COLUMN` for `columns` (from [`COLUMNS`]), each with `if_not_exists`
+/// (MariaDB's `IF NOT EXISTS `, or nothing).
+fn add_columns<'a>(
+    table: &Table,
+    columns: impl Iterator<Item = &'a str>,
+    if_not_exists: &str,
+) -> String {
+    let adds: Vec<String> = columns
+        .map(|column| format!("\n    ADD COLUMN {if_not_exists}{column}"))
+        .collect();
+    format!("ALTER TABLE {}{}", table.name(), adds.join(","))
+}
 
 impl SchemaBackend for MySql {
     fn ddl(table: &Table) -> Vec<String> {
-        // VARBINARY: ids compare byte for byte, with no case folding and no PAD SPACE
-        // (`a` and `a ` are different messages). `processed_at` is UTC whatever the
-        // sessions' time zones (the claim and the commit write `UTC_TIMESTAMP(6)`, pruning
-        // compares with it); the `ALTER` upgrades a table created with the session-zone
-        // default of earlier versions (metadata only, idempotent).
-        let name = table.name();
-        vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {name} (\n    \
-             consumer     VARBINARY(255) NOT NULL,\n    \
-             message_id   VARBINARY(255) NOT NULL,\n    \
-             processed_at DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),\n    \
-             PRIMARY KEY (consumer, message_id),\n    \
-             KEY processed_at_idx (processed_at)\n\
-             ) ENGINE = InnoDB"
-            ),
-            format!("ALTER TABLE {name} ALTER COLUMN processed_at SET DEFAULT (UTC_TIMESTAMP(6))"),
-        ]
+        vec![create_table(table), utc_default(table)]
     }
 
-    async fn create(pool: &Pool<Self>, ddl: Vec<String>) -> Result<(), sqlx::Error> {
-        // MySQL DDL commits implicitly; `IF NOT EXISTS` under the metadata lock is enough.
-        let mut conn = pool.acquire().await?;
-        for statement in ddl {
+    fn upgrade_ddl(table: &Table) -> Vec<String> {
+        vec![add_columns(table, COLUMNS.into_iter(), "IF NOT EXISTS ")]
+    }
+
+    async fn create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
+        // MySQL DDL commits implicitly, so there is no transaction to hold: a named lock
+        // serialises migrations instead. On a connection of its own, out of the pool: if
+        // this future is dropped, closing the connection releases the lock (a pooled one
+        // would keep it). MySQL 8 has no `ADD COLUMN IF NOT EXISTS`, so the catalog says
+        // which columns are missing, and the `ALTER` adds those (on both).
+        let mut conn = pool.acquire().await?.detach();
+        let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
+            .bind(MIGRATE_LOCK)
+            .bind(MIGRATE_LOCK_WAIT)
+            .fetch_one(&mut conn)
+            .await?;
+        if locked != Some(1) {
+            return Err(sqlx::Error::Protocol(format!(
+                "migrate: another `migrate` held the lock `{MIGRATE_LOCK}` for over \
+                 {MIGRATE_LOCK_WAIT} s"
+            )));
+        }
+        for statement in [create_table(table), utc_default(table)] {
             sqlx::raw_sql(AssertSqlSafe(statement))
-                .execute(&mut *conn)
+                .execute(&mut conn)
                 .await?;
         }
-        Ok(())
+        let present: Vec<String> = sqlx::query_scalar(
+            "SELECT CAST(column_name AS CHAR) FROM information_schema.columns \
+             WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ?",
+        )
+        .bind(table.schema())
+        .bind(table.base())
+        .fetch_all(&mut conn)
+        .await?;
+        let missing: Vec<&str> = ADDED_COLUMNS
+            .iter()
+            .zip(COLUMNS)
+            .filter(|(name, _)| !present.iter().any(|column| column == *name))
+            .map(|(_, column)| column)
+            .collect();
+        if !missing.is_empty() {
+            sqlx::raw_sql(AssertSqlSafe(add_columns(table, missing.into_iter(), "")))
+                .execute(&mut conn)
+                .await?;
+        }
+        conn.close().await
     }
 }

@@ -2,36 +2,122 @@
 
 use sqlx::{AssertSqlSafe, Pool, Postgres};
 
-use super::{SchemaBackend, Table};
+use super::{ADDED_COLUMNS, SchemaBackend, Table};
 
 /// Serialises concurrent `migrate` calls: `CREATE … IF NOT EXISTS` alone races on the
 /// catalog's unique indexes. The number is arbitrary and stable ("dedup" + 1).
 const MIGRATE_LOCK: i64 = 0x6465_6475_7000_0001;
 
+/// The 0.2 columns, as `CREATE TABLE` and `ADD COLUMN` both write them. No default: adding
+/// them is a catalog change, no row is rewritten. The inline `CHECK` is named
+/// `<table>_state_check` either way.
+const STATE: &str = "state        smallint CHECK (state IN (1, 2))";
+const OWNER: &str = "owner        bytea";
+const EXPIRES_AT: &str = "expires_at   timestamptz";
+
+fn create_table(table: &Table) -> String {
+    format!(
+        "CREATE TABLE IF NOT EXISTS {name} (\n    \
+         consumer     text COLLATE \"C\" NOT NULL,\n    \
+         message_id   text COLLATE \"C\" NOT NULL,\n    \
+         processed_at timestamptz NOT NULL DEFAULT now(),\n    \
+         {STATE},\n    \
+         {OWNER},\n    \
+         {EXPIRES_AT},\n    \
+         PRIMARY KEY (consumer, message_id)\n)",
+        name = table.name()
+    )
+}
+
+fn add_columns(table: &Table) -> String {
+    format!(
+        "ALTER TABLE {}\n    \
+         ADD COLUMN IF NOT EXISTS {STATE},\n    \
+         ADD COLUMN IF NOT EXISTS {OWNER},\n    \
+         ADD COLUMN IF NOT EXISTS {EXPIRES_AT}",
+        table.name()
+    )
+}
+
+fn processed_at_index(table: &Table) -> String {
+    format!(
+        "CREATE INDEX IF NOT EXISTS {}_processed_at_idx ON {} (processed_at)",
+        table.base(),
+        table.name()
+    )
+}
+
+/// The rows not processed (in progress, outcome unknown), per consumer. Partial: a plain
+/// claim (`state` NULL) never enters it, so it costs the hot path nothing.
+fn unresolved_index(table: &Table) -> String {
+    format!(
+        "CREATE INDEX IF NOT EXISTS {}_unresolved_idx ON {} (consumer, state, expires_at) \
+         WHERE state IS NOT NULL",
+        table.base(),
+        table.name()
+    )
+}
+
+/// The index's name as `to_regclass` finds it: in the table's schema.
+fn unresolved_index_name(table: &Table) -> String {
+    match table.schema() {
+        Some(schema) => format!("{schema}.{}_unresolved_idx", table.base()),
+        None => format!("{}_unresolved_idx", table.base()),
+    }
+}
+
 impl SchemaBackend for Postgres {
     fn ddl(table: &Table) -> Vec<String> {
-        let name = table.name();
-        let index = format!("{}_processed_at_idx", table.base());
         vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {name} (\n    \
-                 consumer     text COLLATE \"C\" NOT NULL,\n    \
-                 message_id   text COLLATE \"C\" NOT NULL,\n    \
-                 processed_at timestamptz NOT NULL DEFAULT now(),\n    \
-                 PRIMARY KEY (consumer, message_id)\n)"
-            ),
-            format!("CREATE INDEX IF NOT EXISTS {index} ON {name} (processed_at)"),
+            create_table(table),
+            processed_at_index(table),
+            unresolved_index(table),
         ]
     }
 
-    async fn create(pool: &Pool<Self>, ddl: Vec<String>) -> Result<(), sqlx::Error> {
+    fn upgrade_ddl(table: &Table) -> Vec<String> {
+        vec![add_columns(table), unresolved_index(table)]
+    }
+
+    async fn create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
+        // One transaction under the advisory lock: a concurrent `migrate` waits for it and
+        // then finds everything in place. The upgrade's statements run only when the
+        // catalog lacks what they add, because `ALTER TABLE` and `CREATE INDEX` lock the
+        // table (`ACCESS EXCLUSIVE`, `SHARE`) even when there is nothing to do, and every
+        // service start calls `migrate` while other instances' consumers are writing.
+        // When they do run (once per table), consumers wait for this transaction: adding
+        // the columns is a catalog change, but PostgreSQL checks the new `CHECK` against
+        // every row and builds the partial index with one scan of the table.
         let mut tx = pool.begin().await?;
         sqlx::query("SELECT pg_advisory_xact_lock($1)")
             .bind(MIGRATE_LOCK)
             .execute(&mut *tx)
             .await?;
-        for statement in ddl {
-            sqlx::raw_sql(AssertSqlSafe(statement))
+        sqlx::raw_sql(AssertSqlSafe(create_table(table)))
+            .execute(&mut *tx)
+            .await?;
+        let present: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_attribute \
+             WHERE attrelid = to_regclass($1) AND attname = ANY($2) AND NOT attisdropped",
+        )
+        .bind(table.name())
+        .bind(&ADDED_COLUMNS[..])
+        .fetch_one(&mut *tx)
+        .await?;
+        if present < ADDED_COLUMNS.len() as i64 {
+            sqlx::raw_sql(AssertSqlSafe(add_columns(table)))
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::raw_sql(AssertSqlSafe(processed_at_index(table)))
+            .execute(&mut *tx)
+            .await?;
+        let indexed: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(unresolved_index_name(table))
+            .fetch_one(&mut *tx)
+            .await?;
+        if !indexed {
+            sqlx::raw_sql(AssertSqlSafe(unresolved_index(table)))
                 .execute(&mut *tx)
                 .await?;
         }

@@ -2,35 +2,115 @@
 
 use sqlx::{AssertSqlSafe, Pool, Sqlite};
 
-use super::{SchemaBackend, Table};
+use super::{ADDED_COLUMNS, SchemaBackend, Table};
 use crate::claim::sqlite::BEGIN;
+
+/// The 0.2 columns, as `CREATE TABLE` and `ADD COLUMN` both write them, in order.
+/// `expires_at` is text in `processed_at`'s format (`%Y-%m-%dT%H:%M:%fZ`, UTC), so that
+/// comparing the two, or either with the clock written the same way, compares times.
+const COLUMNS: [&str; 3] = [
+    "state        INTEGER CHECK (state IN (1, 2))",
+    "owner        BLOB",
+    "expires_at   TEXT",
+];
+
+fn create_table(table: &Table) -> String {
+    let [state, owner, expires_at] = COLUMNS;
+    format!(
+        "CREATE TABLE IF NOT EXISTS {name} (\n    \
+         consumer     TEXT NOT NULL,\n    \
+         message_id   TEXT NOT NULL,\n    \
+         processed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),\n    \
+         {state},\n    \
+         {owner},\n    \
+         {expires_at},\n    \
+         PRIMARY KEY (consumer, message_id)\n\
+         ) WITHOUT ROWID",
+        name = table.name()
+    )
+}
+
+fn add_column(table: &Table, column: &str) -> String {
+    format!("ALTER TABLE {} ADD COLUMN {column}", table.name())
+}
+
+/// An index of `table` named `<table>_<suffix>`: SQLite wants the schema on the index's
+/// name, and the table's unqualified.
+fn index(table: &Table, suffix: &str, rest: &str) -> String {
+    let index = match table.schema() {
+        Some(schema) => format!("{schema}.{}_{suffix}", table.base()),
+        None => format!("{}_{suffix}", table.base()),
+    };
+    format!(
+        "CREATE INDEX IF NOT EXISTS {index} ON {} {rest}",
+        table.base()
+    )
+}
+
+fn indexes(table: &Table) -> [String; 2] {
+    [
+        index(table, "processed_at_idx", "(processed_at)"),
+        // The rows not processed (in progress, outcome unknown), per consumer. Partial: a
+        // plain claim (`state` NULL) never enters it, so it costs the hot path nothing.
+        index(
+            table,
+            "unresolved_idx",
+            "(consumer, state, expires_at) WHERE state IS NOT NULL",
+        ),
+    ]
+}
 
 impl SchemaBackend for Sqlite {
     fn ddl(table: &Table) -> Vec<String> {
-        let name = table.name();
-        let index = match table.schema() {
-            Some(schema) => format!("{schema}.{}_processed_at_idx", table.base()),
-            None => format!("{}_processed_at_idx", table.base()),
-        };
-        vec![
-            format!(
-                "CREATE TABLE IF NOT EXISTS {name} (\n    \
-                 consumer     TEXT NOT NULL,\n    \
-                 message_id   TEXT NOT NULL,\n    \
-                 processed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),\n    \
-                 PRIMARY KEY (consumer, message_id)\n\
-                 ) WITHOUT ROWID"
-            ),
-            format!(
-                "CREATE INDEX IF NOT EXISTS {index} ON {} (processed_at)",
-                table.base()
-            ),
-        ]
+        let mut ddl = vec![create_table(table)];
+        ddl.extend(indexes(table));
+        ddl
     }
 
-    async fn create(pool: &Pool<Self>, ddl: Vec<String>) -> Result<(), sqlx::Error> {
+    fn upgrade_ddl(table: &Table) -> Vec<String> {
+        // SQLite has no `ADD COLUMN IF NOT EXISTS`: run once (as migration tools do), or
+        // let `migrate` check the catalog first.
+        let mut ddl: Vec<String> = COLUMNS
+            .iter()
+            .map(|column| add_column(table, column))
+            .collect();
+        ddl.push(indexes(table)[1].clone());
+        ddl
+    }
+
+    async fn create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
+        // Everything in one `BEGIN IMMEDIATE` transaction: it holds the write lock from
+        // the start, so a concurrent `migrate` (or a consumer) waits for it (busy
+        // timeout), then finds the columns in place; reading `pragma_table_info` and
+        // adding what it lacks cannot race. Adding a column rewrites no row (SQLite
+        // checks the `CHECK` against each, one scan).
         let mut tx = pool.begin_with(BEGIN).await?;
-        for statement in ddl {
+        sqlx::raw_sql(AssertSqlSafe(create_table(table)))
+            .execute(&mut *tx)
+            .await?;
+        let present: Vec<String> = match table.schema() {
+            Some(schema) => {
+                sqlx::query_scalar("SELECT name FROM pragma_table_info(?1, ?2)")
+                    .bind(table.base())
+                    .bind(schema)
+                    .fetch_all(&mut *tx)
+                    .await?
+            }
+            None => {
+                sqlx::query_scalar("SELECT name FROM pragma_table_info(?1)")
+                    .bind(table.base())
+                    .fetch_all(&mut *tx)
+                    .await?
+            }
+        };
+        for (name, column) in ADDED_COLUMNS.iter().zip(COLUMNS) {
+            if !present.iter().any(|present| present == name) {
+                sqlx::raw_sql(AssertSqlSafe(add_column(table, column)))
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+        for statement in indexes(table) {
             sqlx::raw_sql(AssertSqlSafe(statement))
                 .execute(&mut *tx)
                 .await?;
