@@ -14,8 +14,12 @@
 //! | [`unique`], [`unique_table`] | names no other test or run uses |
 //! | [`Runs`] | counts the runs of a handler's body (retries re-run it) |
 //! | [`Shuffle`] | a reproducible shuffle of deliveries |
+//! | `partner` (feature `http`) | a stand-in payment provider: an HTTP server on loopback that honours `Idempotency-Key` (or ignores it) |
 
 #![warn(missing_docs)]
+
+#[cfg(feature = "http")]
+pub mod partner;
 
 use std::future::Future;
 use std::path::PathBuf;
