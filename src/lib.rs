@@ -15,8 +15,12 @@
 //! | [`schema_0_1`] | the dedup table's DDL as 0.1 shipped it, frozen (upgrade tests) |
 //! | [`Runs`] | counts the runs of a handler's body (retries re-run it) |
 //! | [`Shuffle`] | a reproducible shuffle of deliveries |
+//! | `partner` (feature `http`) | a stand-in payment provider: an HTTP server on loopback that honours `Idempotency-Key` (or ignores it) |
 
 #![warn(missing_docs)]
+
+#[cfg(feature = "http")]
+pub mod partner;
 
 use std::future::Future;
 use std::path::PathBuf;
