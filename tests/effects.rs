@@ -6,8 +6,8 @@
 //! from the body, or a transaction the database rolled back by itself, is the caller's
 //! error, where a handler without `effect` runs the whole transaction again.
 //!
-//! The external service is an in-process counter, [`Provider`] (a real HTTP server comes
-//! with a later step of the issue). `effects_suite!` instantiates the cases once per
+//! The external service is an in-process counter, [`Provider`]; `tests/partner_api.rs`
+//! runs send-first against a real HTTP server. `effects_suite!` instantiates the cases once per
 //! backend. What differs between the backends — how a `COMMIT` is made to fail
 //! transiently, how the database is made to end a transaction by itself — is in
 //! `postgres_faults`, `mysql_faults` and `sqlite_faults`, which offer the same items.
