@@ -18,6 +18,45 @@ pub const MAX_TABLE_NAME_LEN: usize = 63;
 /// The longest constraint or index name every backend reports (MySQL's limit).
 pub const MAX_CONSTRAINT_LEN: usize = 64;
 
+/// Why a consumer name is refused: `#[idempotent(consumer = "…")]` at compile time and
+/// the runtime's operator tools apply the same rule, in this order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConsumerProblem {
+    /// The empty string.
+    Empty,
+    /// A NUL byte, at this byte offset (the first one).
+    ContainsNul {
+        /// Byte offset of the first NUL.
+        position: usize,
+    },
+    /// Longer than [`MAX_CONSUMER_LEN`] bytes.
+    TooLong {
+        /// The name's length in bytes.
+        len: usize,
+    },
+}
+
+/// What is wrong with `name` as a consumer name, if anything.
+///
+/// ```
+/// use dedup_limits::{ConsumerProblem, consumer_problem};
+///
+/// assert_eq!(consumer_problem("email-sender"), None);
+/// assert_eq!(consumer_problem(""), Some(ConsumerProblem::Empty));
+/// assert_eq!(consumer_problem("a\0b"), Some(ConsumerProblem::ContainsNul { position: 1 }));
+/// ```
+pub fn consumer_problem(name: &str) -> Option<ConsumerProblem> {
+    if name.is_empty() {
+        Some(ConsumerProblem::Empty)
+    } else if let Some(position) = name.bytes().position(|b| b == 0) {
+        Some(ConsumerProblem::ContainsNul { position })
+    } else if name.len() > MAX_CONSUMER_LEN {
+        Some(ConsumerProblem::TooLong { len: name.len() })
+    } else {
+        None
+    }
+}
+
 /// Whether `name` is a dedup table name: a plain SQL identifier (an ASCII letter or `_`,
 /// then letters, digits and `_`, at most [`MAX_TABLE_NAME_LEN`] bytes), optionally
 /// qualified by a schema of the same form (`audit.processed_messages`). The name is

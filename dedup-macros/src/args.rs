@@ -476,23 +476,24 @@ fn effect_value(lit: &LitStr, errors: &mut Errors) -> Option<Effect> {
 }
 
 fn check_consumer(lit: &LitStr, errors: &mut Errors) {
-    let value = lit.value();
-    if value.is_empty() {
-        errors.add(
+    use dedup_limits::ConsumerProblem;
+    match dedup_limits::consumer_problem(&lit.value()) {
+        None => {}
+        Some(ConsumerProblem::Empty) => errors.add(
             lit.span(),
             "`consumer` must not be empty: name the service that processes the message, \
              such as `consumer = \"email-sender\"`",
-        );
-    } else if value.contains('\0') {
-        errors.add(lit.span(), "`consumer` must not contain a NUL character");
-    } else if value.len() > MAX_CONSUMER_LEN {
-        errors.add(
+        ),
+        Some(ConsumerProblem::ContainsNul { .. }) => {
+            errors.add(lit.span(), "`consumer` must not contain a NUL character");
+        }
+        Some(ConsumerProblem::TooLong { len }) => errors.add(
             lit.span(),
             format_args!(
-                "`consumer` is {} bytes long; the dedup table stores at most {MAX_CONSUMER_LEN}",
-                value.len()
+                "`consumer` is {len} bytes long; the dedup table stores at most \
+                 {MAX_CONSUMER_LEN}"
             ),
-        );
+        ),
     }
 }
 

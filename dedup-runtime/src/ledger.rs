@@ -288,19 +288,20 @@ impl<'p, DB: Backend> Ledger<'p, DB> {
 }
 
 /// Refuses a consumer name that `#[idempotent(consumer = "…")]` would refuse at compile
-/// time: no handler can have recorded an id under it.
+/// time (the rule is `dedup_limits::consumer_problem`): no handler can have recorded an id
+/// under it.
 fn check_consumer(consumer: &str) -> Result<(), InvalidConsumer> {
-    if consumer.is_empty() {
-        Err(InvalidConsumer::Empty)
-    } else if let Some(position) = consumer.bytes().position(|b| b == 0) {
-        Err(InvalidConsumer::ContainsNul { position })
-    } else if consumer.len() > MAX_CONSUMER_LEN {
-        Err(InvalidConsumer::TooLong {
-            len: consumer.len(),
+    use dedup_limits::ConsumerProblem;
+    match dedup_limits::consumer_problem(consumer) {
+        None => Ok(()),
+        Some(ConsumerProblem::Empty) => Err(InvalidConsumer::Empty),
+        Some(ConsumerProblem::ContainsNul { position }) => {
+            Err(InvalidConsumer::ContainsNul { position })
+        }
+        Some(ConsumerProblem::TooLong { len }) => Err(InvalidConsumer::TooLong {
+            len,
             max: MAX_CONSUMER_LEN,
-        })
-    } else {
-        Ok(())
+        }),
     }
 }
 
