@@ -82,7 +82,36 @@
 //!
 //! The repository's [`examples/rabbitmq.rs`][rabbitmq] (lapin) and
 //! [`examples/nats.rs`][nats] (async-nats, JetStream) are complete consumers, with manual
-//! acknowledgements and dead-lettering.
+//! acknowledgements and dead-lettering. With the feature `lapin` or `async-nats`, the
+//! modules `lapin` and `async_nats` give the 1-based delivery count `decide` takes and a
+//! `settle` that makes the broker call.
+//!
+//! # Effects outside the database
+//!
+//! An email or a partner's API is never atomic with the transaction. Derive the
+//! provider's idempotency key from the message id with [`IdempotencyKey`]
+//! (`IdempotencyKey::new("receipt", &msg.id)` is `receipt:<id>` on every delivery), and
+//! declare the risk the handler takes: `effect = "send-first"` lets the body leave its
+//! connection unused, and a crash between the call and the `COMMIT` repeats the call on
+//! redelivery, which the key makes the provider drop. The [`idempotent`] docs give each
+//! crash window.
+//!
+//! # The operator's tools
+//!
+//! [`Ledger`] answers "was this id processed, and when?" and forgets one id on purpose,
+//! so that its next delivery runs the handler again (a replay after a fix):
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), dedup_runtime::LedgerError> {
+//! # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1)
+//! #     .connect("sqlite::memory:").await?;
+//! # dedup_runtime::migrate(&pool).await?;
+//! let ledger = dedup_runtime::Ledger::new(&pool);
+//! assert_eq!(ledger.processed_at("billing", "evt_91c2").await?, None);
+//! assert!(!ledger.forget("billing", "evt_91c2").await?);
+//! # Ok(()) }
+//! ```
 //!
 //! # Pruning
 //!
