@@ -224,6 +224,17 @@ fn print_stats(title: &str, stats: &[ConsumerStats], planned: bool) {
             );
         }
     }
+    // Rows whose outcome is not settled (in progress, or unknown) are never pruned: say so
+    // when there are any, so that an operator sees what waits for them.
+    for consumer in stats.iter().filter(|consumer| consumer.unresolved > 0) {
+        let unresolved = consumer.unresolved;
+        println!(
+            "  {}: {} {} not processed (in progress or outcome unknown), kept at any age",
+            consumer.consumer,
+            thousands(unresolved),
+            if unresolved == 1 { "id" } else { "ids" },
+        );
+    }
 }
 
 /// A one-line progress bar on stderr, redrawn at most ten times a second.
