@@ -414,3 +414,16 @@ pub mod schema_0_1 {
 #[cfg(doctest)]
 #[doc = include_str!("../README.md")]
 pub struct Readme;
+
+/// The READMEs of the published crates that use other crates of the workspace in their
+/// snippets (`dedup-macros`' shows the attribute through `dedup-runtime`; `dedup-limits`'
+/// compares with the runtime's constants), compiled here, where both are dependencies.
+/// `dedup-runtime`'s own README is a doctest of that crate.
+#[cfg(doctest)]
+#[doc = include_str!("../dedup-macros/README.md")]
+pub struct MacrosReadme;
+
+/// See [`MacrosReadme`].
+#[cfg(doctest)]
+#[doc = include_str!("../dedup-limits/README.md")]
+pub struct LimitsReadme;

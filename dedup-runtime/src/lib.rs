@@ -202,6 +202,11 @@ mod schema;
 #[path = "private.rs"]
 pub mod __private;
 
+/// This crate's README (the page crates.io shows), compiled as a doctest.
+#[cfg(all(doctest, feature = "postgres"))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;
+
 pub use ack::{Ack, AckPolicy, DecideError, Failure, is_transient};
 pub use backend::Backend;
 pub use idempotency::{IdempotencyKey, MAX_IDEMPOTENCY_KEY_LEN};
