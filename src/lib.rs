@@ -16,11 +16,14 @@
 //! | [`Runs`] | counts the runs of a handler's body (retries re-run it) |
 //! | [`Shuffle`] | a reproducible shuffle of deliveries |
 //! | `partner` (feature `http`) | a stand-in payment provider: an HTTP server on loopback that honours `Idempotency-Key` (or ignores it) |
+//! | `rabbitmq::declare` (feature `brokers`) | the RabbitMQ topology of `examples/rabbitmq.rs`: a queue, its dead-letter exchange and queue |
 
 #![warn(missing_docs)]
 
 #[cfg(feature = "http")]
 pub mod partner;
+#[cfg(feature = "brokers")]
+pub mod rabbitmq;
 
 use std::future::Future;
 use std::path::PathBuf;

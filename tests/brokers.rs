@@ -635,62 +635,15 @@ fn database_url() -> String {
 mod rabbitmq {
     use super::*;
     use lapin::options::{
-        BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeclareOptions,
-        ExchangeDeleteOptions, QueueBindOptions, QueueDeclareOptions, QueueDeleteOptions,
+        BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, ExchangeDeleteOptions,
+        QueueDeclareOptions, QueueDeleteOptions,
     };
-    use lapin::types::{AMQPValue, FieldTable};
-    use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+    use lapin::types::FieldTable;
+    use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
     fn amqp_url() -> String {
         std::env::var("DEDUP_TEST_AMQP_URL")
             .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
-    }
-
-    /// The same topology as `examples/rabbitmq.rs` declares (it must be: RabbitMQ refuses
-    /// to redeclare a queue with other arguments, and the consumer would fail loudly).
-    async fn declare(channel: &Channel, queue: &str) {
-        let dlx = format!("{queue}.dlx");
-        let dead = format!("{queue}.dead");
-        let durable = ExchangeDeclareOptions {
-            durable: true,
-            ..ExchangeDeclareOptions::default()
-        };
-        channel
-            .exchange_declare(
-                dlx.as_str().into(),
-                ExchangeKind::Fanout,
-                durable,
-                FieldTable::default(),
-            )
-            .await
-            .expect("declare the dead-letter exchange");
-        channel
-            .queue_declare(
-                dead.as_str().into(),
-                QueueDeclareOptions::durable(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("declare the dead-letter queue");
-        channel
-            .queue_bind(
-                dead.as_str().into(),
-                dlx.as_str().into(),
-                "".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("bind the dead-letter queue");
-        let mut arguments = FieldTable::default();
-        arguments.insert(
-            "x-dead-letter-exchange".into(),
-            AMQPValue::LongString(dlx.as_str().into()),
-        );
-        channel
-            .queue_declare(queue.into(), QueueDeclareOptions::durable(), arguments)
-            .await
-            .expect("declare the queue");
     }
 
     /// Messages ready in `queue` and its consumers.
@@ -748,7 +701,7 @@ mod rabbitmq {
 
         let body = async {
             let channel = connection.create_channel().await.expect("open a channel");
-            declare(&channel, &queue).await;
+            dedup_suite::rabbitmq::declare(&channel, &queue, false).await;
             sqlx::query(
                 "CREATE TABLE IF NOT EXISTS rabbitmq_example_effects (message_id text NOT NULL, \
                  body text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",

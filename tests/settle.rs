@@ -51,11 +51,10 @@ mod rabbitmq {
     use lapin::message::Delivery;
     use lapin::options::{
         BasicConsumeOptions, BasicGetOptions, BasicPublishOptions, BasicQosOptions,
-        ConfirmSelectOptions, ExchangeDeclareOptions, ExchangeDeleteOptions, QueueBindOptions,
-        QueueDeclareOptions, QueueDeleteOptions,
+        ConfirmSelectOptions, ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions,
     };
-    use lapin::types::{AMQPValue, FieldTable};
-    use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
+    use lapin::types::FieldTable;
+    use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
     async fn connect() -> Connection {
         let url = std::env::var("DEDUP_TEST_AMQP_URL")
@@ -68,58 +67,6 @@ mod rabbitmq {
                      -detached`, or `bash .ci/run`) or set DEDUP_TEST_AMQP_URL"
                 )
             })
-    }
-
-    /// `queue` (classic or quorum) with its dead-letter exchange `queue.dlx` and the queue
-    /// `queue.dead` behind it, as `examples/rabbitmq.rs` declares them.
-    async fn declare(channel: &Channel, queue: &str, quorum: bool) {
-        let (dlx, dead) = (format!("{queue}.dlx"), format!("{queue}.dead"));
-        let durable = ExchangeDeclareOptions {
-            durable: true,
-            ..ExchangeDeclareOptions::default()
-        };
-        channel
-            .exchange_declare(
-                dlx.as_str().into(),
-                ExchangeKind::Fanout,
-                durable,
-                FieldTable::default(),
-            )
-            .await
-            .expect("declare the dead-letter exchange");
-        channel
-            .queue_declare(
-                dead.as_str().into(),
-                QueueDeclareOptions::durable(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("declare the dead-letter queue");
-        channel
-            .queue_bind(
-                dead.as_str().into(),
-                dlx.as_str().into(),
-                "".into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await
-            .expect("bind the dead-letter queue");
-        let mut arguments = FieldTable::default();
-        arguments.insert(
-            "x-dead-letter-exchange".into(),
-            AMQPValue::LongString(dlx.as_str().into()),
-        );
-        if quorum {
-            arguments.insert(
-                "x-queue-type".into(),
-                AMQPValue::LongString("quorum".into()),
-            );
-        }
-        channel
-            .queue_declare(queue.into(), QueueDeclareOptions::durable(), arguments)
-            .await
-            .expect("declare the queue");
     }
 
     async fn publish(channel: &Channel, queue: &str, id: &str) {
@@ -165,7 +112,7 @@ mod rabbitmq {
         let queue = dedup_suite::unique(if quorum { "settle-quorum" } else { "settle" });
         let setup = connection.create_channel().await.expect("open a channel");
         let test = async {
-            declare(&setup, &queue, quorum).await;
+            dedup_suite::rabbitmq::declare(&setup, &queue, quorum).await;
             setup
                 .confirm_select(ConfirmSelectOptions::default())
                 .await
