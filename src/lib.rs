@@ -16,10 +16,13 @@
 //! | [`Runs`] | counts the runs of a handler's body (retries re-run it) |
 //! | [`Shuffle`] | a reproducible shuffle of deliveries |
 //! | `partner` (feature `http`) | a stand-in payment provider: an HTTP server on loopback that honours `Idempotency-Key` (or ignores it) |
+//! | `jetstream::streams` (feature `brokers`) | the JetStream streams of `examples/nats.rs`: a stream and its dead-letter stream |
 //! | `rabbitmq::declare` (feature `brokers`) | the RabbitMQ topology of `examples/rabbitmq.rs`: a queue, its dead-letter exchange and queue |
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "brokers")]
+pub mod jetstream;
 #[cfg(feature = "http")]
 pub mod partner;
 #[cfg(feature = "brokers")]

@@ -815,7 +815,7 @@ mod rabbitmq {
 mod nats {
     use super::*;
     use async_nats::HeaderMap;
-    use async_nats::jetstream::{self, consumer, stream};
+    use async_nats::jetstream::{self, consumer};
 
     fn nats_url() -> String {
         std::env::var("DEDUP_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned())
@@ -852,24 +852,8 @@ mod nats {
         let body = async {
             // What `examples/nats.rs` would create, with a short ack wait so that a killed
             // consumer's messages come back within the test.
-            jetstream
-                .create_stream(stream::Config {
-                    name: format!("{stream_name}_DEAD"),
-                    subjects: vec![format!("{subject}.dead")],
-                    ..Default::default()
-                })
-                .await
-                .unwrap_or_else(|error| {
-                    panic!("create a JetStream stream at {url} (is JetStream enabled?): {error}")
-                });
-            let stream = jetstream
-                .create_stream(stream::Config {
-                    name: stream_name.clone(),
-                    subjects: vec![subject.clone()],
-                    ..Default::default()
-                })
-                .await
-                .expect("create the stream");
+            let (stream, _) =
+                dedup_suite::jetstream::streams(&jetstream, &url, &stream_name, &subject).await;
             let mut consumer: consumer::PullConsumer = stream
                 .create_consumer(consumer::pull::Config {
                     durable_name: Some(durable.to_owned()),

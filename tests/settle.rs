@@ -234,7 +234,7 @@ mod rabbitmq {
 mod nats {
     use super::*;
     use async_nats::HeaderMap;
-    use async_nats::jetstream::{self, consumer, stream};
+    use async_nats::jetstream::{self, consumer};
     use dedup_runtime::async_nats::{delivery_count, settle};
 
     #[tokio::test]
@@ -254,24 +254,8 @@ mod nats {
         let (subject, dead_subject) = (format!("settle.{run}"), format!("settle.{run}.dead"));
 
         let test = async {
-            let dead_stream = jetstream
-                .create_stream(stream::Config {
-                    name: dead_stream_name.clone(),
-                    subjects: vec![dead_subject.clone()],
-                    ..Default::default()
-                })
-                .await
-                .unwrap_or_else(|error| {
-                    panic!("create a JetStream stream at {url} (is JetStream enabled?): {error}")
-                });
-            let stream = jetstream
-                .create_stream(stream::Config {
-                    name: stream_name.clone(),
-                    subjects: vec![subject.clone()],
-                    ..Default::default()
-                })
-                .await
-                .expect("create the stream");
+            let (stream, dead_stream) =
+                dedup_suite::jetstream::streams(&jetstream, &url, &stream_name, &subject).await;
             let mut consumer: consumer::PullConsumer = stream
                 .create_consumer(consumer::pull::Config {
                     durable_name: Some("settle".to_owned()),
