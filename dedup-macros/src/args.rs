@@ -10,7 +10,7 @@ use syn::spanned::Spanned;
 use syn::{Expr, Ident, Lit, LitStr, Path, Token};
 
 /// Every argument the attribute knows, in the order the messages list them.
-const KNOWN: &str = "`consumer`, `key`, `unique`, `table`, `effect`, `crate`";
+const KNOWN: &str = "`consumer`, `key`, `unique`, `table`, `effect`, `lease`, `crate`";
 
 /// What `effect = "…"` declares for a body whose effect is outside the database.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -18,7 +18,17 @@ pub enum Effect {
     /// `"send-first"`: the call, then the processed mark commits; a crash between the two
     /// repeats the call on redelivery, and nothing re-runs the body after it ran.
     SendFirst,
+    /// `"mark-first"`: the processed mark (in progress) commits, then the call; a crash
+    /// between the two loses the call, and the row says so (outcome unknown).
+    MarkFirst,
 }
+
+/// The longest lease `lease = "…"` accepts, in milliseconds: a day (the runtime's
+/// `MAX_LEASE`).
+const MAX_LEASE_MS: u64 = 24 * 60 * 60 * 1000;
+/// The lease of `effect = "mark-first"` without `lease = "…"` (the runtime's
+/// `DEFAULT_MARK_LEASE`).
+const DEFAULT_MARK_LEASE_MS: u64 = 60_000;
 
 /// The parsed and validated arguments.
 pub struct Args {
@@ -32,6 +42,13 @@ pub struct Args {
     /// `effect` was written, whatever its value: the body may leave its connection unused
     /// (an error about that would be a second one for an effect refused already).
     pub effect_named: bool,
+    /// The lease in milliseconds, when the call runs under one (`effect = "mark-first"`,
+    /// or `effect = "send-first"` with `lease = "…"`): the body holds a `Lease`, not a
+    /// connection.
+    pub lease_ms: Option<u64>,
+    /// `lease` was written, whatever its value: the body may take a `Lease` (an error
+    /// about that would be a second one for a lease refused already).
+    pub lease_named: bool,
     pub krate: Path,
     /// False when `crate = …` was given but could not be read: `krate` is then only the
     /// default, and code that names the runtime through it would fail once more.
@@ -188,6 +205,8 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
     let mut table = Once(None);
     let mut krate = Once(None);
     let mut effect = Once(None);
+    let mut lease = Once(None);
+    let mut lease_name: Option<Ident> = None;
     for RawArg { name, value } in raw {
         match name.to_string().as_str() {
             "consumer" => {
@@ -221,6 +240,14 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
                     && let Some(value) = effect_value(&lit, &mut errors)
                 {
                     effect.set(name, value, &mut errors);
+                }
+            }
+            "lease" => {
+                lease_name.get_or_insert_with(|| name.clone());
+                if let Some(lit) = string_literal(&name, &value, "lease = \"30s\"", &mut errors)
+                    && let Some(ms) = lease_value(&lit, &mut errors)
+                {
+                    lease.set(name, ms, &mut errors);
                 }
             }
             "crate" => {
@@ -295,6 +322,39 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
              id is claimed before the body runs",
         );
     }
+    let effect = effect.0.map(|(_, effect)| effect);
+    if let Some(name) = &lease_name
+        && effect_name.is_none()
+        && !unread.any
+    {
+        errors.add(
+            name.span(),
+            "`lease` is for a handler whose call runs with no transaction open, and says how \
+             long a copy of the message waits for it: declare the effect too, \
+             `effect = \"send-first\", lease = \"30s\"` (the lease ends, the next delivery \
+             calls again: pass the provider an idempotency key) or \
+             `effect = \"mark-first\", lease = \"30s\"` (the lease ends, the outcome is \
+             unknown and nothing calls again)",
+        );
+    }
+    let lease_ms = match (effect, lease.0.map(|(_, ms)| ms)) {
+        (Some(Effect::MarkFirst), ms) => Some(ms.unwrap_or(DEFAULT_MARK_LEASE_MS)),
+        (Some(Effect::SendFirst), Some(ms)) => Some(ms),
+        _ => None,
+    };
+    if lease_ms.is_some()
+        && unique_given
+        && !unread.any
+        && let Some(name) = lease_name.as_ref().or(effect_name.as_ref())
+    {
+        errors.add(
+            name.span(),
+            "`unique = …` catches a business key that the body's insert violates inside the \
+             claim's transaction, and a leased call runs outside it, after the claim \
+             committed: remove `unique`, or use `effect = \"send-first\"` without `lease`, \
+             whose body runs in the claim's transaction",
+        );
+    }
     let consumer = consumer.map(|(_, lit)| lit);
 
     let args = Args {
@@ -305,8 +365,10 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
             || LitStr::new("processed_messages", Span::call_site()),
             |(_, lit)| lit,
         ),
-        effect: effect.0.map(|(_, effect)| effect),
+        effect,
         effect_named: effect_name.is_some(),
+        lease_ms,
+        lease_named: lease_name.is_some(),
         krate_known: krate.0.is_some() || !crate_given,
         krate: krate
             .0
@@ -397,9 +459,11 @@ fn closest(unknown: &str) -> Option<&'static str> {
         row[b.len()]
     }
     let lower = unknown.to_ascii_lowercase();
-    ["consumer", "key", "unique", "table", "effect", "crate"]
-        .into_iter()
-        .find(|known| distance(&lower, known) <= 2 && lower.len() + 2 > known.len())
+    [
+        "consumer", "key", "unique", "table", "effect", "lease", "crate",
+    ]
+    .into_iter()
+    .find(|known| distance(&lower, known) <= 2 && lower.len() + 2 > known.len())
 }
 
 /// `value` without the invisible group around a `$name:literal` or `$name:expr` that a
@@ -430,26 +494,12 @@ fn string_literal(
     None
 }
 
-/// The effect `effect = "…"` names. `"mark-first"` is part of the contract, but needs a
-/// schema this version does not have: refused, so that nobody ships it believing it runs.
+/// The effect `effect = "…"` names.
 fn effect_value(lit: &LitStr, errors: &mut Errors) -> Option<Effect> {
-    const SEND_FIRST: &str = "`effect = \"send-first\"` (the call, then the processed mark: \
-                              a crash between the two repeats the call)";
     let value = lit.value();
     match value.as_str() {
         "send-first" => Some(Effect::SendFirst),
-        "mark-first" => {
-            errors.add(
-                lit.span(),
-                "`effect = \"mark-first\"` is not available in this version: marking the \
-                 message processed before the call needs an in-progress state in the dedup \
-                 table, which a later version's `migrate` adds; until then write \
-                 `effect = \"send-first\"`, whose risk is a duplicate call instead of a lost \
-                 one (a crash between the call and the commit repeats the call: pass the \
-                 provider an idempotency key)",
-            );
-            None
-        }
+        "mark-first" => Some(Effect::MarkFirst),
         other => {
             // `send_first`, `SendFirst`, `send first`: the spelling, not the choice, is off.
             let spelled: String = other
@@ -465,9 +515,57 @@ fn effect_value(lit: &LitStr, errors: &mut Errors) -> Option<Effect> {
             errors.add(
                 lit.span(),
                 format_args!(
-                    "unknown effect `{other:?}`; {hint}write {SEND_FIRST} or \
-                     `effect = \"mark-first\"` (the processed mark, then the call: a crash \
-                     between the two loses the call; not available in this version)"
+                    "unknown effect `{other:?}`; {hint}write `effect = \"send-first\"` (the \
+                     call, then the processed mark: a crash between the two repeats the call) \
+                     or `effect = \"mark-first\"` (the mark, then the call: a crash between \
+                     the two loses the call, and the row says so)"
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// The milliseconds of `lease = "30s"`: a whole number and a unit (`ms`, `s`, `m`, `h`),
+/// at least 1 ms and at most a day.
+fn lease_value(lit: &LitStr, errors: &mut Errors) -> Option<u64> {
+    const FORM: &str = "a whole number and a unit, `ms`, `s`, `m` or `h`, such as \
+                        `lease = \"30s\"` or `lease = \"500ms\"`";
+    let value = lit.value();
+    let text = value.trim();
+    let digits = text.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = text.split_at(digits);
+    let scale = match unit.trim() {
+        "ms" => Some(1),
+        "s" => Some(1_000),
+        "m" | "min" => Some(60_000),
+        "h" => Some(3_600_000),
+        _ => None,
+    };
+    let (Ok(number), Some(scale)) = (number.parse::<u64>(), scale) else {
+        errors.add(
+            lit.span(),
+            format_args!("`lease = {value:?}` is not a duration: write {FORM}"),
+        );
+        return None;
+    };
+    match number.checked_mul(scale) {
+        Some(0) => {
+            errors.add(
+                lit.span(),
+                "a lease of zero ends before the call starts, and every copy would take it \
+                 over: give the time the call needs, such as `lease = \"30s\"`",
+            );
+            None
+        }
+        Some(ms) if ms <= MAX_LEASE_MS => Some(ms),
+        _ => {
+            errors.add(
+                lit.span(),
+                format_args!(
+                    "`lease = {value:?}` is longer than a day: a crashed owner's message would \
+                     wait that long; give the time one call needs (at most `lease = \"24h\"`) \
+                     and renew it with `lease.extend()` for longer calls"
                 ),
             );
             None
@@ -552,12 +650,56 @@ mod tests {
         assert_eq!(args.effect, Some(Effect::SendFirst));
         assert!(args.effect_named);
 
-        // A refused value still counts as declared: no second error about the connection.
+        // Mark-first runs under a lease, a minute unless given.
         let (messages, args) = parsed(r#"consumer = "c", key = id, effect = "mark-first""#);
+        assert!(messages.is_empty(), "{messages:?}");
+        assert_eq!(args.effect, Some(Effect::MarkFirst));
+        assert_eq!(args.lease_ms, Some(60_000));
+        let (messages, args) =
+            parsed(r#"consumer = "c", key = id, effect = "send-first", lease = "1500ms""#);
+        assert!(messages.is_empty(), "{messages:?}");
+        assert_eq!(args.lease_ms, Some(1500));
+        let (_, args) = parsed(r#"consumer = "c", key = id, effect = "send-first""#);
+        assert_eq!(args.lease_ms, None);
+        for (lease, ms) in [
+            ("30s", 30_000),
+            ("2m", 120_000),
+            ("1h", 3_600_000),
+            ("24h", 86_400_000),
+        ] {
+            let (messages, args) = parsed(&format!(
+                r#"consumer = "c", key = id, effect = "mark-first", lease = "{lease}""#
+            ));
+            assert!(messages.is_empty(), "{lease}: {messages:?}");
+            assert_eq!(args.lease_ms, Some(ms), "{lease}");
+        }
+        for (lease, says) in [
+            ("0s", "a lease of zero"),
+            ("25h", "longer than a day"),
+            ("-5s", "is not a duration"),
+            ("1.5s", "is not a duration"),
+            ("30", "is not a duration"),
+            ("30 seconds", "is not a duration"),
+        ] {
+            let (messages, _) = parsed(&format!(
+                r#"consumer = "c", key = id, effect = "mark-first", lease = "{lease}""#
+            ));
+            assert_eq!(messages.len(), 1, "{lease}: {messages:?}");
+            assert!(messages[0].contains(says), "{lease}: {messages:?}");
+        }
+        let (messages, _) = parsed(r#"consumer = "c", key = id, lease = "30s""#);
         assert_eq!(messages.len(), 1, "{messages:?}");
-        assert!(messages[0].contains("not available in this version"));
-        assert_eq!(args.effect, None);
-        assert!(args.effect_named);
+        assert!(
+            messages[0].starts_with("`lease` is for a handler"),
+            "{messages:?}"
+        );
+        let (messages, _) =
+            parsed(r#"consumer = "c", key = id, unique = "u", effect = "mark-first""#);
+        assert_eq!(messages.len(), 1, "{messages:?}");
+        assert!(
+            messages[0].starts_with("`unique = …` catches"),
+            "{messages:?}"
+        );
 
         for (spelling, hint) in [
             ("send_first", Some("send-first")),

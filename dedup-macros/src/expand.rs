@@ -33,8 +33,15 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     };
     let item_is_fn = item_fn.is_some();
     let key = args.key.as_ref().map(|(_, key)| key);
-    let handler =
-        item_fn.and_then(|item_fn| handler::analyze(item_fn, key, args.effect_named, &mut errors));
+    let handler = item_fn.and_then(|item_fn| {
+        handler::analyze(
+            item_fn,
+            key,
+            args.effect_named,
+            args.lease_ms.is_some() || args.lease_named,
+            &mut errors,
+        )
+    });
     let result = errors.finish();
     let mut tokens = match (&result, handler) {
         (Ok(()), Some(handler)) => return guarded_handler_fn(&args, handler),
@@ -146,6 +153,7 @@ fn handler_fn(args: &Args, handler: Handler) -> TokenStream {
         connection,
         output,
         retried,
+        leased,
     } = handler;
     let ItemFn {
         attrs,
@@ -154,22 +162,38 @@ fn handler_fn(args: &Args, handler: Handler) -> TokenStream {
         block,
         ..
     } = item;
-    let new_sig = signature(&args.krate, &sig, &connection, &output);
+    let new_sig = signature(&args.krate, &sig, &connection, &output, leased);
     let outer = attrs
         .iter()
         .filter(|attr| matches!(attr.style, AttrStyle::Outer));
     let inner = attrs
         .iter()
         .filter(|attr| !matches!(attr.style, AttrStyle::Outer));
-    let retryable = retryable(&retried);
-    let body = body(
-        args,
-        &sig.ident,
-        &connection,
-        &output,
-        &block.stmts,
-        retried.at,
-    );
+    let (retryable, body) = match args.lease_ms {
+        // The body of a leased call runs once, outside any retry loop.
+        Some(lease_ms) if leased => (
+            TokenStream::new(),
+            leased_body(
+                args,
+                &sig.ident,
+                &connection,
+                &output,
+                &block.stmts,
+                lease_ms,
+            ),
+        ),
+        _ => (
+            retryable(&retried),
+            body(
+                args,
+                &sig.ident,
+                &connection,
+                &output,
+                &block.stmts,
+                retried.at,
+            ),
+        ),
+    };
     quote! {
         #(#outer)*
         #vis #new_sig {
@@ -218,8 +242,7 @@ fn feature_placeholder(krate: &Path, handler: &Handler) -> TokenStream {
     if let Some(arg) = new_sig.inputs.iter_mut().nth(handler.connection.index) {
         *arg = FnArg::Typed(syn::parse_quote!(#db: impl ::core::marker::Sized));
     }
-    let ok = handler::ok_type(&handler.output.ty).cloned();
-    let outcome_ty: Type = syn::parse_quote!(#krate::Outcome<#ok>);
+    let outcome_ty = outcome_type(krate, &handler.output, handler.leased);
     let arrow = match &sig.output {
         ReturnType::Type(arrow, _) => *arrow,
         ReturnType::Default => syn::Token![->](sig.ident.span()),
@@ -251,26 +274,44 @@ fn signature(
     sig: &Signature,
     connection: &handler::Connection,
     output: &handler::Output,
+    leased: bool,
 ) -> Signature {
     let private = quote!(#krate::__private);
     let db = local("__dedup_db");
     let mut new_sig = sig.clone();
     let conn_static = handler::with_static_lifetimes(&connection.ty);
-    if let Some(arg) = new_sig.inputs.iter_mut().nth(connection.index) {
+    if leased && let Some(arg) = new_sig.inputs.iter_mut().nth(connection.index) {
+        // A leased call takes the pool: its claim, its body and its completion each take
+        // a connection of their own, and none is held during the call.
+        let pool = respan(quote!(#private::Pool), connection.ty.span());
+        let projection = respan(quote!(#private::LeaseParam), connection.ty.span());
+        *arg = FnArg::Typed(syn::parse_quote! {
+            #db: &#pool<<#conn_static as #projection>::Database>
+        });
+    } else if let Some(arg) = new_sig.inputs.iter_mut().nth(connection.index) {
         let bound = respan(quote!(#private::Db), connection.ty.span());
         let projection = respan(quote!(#private::HandlerConnection), connection.ty.span());
         *arg = FnArg::Typed(syn::parse_quote! {
             #db: impl #bound<'_, <#conn_static as #projection<'static>>::Database>
         });
     }
-    let ok = handler::ok_type(&output.ty).cloned();
-    let outcome_ty: Type = syn::parse_quote!(#krate::Outcome<#ok>);
+    let outcome_ty = outcome_type(krate, output, leased);
     let arrow = match &sig.output {
         ReturnType::Type(arrow, _) => *arrow,
         ReturnType::Default => syn::Token![->](sig.ident.span()),
     };
     new_sig.output = ReturnType::Type(arrow, Box::new(handler::replace_ok(&output.ty, outcome_ty)));
     new_sig
+}
+
+// Output: `Outcome<T>` for `Result<T, E>`, `LeaseOutcome<T>` for a leased handler.
+fn outcome_type(krate: &Path, output: &handler::Output, leased: bool) -> Type {
+    let ok = handler::ok_type(&output.ty).cloned();
+    if leased {
+        syn::parse_quote!(#krate::LeaseOutcome<#ok>)
+    } else {
+        syn::parse_quote!(#krate::Outcome<#ok>)
+    }
 }
 
 // Input: a handler that was understood, while the attribute or the handler has an error
@@ -293,6 +334,7 @@ fn placeholder_fn(krate: &Path, handler: Handler) -> TokenStream {
         item,
         connection,
         output,
+        leased,
         ..
     } = handler;
     let ItemFn {
@@ -302,7 +344,12 @@ fn placeholder_fn(krate: &Path, handler: Handler) -> TokenStream {
         block,
         ..
     } = item;
-    let mut new_sig = signature(krate, &sig, &connection, &output);
+    let mut new_sig = signature(krate, &sig, &connection, &output, leased);
+    let processed = if leased {
+        quote!(#krate::LeaseOutcome::Processed)
+    } else {
+        quote!(#krate::Outcome::Processed)
+    };
     // A handler without `async` has been reported; its callers `.await` it all the same.
     new_sig
         .asyncness
@@ -338,7 +385,7 @@ fn placeholder_fn(krate: &Path, handler: Handler) -> TokenStream {
             };
             match #body(::core::unreachable!()).await {
                 ::core::result::Result::Ok(#value) => {
-                    ::core::result::Result::Ok(#krate::Outcome::Processed(#value))
+                    ::core::result::Result::Ok(#processed(#value))
                 }
                 ::core::result::Result::Err(#error) => ::core::result::Result::Err(#error),
             }
@@ -472,7 +519,8 @@ fn body(
     // `effect = "send-first"`: the body may call out, so it never runs twice (run.rs).
     let policy = match args.effect {
         Some(Effect::SendFirst) => quote!(.send_first()),
-        None => TokenStream::new(),
+        // Mark-first always runs under a lease (`leased_body`).
+        Some(Effect::MarkFirst) | None => TokenStream::new(),
     };
     let into_error = {
         let at = handler::error_type(&output.ty).map_or_else(|| output.ty.span(), Spanned::span);
@@ -581,6 +629,146 @@ fn body(
         // `metrics` feature).
         static #metrics: #private::HandlerMetrics = #private::HandlerMetrics::new();
         let #exit = #exit_value;
+        match #exit {
+            #private::Exit::Outcome(#value) => ::core::result::Result::Ok(#value),
+            #private::Exit::BodyError(#error) => ::core::result::Result::Err(#error),
+            #private::Exit::Error(#error) => ::core::result::Result::Err(#into_error),
+        }
+    }
+}
+
+// Input: a leased handler,
+//     #[idempotent(consumer = "charges", key = msg.id, effect = "send-first", lease = "30s")]
+//     async fn charge(lease: &mut Lease<'_, Postgres>, msg: &Charge) -> Result<T, E> { body }
+// Output (paths shortened as in `body`; `dedup-runtime/src/lease.rs` documents each step):
+//     async fn charge(__dedup_db: &__private::Pool<Postgres>, msg: &Charge)
+//         -> Result<LeaseOutcome<T>, E>
+//     {
+//         static __DEDUP_METRICS: __private::HandlerMetrics = …;
+//         let __dedup_exit = match __private::message_id(&msg.id) {
+//             Err(e) => __private::Exit::Error(__private::refused(…)),
+//             Ok(__dedup_id) => {
+//                 let mut __dedup_run = __private::LeaseRun::new("charge", __private::LeaseClaim::new(
+//                     __private::lease_statements!("processed_messages"), "charges", &__dedup_id,
+//                     __private::LeasePolicy::SendFirst, 30000), &__DEDUP_METRICS);
+//                 instrument(async {
+//                     match __dedup_run.begin(__dedup_db).await {       // claim committed
+//                         LeaseBegin::Owned(mut __dedup_lease) => {
+//                             let __dedup_body = async |lease: &mut Lease<'_, Postgres>| { body };
+//                             match __dedup_body(&mut __dedup_lease).await {  // no transaction open
+//                                 Ok(v) => match __dedup_run.complete(__dedup_lease).await {
+//                                     Ok(()) => Exit::Outcome(LeaseOutcome::Processed(v)),
+//                                     Err(e) => Exit::Error(e),        // never run again
+//                                 },
+//                                 Err(e) => { __dedup_run.release(__dedup_lease).await; Exit::BodyError(e) }
+//                             }
+//                         }
+//                         LeaseBegin::Outcome(o) => Exit::Outcome(o.widen()), // duplicate, in progress
+//                         LeaseBegin::Error(e) => Exit::Error(e),
+//                     }
+//                 }, span).await
+//             }
+//         };
+//         <the exit, as in `body`>
+//     }
+fn leased_body(
+    args: &Args,
+    name: &Ident,
+    connection: &handler::Connection,
+    output: &handler::Output,
+    stmts: &[syn::Stmt],
+    lease_ms: u64,
+) -> TokenStream {
+    let krate = &args.krate;
+    let private = quote!(#krate::__private);
+    let (db, id, run, span, lease, result, exit, value, error, outcome, body, metrics) = (
+        local("__dedup_db"),
+        local("__dedup_id"),
+        local("__dedup_run"),
+        local("__dedup_span"),
+        local("__dedup_lease"),
+        local("__dedup_result"),
+        local("__dedup_exit"),
+        local("__dedup_value"),
+        local("__dedup_error"),
+        local("__dedup_outcome"),
+        local("__dedup_body"),
+        local("__DEDUP_METRICS"),
+    );
+    let table = &args.table;
+    let handler_name = LitStr::new(&name.to_string(), name.span());
+    let policy = match args.effect {
+        Some(Effect::MarkFirst) => quote!(#private::LeasePolicy::MarkFirst),
+        _ => quote!(#private::LeasePolicy::SendFirst),
+    };
+    let into_error = {
+        let at = handler::error_type(&output.ty).map_or_else(|| output.ty.span(), Spanned::span);
+        respan(quote!(#private::into_handler_error(#error)), at)
+    };
+    let (Some((_, key)), Some(consumer)) = (&args.key, &args.consumer) else {
+        // `effect` without `key` is refused in `args`: nothing to expand.
+        return quote!(::core::unreachable!());
+    };
+    let message_id = key_call(&private, key);
+    let (conn_pat, conn_ty) = (&connection.pat, &connection.ty);
+    let fake_return = fake_return(output);
+    let stmts = unawaited::check(&private, stmts);
+    let deny = quote_spanned!(Span::call_site()=> #[deny(unused_must_use)]);
+    quote! {
+        static #metrics: #private::HandlerMetrics = #private::HandlerMetrics::new();
+        let #exit = match #message_id {
+            ::core::result::Result::Err(#error) => #private::Exit::Error(
+                #private::refused(&#metrics, #handler_name, #consumer, #error),
+            ),
+            ::core::result::Result::Ok(#id) => {
+                let mut #run = #private::LeaseRun::new(
+                    #handler_name,
+                    #private::LeaseClaim::new(
+                        #private::lease_statements!(#table),
+                        #consumer,
+                        &#id,
+                        #policy,
+                        #lease_ms,
+                    ),
+                    &#metrics,
+                );
+                let #span = #run.span();
+                #private::Instrument::instrument(async {
+                    match #run.begin(#db).await {
+                        #private::LeaseBegin::Owned(mut #lease) => {
+                            let #result = {
+                                #deny
+                                let #body = async |#[allow(unused_variables)] #conn_pat: &mut #conn_ty| {
+                                    #fake_return
+                                    #(#stmts)*
+                                };
+                                #body(&mut #lease).await
+                            };
+                            match #result {
+                                ::core::result::Result::Ok(#value) => {
+                                    match #run.complete(#lease).await {
+                                        ::core::result::Result::Ok(()) => #private::Exit::Outcome(
+                                            #krate::LeaseOutcome::Processed(#value),
+                                        ),
+                                        ::core::result::Result::Err(#error) => {
+                                            #private::Exit::Error(#error)
+                                        }
+                                    }
+                                }
+                                ::core::result::Result::Err(#error) => {
+                                    #run.release(#lease).await;
+                                    #private::Exit::BodyError(#error)
+                                }
+                            }
+                        }
+                        #private::LeaseBegin::Outcome(#outcome) => {
+                            #private::Exit::Outcome(#outcome.widen())
+                        }
+                        #private::LeaseBegin::Error(#error) => #private::Exit::Error(#error),
+                    }
+                }, #span).await
+            }
+        };
         match #exit {
             #private::Exit::Outcome(#value) => ::core::result::Result::Ok(#value),
             #private::Exit::BodyError(#error) => ::core::result::Result::Err(#error),

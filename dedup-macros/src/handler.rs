@@ -36,6 +36,9 @@ pub struct Handler {
     pub connection: Connection,
     pub output: Output,
     pub retried: Retried,
+    /// The call runs under a lease (`effect = "mark-first"`, or `lease = …`): the first
+    /// parameter is a `Lease`, and the generated function takes a `&Pool`.
+    pub leased: bool,
 }
 
 /// The error for a body that moves out of a parameter: it may run more than once, and the
@@ -58,6 +61,7 @@ pub fn analyze(
     item: ItemFn,
     key: Option<&Expr>,
     external: bool,
+    leased: bool,
     errors: &mut Errors,
 ) -> Option<Handler> {
     // The attribute below this one expands next and checks the same function: anything
@@ -78,7 +82,7 @@ pub fn analyze(
              transaction it awaits; write `async fn`",
         );
     }
-    let connection = connection(&item, external, errors);
+    let connection = connection(&item, external, leased, errors);
     if let (Some(connection), Some(key)) = (&connection, key) {
         check_key(key, connection, errors);
     }
@@ -88,6 +92,7 @@ pub fn analyze(
     let output = output(&item, errors);
     let connection = connection?;
     Some(Handler {
+        leased,
         retried: retried(&item.sig, &connection, external),
         connection,
         output: output?,
@@ -361,7 +366,12 @@ fn type_text(ty: &Type) -> String {
     out
 }
 
-fn connection(item: &ItemFn, external: bool, errors: &mut Errors) -> Option<Connection> {
+fn connection(
+    item: &ItemFn,
+    external: bool,
+    leased: bool,
+    errors: &mut Errors,
+) -> Option<Connection> {
     let sig = &item.sig;
     let index = usize::from(sig.receiver().is_some());
     let Some(FnArg::Typed(arg)) = sig.inputs.iter().nth(index) else {
@@ -375,6 +385,42 @@ fn connection(item: &ItemFn, external: bool, errors: &mut Errors) -> Option<Conn
     };
 
     let ty = match &*arg.ty {
+        Type::Reference(reference) if reference.mutability.is_some() && leased => {
+            if !is_lease(&reference.elem) {
+                errors.add_spanned(
+                    &reference.elem,
+                    format_args!(
+                        "a leased handler (`effect = \"mark-first\"`, or `lease = …`) holds no \
+                         transaction while its call runs: take the lease instead, \
+                         `{}: &mut dedup_runtime::Lease<'_, sqlx::{}>`; its `transaction()` is \
+                         for the writes that record the call's result",
+                        match &*arg.pat {
+                            Pat::Ident(binding) => binding.ident.unraw_string(),
+                            _ => "lease".to_owned(),
+                        },
+                        match backend(&reference.elem) {
+                            Some("sqlite") => "Sqlite",
+                            Some("mysql") => "MySql",
+                            _ => "Postgres",
+                        }
+                    ),
+                );
+                return None;
+            }
+            (*reference.elem).clone()
+        }
+        Type::Reference(reference)
+            if reference.mutability.is_some() && is_lease(&reference.elem) =>
+        {
+            errors.add_spanned(
+                &reference.elem,
+                "a `Lease` is what the body of a leased handler holds instead of a transaction: \
+                 declare one, `effect = \"mark-first\"` or `effect = \"send-first\", \
+                 lease = \"30s\"`; or take the connection, `tx: &mut sqlx::PgConnection`, for a \
+                 body whose work is in the database",
+            );
+            return None;
+        }
         Type::Reference(reference) if reference.mutability.is_some() => {
             if let Some(connection) = pool_connection(&reference.elem) {
                 pool_error(&reference.elem, connection, errors);
@@ -431,8 +477,10 @@ fn connection(item: &ItemFn, external: bool, errors: &mut Errors) -> Option<Conn
                      dedup record: run the handler's queries on `{0}` (for example \
                      `.execute(&mut *{0})`) so that they commit or roll back together with \
                      it; if the body's effect is outside the database (an email, an HTTP \
-                     call), declare it: `effect = \"send-first\"` (a crash between the call \
-                     and the commit repeats the call: pass the provider an idempotency key)",
+                     call), declare which risk it takes: `effect = \"send-first\"` (a crash \
+                     between the call and the commit repeats the call: pass the provider an \
+                     idempotency key) or `effect = \"mark-first\"` (the message is marked \
+                     first: a crash before the call completes loses it, and the row says so)",
                     binding.ident.unraw_string()
                 ),
             );
@@ -448,6 +496,12 @@ fn connection(item: &ItemFn, external: bool, errors: &mut Errors) -> Option<Conn
         ty,
         index,
     })
+}
+
+/// Whether `ty` names the runtime's `Lease` (`Lease<'_, Postgres>`, `dedup_runtime::Lease<…>`).
+fn is_lease(ty: &Type) -> bool {
+    matches!(ungrouped(ty), Type::Path(TypePath { path, .. })
+        if path.segments.last().is_some_and(|last| last.ident == "Lease"))
 }
 
 /// Whether `attr` is `#[idempotent(…)]`, however its path is written.
@@ -817,7 +871,7 @@ pub fn backend(ty: &Type) -> Option<&'static str> {
         "PgConnection" => Some("postgres"),
         "SqliteConnection" => Some("sqlite"),
         "MySqlConnection" => Some("mysql"),
-        "Transaction" => generic_types(last).find_map(|ty| match ungrouped(ty) {
+        "Transaction" | "Lease" => generic_types(last).find_map(|ty| match ungrouped(ty) {
             Type::Path(TypePath { path, .. }) => path
                 .segments
                 .last()

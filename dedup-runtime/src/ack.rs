@@ -21,7 +21,41 @@ use std::time::Duration;
 use crate::backend::Backend;
 use crate::classify;
 use crate::key::InvalidMessageId;
-use crate::outcome::Outcome;
+use crate::outcome::{LeaseOutcome, Outcome};
+
+/// A handler call's answer, as [`AckPolicy::decide`] maps it: [`Outcome`] (always
+/// [`Ack::Ack`]) and [`LeaseOutcome`] (`Ack::Ack`, or for
+/// [`InProgress`](LeaseOutcome::InProgress) `Ack::Retry` after the time the other
+/// delivery's lease has left — never `Ack::Ack`, never `Ack::DeadLetter`).
+pub trait AckOutcome: sealed::Sealed {
+    /// What to tell the broker.
+    fn ack(&self) -> Ack;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl<T> Sealed for super::Outcome<T> {}
+    impl<T> Sealed for super::LeaseOutcome<T> {}
+}
+
+impl<T> AckOutcome for Outcome<T> {
+    fn ack(&self) -> Ack {
+        Ack::Ack
+    }
+}
+
+impl<T> AckOutcome for LeaseOutcome<T> {
+    fn ack(&self) -> Ack {
+        match self {
+            LeaseOutcome::Processed(_) | LeaseOutcome::Duplicate(_) => Ack::Ack,
+            // At least a few milliseconds: a lease that ends this instant is taken over
+            // (or found unknown) by the redelivery, not polled in a tight loop.
+            LeaseOutcome::InProgress(busy) => Ack::Retry {
+                after: busy.remaining().max(Duration::from_millis(10)),
+            },
+        }
+    }
+}
 
 /// What to tell the broker about one delivery.
 ///
@@ -261,12 +295,13 @@ impl<DB: Backend> AckPolicy<DB> {
     /// deliveries and is absent on the first, so pass it plus one, and with only the
     /// `redelivered` flag (classic queues) pass 2 when it is set. Pass 1 when the broker
     /// does not say; 0 counts as 1.
-    pub fn decide<T, E>(&self, result: &Result<Outcome<T>, E>, delivery: u64) -> Ack
+    pub fn decide<O, E>(&self, result: &Result<O, E>, delivery: u64) -> Ack
     where
+        O: AckOutcome,
         E: DecideError,
     {
         match result {
-            Ok(_) => Ack::Ack,
+            Ok(outcome) => outcome.ack(),
             Err(error) => self.decide_error(error.as_error(), delivery),
         }
     }
@@ -282,12 +317,13 @@ impl<DB: Backend> AckPolicy<DB> {
     /// let policy = AckPolicy::<sqlx::Sqlite>::new();
     /// assert_eq!(policy.decide_dyn(&result, 1), Ack::DeadLetter);
     /// ```
-    pub fn decide_dyn<T, E>(&self, result: &Result<Outcome<T>, E>, delivery: u64) -> Ack
+    pub fn decide_dyn<O, E>(&self, result: &Result<O, E>, delivery: u64) -> Ack
     where
+        O: AckOutcome,
         E: AsRef<dyn StdError + Send + Sync>,
     {
         match result {
-            Ok(_) => Ack::Ack,
+            Ok(outcome) => outcome.ack(),
             Err(error) => self.decide_error(error.as_ref(), delivery),
         }
     }

@@ -8,6 +8,7 @@
 //! | the dedup table's DDL | `SchemaBackend` | `schema.rs`, `schema/<db>.rs` |
 //! | pruning old ids | [`PruneBackend`](crate::PruneBackend) | `prune.rs`, `prune/<db>.rs` |
 //! | the operator's lookup and forget | `LedgerBackend` | `ledger.rs`, `ledger/<db>.rs` |
+//! | leases: mark-first, send-first with a lease | [`LeaseBackend`](crate::lease::LeaseBackend) | `lease.rs`, `lease/<db>.rs` |
 //!
 //! A new backend implements each of them in a new file per concern, and gets one line
 //! here; a new capability adds a concern (its trait, its files) and a supertrait.
@@ -16,6 +17,7 @@ use sqlx::Database;
 
 use crate::claim::ClaimBackend;
 use crate::classify::ClassifyBackend;
+use crate::lease::LeaseBackend;
 use crate::ledger::LedgerBackend;
 use crate::schema::SchemaBackend;
 
@@ -39,7 +41,7 @@ use crate::schema::SchemaBackend;
 /// # Ok(()) }
 /// ```
 pub trait Backend:
-    Database + ClaimBackend + ClassifyBackend + SchemaBackend + LedgerBackend + Sealed
+    Database + ClaimBackend + ClassifyBackend + SchemaBackend + LedgerBackend + LeaseBackend + Sealed
 {
 }
 

@@ -275,6 +275,107 @@ impl<'p, DB: Backend> Ledger<'p, DB> {
         Ok(forgotten)
     }
 
+    /// The ids of `consumer` that are not processed — leases and marks — oldest expiry
+    /// first, at most `limit` of them: what an operator looks at after a crash.
+    ///
+    /// Each says what it waits for ([`Unresolved::status`]):
+    /// [`OutcomeUnknown`](UnresolvedStatus::OutcomeUnknown) rows — a mark-first call whose
+    /// owner never completed it: the effect may or may not have happened — wait for an
+    /// operator: [`resolve`](Self::resolve) them once you know (from the provider's own
+    /// records, say). Pruning never deletes any of these rows.
+    ///
+    /// ```
+    /// use dedup_runtime::{Lease, LeaseOutcome, Ledger, Resolution, UnresolvedStatus, idempotent};
+    ///
+    /// /// The audit ping that must never repeat: at most once.
+    /// #[idempotent(consumer = "audit", key = id, effect = "mark-first", lease = "30s")]
+    /// async fn ping(lease: &mut Lease<'_, sqlx::Sqlite>, id: &str) -> Result<(), sqlx::Error> {
+    ///     Ok(()) // the call to the auditor
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1)
+    /// #     .connect("sqlite::memory:").await?;
+    /// # dedup_runtime::migrate(&pool).await?;
+    /// // A delivery marked `evt_7` and died before its call; its lease has ended.
+    /// sqlx::raw_sql(
+    ///     "INSERT INTO processed_messages (consumer, message_id, state, owner, expires_at) \
+    ///      VALUES ('audit', 'evt_7', 2, x'00', '2001-01-01T00:00:00.000Z')",
+    /// )
+    /// .execute(&pool)
+    /// .await?;
+    /// // Its redelivery is acknowledged without a call: outcome unknown.
+    /// assert!(ping(&pool, "evt_7").await?.is_duplicate());
+    ///
+    /// let ledger = Ledger::new(&pool);
+    /// let stuck = ledger.unresolved("audit", 100).await?;
+    /// assert_eq!(stuck.len(), 1);
+    /// assert_eq!(stuck[0].message_id(), "evt_7");
+    /// assert_eq!(stuck[0].status(), UnresolvedStatus::OutcomeUnknown);
+    ///
+    /// // The auditor never got it: run it again at the next delivery (a replay).
+    /// assert!(ledger.resolve("audit", "evt_7", Resolution::Retry).await?);
+    /// assert!(ping(&pool, "evt_7").await?.is_processed());
+    /// assert!(ledger.unresolved("audit", 100).await?.is_empty());
+    /// # Ok(()) }
+    /// ```
+    pub async fn unresolved(
+        &self,
+        consumer: &str,
+        limit: u32,
+    ) -> Result<Vec<Unresolved>, LedgerError> {
+        check_consumer(consumer)?;
+        let rows = DB::unresolved(self.pool, &self.table, consumer, i64::from(limit))
+            .await
+            .map_err(|error| self.classify(error))?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, state, remaining_us)| {
+                let remaining = Duration::from_micros(u64::try_from(remaining_us).unwrap_or(0));
+                let status = match state {
+                    _ if !remaining.is_zero() => UnresolvedStatus::InProgress { remaining },
+                    2 => UnresolvedStatus::OutcomeUnknown,
+                    _ => UnresolvedStatus::LeaseExpired,
+                };
+                Unresolved {
+                    message_id: String::from_utf8_lossy(&id).into_owned(),
+                    status,
+                }
+            })
+            .collect())
+    }
+
+    /// Resolves a row that is not processed and whose lease has ended — above all an
+    /// outcome unknown — the way an operator decided: [`Resolution::Done`] records the
+    /// message as processed (the effect did happen), [`Resolution::Retry`] deletes the row,
+    /// so that the next delivery (or a replay) runs the handler again (it did not).
+    /// `true` when a row was resolved; `false` when there was none to resolve: no row, a
+    /// processed one, or a lease still running (its owner is at work: leave it).
+    pub async fn resolve(
+        &self,
+        consumer: &str,
+        id: impl MessageKey,
+        resolution: Resolution,
+    ) -> Result<bool, LedgerError> {
+        check_consumer(consumer)?;
+        let key = id.message_id();
+        let id = key.validate()?;
+        let done = resolution == Resolution::Done;
+        let resolved = DB::resolve(self.pool, &self.table, consumer, id, done)
+            .await
+            .map_err(|error| self.classify(error))?;
+        if resolved {
+            tracing::info!(
+                table = self.table.name(),
+                consumer,
+                message_id = id,
+                ?resolution,
+                "unresolved message id resolved by an operator"
+            );
+        }
+        Ok(resolved)
+    }
+
     fn classify(&self, error: sqlx::Error) -> LedgerError {
         if DB::is_missing_table(&error, &self.table) {
             LedgerError::MissingTable {
@@ -441,6 +542,54 @@ impl From<InvalidTableName> for LedgerError {
     }
 }
 
+/// A dedup row that is not processed, as [`Ledger::unresolved`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unresolved {
+    message_id: String,
+    status: UnresolvedStatus,
+}
+
+impl Unresolved {
+    /// The message id (bytes that are not UTF-8 shown as `U+FFFD`).
+    pub fn message_id(&self) -> &str {
+        &self.message_id
+    }
+
+    /// What the row waits for.
+    pub fn status(&self) -> UnresolvedStatus {
+        self.status
+    }
+}
+
+/// What an unresolved row waits for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum UnresolvedStatus {
+    /// Its owner's lease has `remaining` left (on the database's clock): a call is running.
+    InProgress {
+        /// The lease's time left.
+        remaining: Duration,
+    },
+    /// A send-first lease whose owner stopped without completing it: the next delivery
+    /// takes it over and calls again.
+    LeaseExpired,
+    /// A mark-first mark whose owner never completed its call: the effect may or may not
+    /// have happened, and nothing calls again. An operator resolves it
+    /// ([`Ledger::resolve`]).
+    OutcomeUnknown,
+}
+
+/// An operator's decision about an unresolved row ([`Ledger::resolve`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Resolution {
+    /// The effect happened: record the message as processed (its redeliveries are
+    /// duplicates).
+    Done,
+    /// The effect did not happen: delete the row, so that the next delivery of the message
+    /// (or a replay) runs the handler again.
+    Retry,
+}
+
 /// How one backend looks up and deletes one dedup row. Part of [`Backend`].
 pub trait LedgerBackend: Database {
     /// `Some` when the row `(consumer, id)` exists and is processed (`state IS NULL`),
@@ -462,6 +611,27 @@ pub trait LedgerBackend: Database {
         table: &'a Table,
         consumer: &'a str,
         id: &'a str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// The rows of `consumer` whose `state` is set: id, state, microseconds left on
+    /// the lease (0 once expired), oldest expiry first.
+    #[doc(hidden)]
+    fn unresolved<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<(Vec<u8>, i64, i64)>, sqlx::Error>> + Send + 'a;
+
+    /// Marks processed (`done`) or deletes the row `(consumer, id)` if its `state` is set
+    /// and its lease has ended; whether it did.
+    #[doc(hidden)]
+    fn resolve<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        id: &'a str,
+        done: bool,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 }
 

@@ -187,6 +187,7 @@ mod input;
 mod key;
 #[cfg(feature = "lapin")]
 pub mod lapin;
+mod lease;
 mod ledger;
 mod metrics;
 mod migrate;
@@ -207,14 +208,15 @@ pub mod __private;
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
-pub use ack::{Ack, AckPolicy, DecideError, Failure, is_transient};
+pub use ack::{Ack, AckOutcome, AckPolicy, DecideError, Failure, is_transient};
 pub use backend::Backend;
 pub use idempotency::{IdempotencyKey, MAX_IDEMPOTENCY_KEY_LEN};
 pub use input::{Db, HandlerConnection};
 pub use key::{InvalidMessageId, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN, MessageId, MessageKey};
-pub use ledger::{InvalidConsumer, Ledger, LedgerError};
+pub use lease::{DEFAULT_MARK_LEASE, InProgress, Lease, LeaseLost, MAX_LEASE, MIN_LEASE};
+pub use ledger::{InvalidConsumer, Ledger, LedgerError, Resolution, Unresolved, UnresolvedStatus};
 pub use migrate::{migrate, migrate_table, schema_sql, upgrade_sql};
-pub use outcome::{Duplicate, Outcome};
+pub use outcome::{Duplicate, LeaseOutcome, Outcome};
 pub use prune::{
     ConsumerStats, DEFAULT_PRUNE_BATCH, MAX_PRUNE_AGE, MAX_PRUNE_BATCH, Prune, PruneBackend,
     PruneError, PruneProgress,

@@ -6,17 +6,19 @@
 //! | name | kind | more labels | counts |
 //! | --- | --- | --- | --- |
 //! | `dedup_processed_total` | counter | | calls that committed the body's work |
-//! | `dedup_duplicates_total` | counter | `rule`: `message_id`, `business_key` | calls that found a duplicate |
+//! | `dedup_duplicates_total` | counter | `rule`: `message_id`, `business_key`, `outcome_unknown` | calls that found a duplicate (`outcome_unknown`: a mark-first mark whose owner never completed it) |
+//! | `dedup_in_progress_total` | counter | | leased calls that found another delivery's unexpired lease |
 //! | `dedup_retries_total` | counter | | attempts run again after a transient failure |
 //! | `dedup_failures_total` | counter | `class` (below) | calls that returned an error |
-//! | `dedup_handler_duration_seconds` | histogram | `outcome`: `processed`, `duplicate`, `failed` | one call, all its attempts |
+//! | `dedup_handler_duration_seconds` | histogram | `outcome`: `processed`, `duplicate`, `failed`, `in_progress` | one call, all its attempts |
 //!
 //! A failure's `class`: `invalid_id` (the key was refused, nothing ran), `transient` (a
 //! transient database failure no attempt was left for, or one inside the caller's
 //! transaction, which the caller retries), `rolled_back` (the database rolled the
 //! transaction back by itself, see [`RolledBack`](crate::RolledBack)), `database` (any
 //! other error of ours: the connection, the claim, the commit), `body` (the body's own
-//! error).
+//! error), `lease_lost` (a leased call's completion refused: another delivery took its
+//! lease over, see [`LeaseLost`](crate::LeaseLost)).
 //!
 //! Capabilities added later record theirs here, under the same prefix and labels.
 
@@ -30,6 +32,8 @@ use crate::outcome::Duplicate;
 pub(crate) enum End<'a> {
     Processed,
     Duplicate(&'a Duplicate),
+    /// A leased call found another delivery's lease (`LeaseOutcome::InProgress`).
+    InProgress,
     Failed(Class),
 }
 
@@ -39,6 +43,7 @@ impl End<'_> {
         match self {
             End::Processed => "processed",
             End::Duplicate(_) => "duplicate",
+            End::InProgress => "in_progress",
             End::Failed(_) => "failed",
         }
     }
@@ -53,6 +58,7 @@ pub(crate) enum Class {
     RolledBack,
     Database,
     Body,
+    LeaseLost,
 }
 
 impl Class {
@@ -64,6 +70,7 @@ impl Class {
             Class::RolledBack => "rolled_back",
             Class::Database => "database",
             Class::Body => "body",
+            Class::LeaseLost => "lease_lost",
         }
     }
 }
@@ -111,11 +118,13 @@ struct Keys {
     processed: metrics::Key,
     duplicate_message_id: metrics::Key,
     duplicate_business_key: metrics::Key,
+    duplicate_outcome_unknown: metrics::Key,
+    in_progress: metrics::Key,
     retries: metrics::Key,
     /// By [`Class`], in its order.
-    failures: [metrics::Key; 5],
-    /// By [`End::outcome`]: processed, duplicate, failed.
-    duration: [metrics::Key; 3],
+    failures: [metrics::Key; 6],
+    /// By [`End::outcome`]: processed, duplicate, failed, in progress.
+    duration: [metrics::Key; 4],
 }
 
 #[cfg(feature = "metrics")]
@@ -136,6 +145,11 @@ impl Keys {
             processed: key("dedup_processed_total", None),
             duplicate_message_id: key("dedup_duplicates_total", Some(("rule", "message_id"))),
             duplicate_business_key: key("dedup_duplicates_total", Some(("rule", "business_key"))),
+            duplicate_outcome_unknown: key(
+                "dedup_duplicates_total",
+                Some(("rule", "outcome_unknown")),
+            ),
+            in_progress: key("dedup_in_progress_total", None),
             retries: key("dedup_retries_total", None),
             failures: [
                 failure(Class::InvalidId),
@@ -143,11 +157,13 @@ impl Keys {
                 failure(Class::RolledBack),
                 failure(Class::Database),
                 failure(Class::Body),
+                failure(Class::LeaseLost),
             ],
             duration: [
                 duration("processed"),
                 duration("duplicate"),
                 duration("failed"),
+                duration("in_progress"),
             ],
         }
     }
@@ -174,7 +190,11 @@ pub(crate) fn ended(
             End::Duplicate(Duplicate::BusinessKey { .. }) => {
                 (&keys.duplicate_business_key, &keys.duration[1])
             }
+            End::Duplicate(Duplicate::OutcomeUnknown) => {
+                (&keys.duplicate_outcome_unknown, &keys.duration[1])
+            }
             End::Duplicate(_) => (&keys.duplicate_message_id, &keys.duration[1]),
+            End::InProgress => (&keys.in_progress, &keys.duration[3]),
             End::Failed(class) => (&keys.failures[class as usize], &keys.duration[2]),
         };
         let elapsed = started.0.elapsed();

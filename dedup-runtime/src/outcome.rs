@@ -108,18 +108,128 @@ pub enum Duplicate {
         /// The constraint, as written in `unique = …`.
         constraint: &'static str,
     },
+    /// `effect = "mark-first"`: an earlier delivery marked the message and never completed
+    /// its call (it crashed, or could not commit the end of its mark) before its lease
+    /// ended. The effect may or may not have happened; as declared, it is not attempted
+    /// again — acknowledge. The row stays, listed by
+    /// [`Ledger::unresolved`](crate::Ledger::unresolved), until an operator resolves it.
+    OutcomeUnknown,
 }
 
 impl std::fmt::Display for Duplicate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Duplicate::AlreadyProcessed => f.write_str("message already processed"),
+            Duplicate::OutcomeUnknown => f.write_str(
+                "outcome unknown: an earlier mark-first delivery never completed its call",
+            ),
             Duplicate::BusinessKey { constraint } => {
                 write!(
                     f,
                     "business key already processed (unique constraint `{constraint}`)"
                 )
             }
+        }
+    }
+}
+
+/// The result of a leased handler call that did not fail: `effect = "mark-first"`, or
+/// `effect = "send-first"` with `lease = "…"`.
+///
+/// It has one answer more than [`Outcome`]: [`InProgress`](LeaseOutcome::InProgress),
+/// another delivery's lease on the message has not ended — **retry later**, never
+/// acknowledge (the other owner may fail and release it) and never dead-letter.
+/// [`AckPolicy::decide`](crate::AckPolicy::decide) maps it to
+/// [`Ack::Retry`](crate::Ack::Retry) after the time left.
+///
+/// ```
+/// use std::time::Duration;
+/// use dedup_runtime::{Duplicate, InProgress, LeaseOutcome};
+///
+/// fn broker_action(outcome: &LeaseOutcome<String>) -> String {
+///     match outcome {
+///         LeaseOutcome::Processed(charge) => format!("ack (charged: {charge})"),
+///         LeaseOutcome::Duplicate(duplicate) => format!("ack ({duplicate})"),
+///         LeaseOutcome::InProgress(busy) => format!("retry in {:?}", busy.remaining()),
+///     }
+/// }
+///
+/// let busy = LeaseOutcome::InProgress(InProgress::new(Duration::from_secs(5)));
+/// assert_eq!(broker_action(&busy), "retry in 5s");
+/// let again = LeaseOutcome::Duplicate(Duplicate::AlreadyProcessed);
+/// assert_eq!(broker_action(&again), "ack (message already processed)");
+/// ```
+#[must_use = "a `LeaseOutcome` tells whether the message was processed, a duplicate, or in progress elsewhere"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeaseOutcome<T> {
+    /// The body ran, and the row is marked processed; `T` is what the body returned.
+    Processed(T),
+    /// Processed before, or (mark-first) outcome unknown: the body did not run.
+    /// Acknowledge.
+    Duplicate(Duplicate),
+    /// Another delivery holds an unexpired lease on the message: the body did not run.
+    /// Retry after [`InProgress::remaining`].
+    InProgress(crate::lease::InProgress),
+}
+
+impl<T> LeaseOutcome<T> {
+    /// `true` when the body ran and its completion committed.
+    pub fn is_processed(&self) -> bool {
+        matches!(self, LeaseOutcome::Processed(_))
+    }
+
+    /// `true` when the message was processed before (or its outcome is unknown).
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, LeaseOutcome::Duplicate(_))
+    }
+
+    /// `true` when another delivery's lease had not ended.
+    pub fn is_in_progress(&self) -> bool {
+        matches!(self, LeaseOutcome::InProgress(_))
+    }
+
+    /// The body's value, or `None`.
+    pub fn into_processed(self) -> Option<T> {
+        match self {
+            LeaseOutcome::Processed(value) => Some(value),
+            _ => None,
+        }
+    }
+
+    /// Which rule recognised the duplicate, or `None`.
+    pub fn duplicate(&self) -> Option<Duplicate> {
+        match self {
+            LeaseOutcome::Duplicate(duplicate) => Some(*duplicate),
+            _ => None,
+        }
+    }
+
+    /// The other delivery's lease, or `None`.
+    pub fn in_progress(&self) -> Option<crate::lease::InProgress> {
+        match self {
+            LeaseOutcome::InProgress(busy) => Some(*busy),
+            _ => None,
+        }
+    }
+
+    /// Maps the processed value.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> LeaseOutcome<U> {
+        match self {
+            LeaseOutcome::Processed(value) => LeaseOutcome::Processed(f(value)),
+            LeaseOutcome::Duplicate(duplicate) => LeaseOutcome::Duplicate(duplicate),
+            LeaseOutcome::InProgress(busy) => LeaseOutcome::InProgress(busy),
+        }
+    }
+}
+
+impl LeaseOutcome<std::convert::Infallible> {
+    /// The same answer, for a call whose body would have returned `T`.
+    #[doc(hidden)]
+    pub fn widen<T>(self) -> LeaseOutcome<T> {
+        match self {
+            LeaseOutcome::Processed(never) => match never {},
+            LeaseOutcome::Duplicate(duplicate) => LeaseOutcome::Duplicate(duplicate),
+            LeaseOutcome::InProgress(busy) => LeaseOutcome::InProgress(busy),
         }
     }
 }

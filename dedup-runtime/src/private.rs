@@ -4,13 +4,18 @@
 pub use crate::claim::Statements;
 pub use crate::consumers::register as register_consumer;
 pub use crate::input::{Db, Handle, HandlerConnection};
+pub use crate::lease::{
+    LeaseBegin, LeaseClaim, LeaseParam, LeaseRun, LeaseSql, LeaseStatements, Policy as LeasePolicy,
+};
 pub use crate::metrics::HandlerMetrics;
 pub use crate::run::{Abort, Begin, Claim, Commit, Exit, Run, message_id, refused};
+pub use sqlx::Pool;
 pub use tracing::Instrument;
 
 pub use crate::__dedup_backend_mysql as backend_mysql;
 pub use crate::__dedup_backend_postgres as backend_postgres;
 pub use crate::__dedup_backend_sqlite as backend_sqlite;
+pub use crate::__lease_statements as lease_statements;
 pub use crate::__probe as probe;
 pub use crate::__statements as statements;
 

@@ -112,7 +112,7 @@ use crate::classify;
 use crate::input::{Handle, Source};
 use crate::key::{MessageId, MessageKey};
 use crate::metrics::{self, Class, End, HandlerMetrics};
-use crate::outcome::{Duplicate, Outcome};
+use crate::outcome::Duplicate;
 use crate::retry;
 use crate::rolled_back::RolledBack;
 
@@ -143,9 +143,9 @@ pub fn refused(
 
 /// How a call ended, before an error of ours is converted into the handler's `E` (in one
 /// place, so that a missing `From<sqlx::Error>` is reported once).
-pub enum Exit<T, E> {
-    /// Processed, or a duplicate.
-    Outcome(Outcome<T>),
+pub enum Exit<O, E> {
+    /// Processed, or a duplicate (an [`Outcome`](crate::Outcome), or a leased call's `LeaseOutcome`).
+    Outcome(O),
     /// The body returned this error, and it is not retried.
     BodyError(E),
     /// An error of ours: an invalid id, the claim, the commit, the connection.

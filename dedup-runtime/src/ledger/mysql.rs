@@ -47,4 +47,47 @@ impl LedgerBackend for MySql {
             .await?;
         Ok(done.rows_affected() > 0)
     }
+
+    async fn unresolved<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        limit: i64,
+    ) -> Result<Vec<(Vec<u8>, i64, i64)>, sqlx::Error> {
+        let sql = format!(
+            "SELECT message_id, CAST(state AS SIGNED), CAST(GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)) AS SIGNED) FROM {} WHERE consumer = ? AND state IS NOT NULL ORDER BY expires_at LIMIT ?",
+            table.name()
+        );
+        sqlx::query_as(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(limit)
+            .fetch_all(pool)
+            .await
+    }
+
+    async fn resolve<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        id: &'a str,
+        done: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = if done {
+            format!(
+                "UPDATE {} SET state = NULL, owner = NULL, expires_at = NULL, processed_at = UTC_TIMESTAMP(6) WHERE consumer = ? AND message_id = ? AND state IS NOT NULL AND expires_at <= UTC_TIMESTAMP(6)",
+                table.name()
+            )
+        } else {
+            format!(
+                "DELETE FROM {} WHERE consumer = ? AND message_id = ? AND state IS NOT NULL AND expires_at <= UTC_TIMESTAMP(6)",
+                table.name()
+            )
+        };
+        let result = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(id)
+            .execute(pool)
+            .await?;
+        Ok(result.rows_affected() == 1)
+    }
 }

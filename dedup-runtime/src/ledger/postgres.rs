@@ -43,4 +43,47 @@ impl LedgerBackend for Postgres {
             .await?;
         Ok(done.rows_affected() > 0)
     }
+
+    async fn unresolved<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        limit: i64,
+    ) -> Result<Vec<(Vec<u8>, i64, i64)>, sqlx::Error> {
+        let sql = format!(
+            "SELECT convert_to(message_id, 'UTF8'), state::int8, GREATEST(0, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000000)::int8) FROM {} WHERE consumer = $1 AND state IS NOT NULL ORDER BY expires_at LIMIT $2",
+            table.name()
+        );
+        sqlx::query_as(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(limit)
+            .fetch_all(pool)
+            .await
+    }
+
+    async fn resolve<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        id: &'a str,
+        done: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = if done {
+            format!(
+                "UPDATE {} SET state = NULL, owner = NULL, expires_at = NULL, processed_at = clock_timestamp() WHERE consumer = $1 AND message_id = $2 AND state IS NOT NULL AND expires_at <= clock_timestamp()",
+                table.name()
+            )
+        } else {
+            format!(
+                "DELETE FROM {} WHERE consumer = $1 AND message_id = $2 AND state IS NOT NULL AND expires_at <= clock_timestamp()",
+                table.name()
+            )
+        };
+        let result = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(id)
+            .execute(pool)
+            .await?;
+        Ok(result.rows_affected() == 1)
+    }
 }

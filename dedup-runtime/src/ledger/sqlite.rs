@@ -52,4 +52,47 @@ impl LedgerBackend for Sqlite {
         tx.commit().await?;
         Ok(done.rows_affected() > 0)
     }
+
+    async fn unresolved<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        limit: i64,
+    ) -> Result<Vec<(Vec<u8>, i64, i64)>, sqlx::Error> {
+        let sql = format!(
+            "SELECT CAST(message_id AS BLOB), state, CAST(max(0, (julianday(expires_at) - julianday('now')) * 86400000000.0) AS INTEGER) FROM {} WHERE consumer = ?1 AND state IS NOT NULL ORDER BY expires_at LIMIT ?2",
+            table.name()
+        );
+        sqlx::query_as(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(limit)
+            .fetch_all(pool)
+            .await
+    }
+
+    async fn resolve<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        id: &'a str,
+        done: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = if done {
+            format!(
+                "UPDATE {} SET state = NULL, owner = NULL, expires_at = NULL, processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE consumer = ?1 AND message_id = ?2 AND state IS NOT NULL AND expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+                table.name()
+            )
+        } else {
+            format!(
+                "DELETE FROM {} WHERE consumer = ?1 AND message_id = ?2 AND state IS NOT NULL AND expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+                table.name()
+            )
+        };
+        let result = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(id)
+            .execute(pool)
+            .await?;
+        Ok(result.rows_affected() == 1)
+    }
 }

@@ -1,0 +1,913 @@
+//! Leases: the claim of a handler whose effect is outside the database and whose call runs
+//! with no transaction open — `effect = "mark-first"`, and `effect = "send-first"` with
+//! `lease = "…"`.
+//!
+//! The claim commits the dedup row **in progress** at once, on its own: `state` set, an
+//! `owner` token (16 random bytes) and `expires_at` on the database's clock. The body then
+//! runs with the connection back in the pool, holding a [`Lease`]: it may renew the lease
+//! ([`Lease::extend`]) and write the effect's result ([`Lease::transaction`]). Its end
+//! marks the row processed, in a transaction that first checks the token (fencing): an
+//! owner whose lease was taken over changes nothing, and gets [`LeaseLost`]. A body
+//! error releases the row (deleted, owner-checked), so that a redelivery runs again.
+//!
+//! | `state` | written by | until `expires_at` | after it |
+//! | --- | --- | --- | --- |
+//! | `1` | `send-first` with a lease | another copy: [`LeaseOutcome::InProgress`] | the next delivery takes over (a new token) and calls again: the send-first duplicate |
+//! | `2` | `mark-first` | another copy: [`LeaseOutcome::InProgress`] | **outcome unknown**: the next delivery is acknowledged without a call ([`Duplicate::OutcomeUnknown`]); listed by [`Ledger::unresolved`](crate::Ledger::unresolved) |
+//!
+//! One file per backend, `lease/<db>.rs`; the SQL of a table is fixed at compile time
+//! ([`LeaseStatements`]).
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sqlx::pool::PoolConnection;
+use sqlx::{Database, Pool};
+use tracing::Span;
+
+use crate::backend::Backend;
+use crate::classify;
+use crate::key::MessageId;
+use crate::metrics::{self, Class, End, HandlerMetrics};
+use crate::outcome::{Duplicate, LeaseOutcome};
+use crate::retry;
+
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+/// The shortest lease `lease = "…"` accepts.
+pub const MIN_LEASE: Duration = Duration::from_millis(1);
+/// The longest lease `lease = "…"` accepts: a day. A call that needs longer renews its
+/// lease ([`Lease::extend`]); a lease longer than that is a row stuck in progress, not a
+/// lease.
+pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
+/// The lease of `effect = "mark-first"` without `lease = "…"`: a minute.
+pub const DEFAULT_MARK_LEASE: Duration = Duration::from_secs(60);
+
+/// The statements of one dedup table's leases, fixed at compile time.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct LeaseStatements {
+    pub postgres: LeaseSql,
+    pub sqlite: LeaseSql,
+    pub mysql: LeaseSql,
+}
+
+/// One backend's lease statements.
+#[doc(hidden)]
+#[derive(Debug)]
+pub struct LeaseSql {
+    /// Inserts the row in progress, or does nothing (MySQL: fails with 1062).
+    pub claim: &'static str,
+    /// Takes over an expired send-first lease (`state = 1`) with a new token.
+    pub take_over: &'static str,
+    /// The row's `state` and the microseconds left until `expires_at`.
+    pub inspect: &'static str,
+    /// Moves `expires_at`, owner-checked.
+    pub extend: &'static str,
+    /// Deletes the row, owner-checked and only while it is not processed.
+    pub release: &'static str,
+    /// Marks the row processed, owner-checked.
+    pub complete: &'static str,
+    /// MySQL: fails (1242) unless the row is processed by this owner, before `COMMIT`.
+    pub check: &'static str,
+}
+
+/// The lease statements for a table name literal, as a `&'static LeaseStatements`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __lease_statements {
+    ($table:literal) => {{
+        const STATEMENTS: &$crate::__private::LeaseStatements =
+            &$crate::__private::LeaseStatements {
+                postgres: $crate::__private::LeaseSql {
+                    claim: ::core::concat!(
+                        "INSERT INTO ", $table,
+                        " (consumer, message_id, processed_at, state, owner, expires_at) \
+                         VALUES ($1, $2, clock_timestamp(), $3, $4, \
+                         clock_timestamp() + $5::float8 * interval '1 microsecond') \
+                         ON CONFLICT DO NOTHING"
+                    ),
+                    take_over: ::core::concat!(
+                        "UPDATE ", $table,
+                        " SET owner = $4, state = $3, processed_at = clock_timestamp(), \
+                         expires_at = clock_timestamp() + $5::float8 * interval '1 microsecond' \
+                         WHERE consumer = $1 AND message_id = $2 AND state = 1 \
+                         AND expires_at <= clock_timestamp()"
+                    ),
+                    inspect: ::core::concat!(
+                        "SELECT state, GREATEST(0, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) \
+                         * 1000000)::int8) FROM ", $table,
+                        " WHERE consumer = $1 AND message_id = $2"
+                    ),
+                    extend: ::core::concat!(
+                        "UPDATE ", $table,
+                        " SET expires_at = clock_timestamp() + $4::float8 * interval '1 microsecond' \
+                         WHERE consumer = $1 AND message_id = $2 AND owner = $3 AND state IS NOT NULL"
+                    ),
+                    release: ::core::concat!(
+                        "DELETE FROM ", $table,
+                        " WHERE consumer = $1 AND message_id = $2 AND owner = $3 AND state IS NOT NULL"
+                    ),
+                    complete: ::core::concat!(
+                        "UPDATE ", $table,
+                        " SET state = NULL, expires_at = NULL, processed_at = clock_timestamp() \
+                         WHERE consumer = $1 AND message_id = $2 AND owner = $3 AND state IS NOT NULL"
+                    ),
+                    check: "",
+                },
+                sqlite: $crate::__private::LeaseSql {
+                    claim: ::core::concat!(
+                        "INSERT INTO ", $table,
+                        " (consumer, message_id, state, owner, expires_at) \
+                         VALUES (?1, ?2, ?3, ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
+                         printf('%+.6f seconds', ?5 / 1000000.0))) ON CONFLICT DO NOTHING"
+                    ),
+                    take_over: ::core::concat!(
+                        "UPDATE ", $table,
+                        " SET owner = ?4, state = ?3, \
+                         processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), \
+                         expires_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
+                         printf('%+.6f seconds', ?5 / 1000000.0)) \
+                         WHERE consumer = ?1 AND message_id = ?2 AND state = 1 \
+                         AND expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+                    ),
+                    inspect: ::core::concat!(
+                        "SELECT state, CAST(max(0, (julianday(expires_at) - julianday('now')) \
+                         * 86400000000.0) AS INTEGER) FROM ", $table,
+                        " WHERE consumer = ?1 AND message_id = ?2"
+                    ),
+                    extend: ::core::concat!(
+                        "UPDATE ", $table,
+                        " SET expires_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
+                         printf('%+.6f seconds', ?4 / 1000000.0)) \
+                         WHERE consumer = ?1 AND message_id = ?2 AND owner = ?3 AND state IS NOT NULL"
+                    ),
+                    release: ::core::concat!(
+                        "DELETE FROM ", $table,
+                        " WHERE consumer = ?1 AND message_id = ?2 AND owner = ?3 AND state IS NOT NULL"
+                    ),
+                    complete: ::core::concat!(
+                        "UPDATE ", $table,
+                        " SET state = NULL, expires_at = NULL, \
+                         processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+                         WHERE consumer = ?1 AND message_id = ?2 AND owner = ?3 AND state IS NOT NULL"
+                    ),
+                    check: "",
+                },
+                mysql: $crate::__private::LeaseSql {
+                    claim: ::core::concat!(
+                        "INSERT INTO ", $table,
+                        " (consumer, message_id, processed_at, state, owner, expires_at) \
+                         VALUES (?, ?, UTC_TIMESTAMP(6), ?, ?, \
+                         UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)"
+                    ),
+                    take_over: ::core::concat!(
+                        "UPDATE ", $table,
+                        " SET owner = ?, state = ?, processed_at = UTC_TIMESTAMP(6), \
+                         expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                         WHERE consumer = ? AND message_id = ? AND state = 1 \
+                         AND expires_at <= UTC_TIMESTAMP(6)"
+                    ),
+                    inspect: ::core::concat!(
+                        "SELECT state, GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), \
+                         expires_at)) FROM ", $table,
+                        " WHERE consumer = ? AND message_id = ?"
+                    ),
+                    extend: ::core::concat!(
+                        "UPDATE ", $table,
+                        " SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+                         WHERE consumer = ? AND message_id = ? AND owner = ? AND state IS NOT NULL"
+                    ),
+                    release: ::core::concat!(
+                        "DELETE FROM ", $table,
+                        " WHERE consumer = ? AND message_id = ? AND owner = ? AND state IS NOT NULL"
+                    ),
+                    complete: ::core::concat!(
+                        "UPDATE ", $table,
+                        " SET state = NULL, expires_at = NULL, processed_at = UTC_TIMESTAMP(6) \
+                         WHERE consumer = ? AND message_id = ? AND owner = ? AND state IS NOT NULL"
+                    ),
+                    check: ::core::concat!(
+                        "SELECT (SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE NOT EXISTS \
+                         (SELECT 1 FROM ", $table,
+                        " WHERE consumer = ? AND message_id = ? AND owner = ? AND state IS NULL))"
+                    ),
+                },
+            };
+        STATEMENTS
+    }};
+}
+
+/// The 16-byte token that names one owner of one lease.
+#[doc(hidden)]
+pub type Owner = [u8; 16];
+
+/// A fresh owner token: two words from the standard library's randomly keyed hasher
+/// (its keys come from the operating system's randomness, once per thread), over a
+/// counter that no two tokens of one process share. Fencing needs tokens that never
+/// repeat, not secrecy.
+fn new_owner() -> Owner {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let count = NEXT.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_nanos() as u64);
+    let state = std::collections::hash_map::RandomState::new();
+    let word = |salt: u64| {
+        let mut hasher = state.build_hasher();
+        hasher.write_u64(salt);
+        hasher.write_u64(count);
+        hasher.write_u64(nanos);
+        hasher.write_u32(std::process::id());
+        hasher.finish()
+    };
+    let mut owner = [0; 16];
+    owner[..8].copy_from_slice(&word(0).to_le_bytes());
+    owner[8..].copy_from_slice(&word(1).to_le_bytes());
+    owner
+}
+
+/// What the row says when the claim found it there.
+#[doc(hidden)]
+pub struct Found {
+    /// `None`: processed; `Some(1)` a send-first lease; `Some(2)` a mark-first mark.
+    pub(crate) state: Option<i64>,
+    /// Microseconds left until `expires_at`, on the database's clock (0 once expired).
+    pub(crate) remaining_us: Option<i64>,
+}
+
+/// How one backend runs a lease. Every statement runs on its own (autocommit) but the
+/// completion, which runs in the transaction [`LeaseBackend::begin`] opens.
+pub trait LeaseBackend: Database {
+    #[doc(hidden)]
+    fn lease_sql(statements: &LeaseStatements) -> &LeaseSql;
+
+    /// Inserts the row in progress; `Ok(false)` when a row was there.
+    #[doc(hidden)]
+    fn lease_claim<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &'static LeaseSql,
+        key: LeaseKey<'c>,
+        state: i16,
+        lease_us: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// Takes over an expired send-first lease; `Ok(false)` when there was none.
+    #[doc(hidden)]
+    fn lease_take_over<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &'static LeaseSql,
+        key: LeaseKey<'c>,
+        state: i16,
+        lease_us: i64,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// The row's state, `None` when there is no row.
+    #[doc(hidden)]
+    fn lease_inspect<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &'static LeaseSql,
+        key: LeaseKey<'c>,
+    ) -> impl Future<Output = Result<Option<Found>, sqlx::Error>> + Send + 'c;
+
+    /// Runs an owner-checked statement (`extend` with `lease_us`, `release`, `complete`,
+    /// `check`); the number of rows it matched.
+    #[doc(hidden)]
+    fn lease_owned<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &'static str,
+        key: LeaseKey<'c>,
+        lease_us: Option<i64>,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c;
+
+    /// Opens the completion transaction (plain SQL: the lease, not sqlx, keeps track of it).
+    #[doc(hidden)]
+    fn lease_begin(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
+
+    /// Commits the completion transaction whose first statement marked the row processed,
+    /// only if the database has not rolled it back by itself meanwhile.
+    #[doc(hidden)]
+    fn lease_commit<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &'static LeaseSql,
+        key: LeaseKey<'c>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+
+    /// Rolls the completion transaction back.
+    #[doc(hidden)]
+    fn lease_rollback(
+        conn: &mut Self::Connection,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
+}
+
+/// The row a lease statement is about, and its owner.
+#[doc(hidden)]
+#[derive(Clone, Copy)]
+pub struct LeaseKey<'a> {
+    pub(crate) consumer: &'static str,
+    pub(crate) id: &'a str,
+    pub(crate) owner: &'a Owner,
+}
+
+/// What a lease's body was declared to risk: its row's `state`.
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// `effect = "send-first"` with `lease = "…"`: after expiry, the next delivery takes
+    /// over and calls again.
+    SendFirst,
+    /// `effect = "mark-first"`: after expiry, the outcome is unknown and nothing calls again.
+    MarkFirst,
+}
+
+impl Policy {
+    fn state(self) -> i16 {
+        match self {
+            Policy::SendFirst => 1,
+            Policy::MarkFirst => 2,
+        }
+    }
+}
+
+/// The lease a leased handler claims (the generated code builds it).
+#[doc(hidden)]
+pub struct LeaseClaim<'k> {
+    statements: &'static LeaseStatements,
+    consumer: &'static str,
+    id: &'k str,
+    policy: Policy,
+    lease: Duration,
+}
+
+impl<'k> LeaseClaim<'k> {
+    pub fn new(
+        statements: &'static LeaseStatements,
+        consumer: &'static str,
+        id: &'k MessageId<'_>,
+        policy: Policy,
+        lease_ms: u64,
+    ) -> Self {
+        LeaseClaim {
+            statements,
+            consumer,
+            id: id.as_str(),
+            policy,
+            lease: Duration::from_millis(lease_ms).clamp(MIN_LEASE, MAX_LEASE),
+        }
+    }
+}
+
+/// A copy of the message is being processed elsewhere, under a lease that has not
+/// expired: **retry later** — neither acknowledge it (the owner may still fail and
+/// release it) nor dead-letter it. [`AckPolicy`](crate::AckPolicy) answers
+/// `Ack::Retry { after: remaining }`.
+///
+/// ```
+/// use std::time::Duration;
+/// use dedup_runtime::{Ack, AckPolicy, InProgress, LeaseOutcome};
+///
+/// let busy: Result<LeaseOutcome<()>, sqlx::Error> =
+///     Ok(LeaseOutcome::InProgress(InProgress::new(Duration::from_secs(20))));
+/// let policy = AckPolicy::<sqlx::Sqlite>::new();
+/// assert_eq!(policy.decide(&busy, 1), Ack::Retry { after: Duration::from_secs(20) });
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct InProgress {
+    remaining: Duration,
+}
+
+impl InProgress {
+    /// A lease with `remaining` left.
+    pub fn new(remaining: Duration) -> Self {
+        InProgress { remaining }
+    }
+
+    /// How long the lease had left when the copy looked, on the database's clock: after
+    /// that, the next delivery takes over (send-first) or finds the outcome unknown
+    /// (mark-first), unless the owner finished or renewed it.
+    pub fn remaining(&self) -> Duration {
+        self.remaining
+    }
+}
+
+impl fmt::Display for InProgress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "in progress under another delivery's lease, {:.3} s left",
+            self.remaining.as_secs_f64()
+        )
+    }
+}
+
+/// The lease of this call was lost: its owner token is no longer the row's (the lease
+/// expired and another delivery took it over, or an operator resolved the row). Whatever
+/// the body wrote in [`Lease::transaction`] was rolled back, and the row is as the new
+/// owner left it. Reaches the caller through the handler's `From<sqlx::Error>`, inside
+/// [`sqlx::Error::AnyDriverError`]; [`AckPolicy`](crate::AckPolicy) answers
+/// `Ack::Retry`: the redelivery finds the row processed (a duplicate) or still in
+/// progress.
+///
+/// ```
+/// use dedup_runtime::LeaseLost;
+///
+/// fn explain(error: &sqlx::Error) -> &'static str {
+///     if LeaseLost::find(error).is_some() {
+///         "another delivery owns the message now"
+///     } else {
+///         "another failure"
+///     }
+/// }
+/// # assert_eq!(explain(&sqlx::Error::RowNotFound), "another failure");
+/// ```
+#[derive(Debug)]
+pub struct LeaseLost {
+    consumer: &'static str,
+    id: String,
+}
+
+impl LeaseLost {
+    fn error(key: LeaseKey<'_>) -> sqlx::Error {
+        sqlx::Error::AnyDriverError(Box::new(LeaseLost {
+            consumer: key.consumer,
+            id: key.id.to_owned(),
+        }))
+    }
+
+    /// The consumer of the lost lease.
+    pub fn consumer(&self) -> &'static str {
+        self.consumer
+    }
+
+    /// The message id of the lost lease.
+    pub fn message_id(&self) -> &str {
+        &self.id
+    }
+
+    /// Finds a `LeaseLost` in `error` or its chain of [`source`](StdError::source)s.
+    pub fn find<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a LeaseLost> {
+        let mut link = Some(error);
+        while let Some(error) = link {
+            if let Some(found) = error.downcast_ref::<LeaseLost>() {
+                return Some(found);
+            }
+            link = error.source();
+        }
+        None
+    }
+}
+
+impl fmt::Display for LeaseLost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the lease on message {:?} of consumer `{}` was lost: another delivery took it \
+             over, and nothing of this one's completion was committed",
+            self.id, self.consumer
+        )
+    }
+}
+
+impl StdError for LeaseLost {}
+
+/// The lease a leased handler's body holds while its call runs: the body's first
+/// parameter, `lease: &mut Lease<'_, sqlx::Postgres>` (or `Sqlite`, `MySql`).
+///
+/// No transaction is open and no connection is held while the body runs, unless it asks
+/// for one with [`transaction`](Self::transaction). The row is marked processed when the
+/// body returns `Ok`, in that transaction if it opened one — after checking that the lease
+/// is still this call's own.
+pub struct Lease<'a, DB: Backend> {
+    pool: &'a Pool<DB>,
+    sql: &'static LeaseSql,
+    consumer: &'static str,
+    id: &'a str,
+    owner: Owner,
+    lease: Duration,
+    policy: Policy,
+    /// The completion transaction's connection, once the body asked for it.
+    conn: Option<PoolConnection<DB>>,
+}
+
+impl<DB: Backend> Lease<'_, DB> {
+    fn key(&self) -> LeaseKey<'_> {
+        LeaseKey {
+            consumer: self.consumer,
+            id: self.id,
+            owner: &self.owner,
+        }
+    }
+
+    /// The consumer the lease is for.
+    pub fn consumer(&self) -> &'static str {
+        self.consumer
+    }
+
+    /// The message id the lease is for.
+    pub fn message_id(&self) -> &str {
+        self.id
+    }
+
+    /// The lease's length, as declared with `lease = "…"`.
+    pub fn duration(&self) -> Duration {
+        self.lease
+    }
+
+    /// Renews the lease: it now ends [`duration`](Self::duration) from now, on the
+    /// database's clock. For calls longer than the lease: renew well before it ends (every
+    /// third of it, say). Fails with [`LeaseLost`] if the lease is no longer this call's
+    /// (another delivery took it over after it expired): stop, the other owner calls.
+    pub async fn extend(&mut self) -> Result<(), sqlx::Error> {
+        let lease_us = micros(self.lease);
+        let sql = self.sql.extend;
+        let owner = self.owner;
+        let key = LeaseKey {
+            consumer: self.consumer,
+            id: self.id,
+            owner: &owner,
+        };
+        let matched = match &mut self.conn {
+            Some(conn) => DB::lease_owned(conn, sql, key, Some(lease_us)).await?,
+            None => {
+                let mut conn = self.pool.acquire().await?;
+                DB::lease_owned(&mut conn, sql, key, Some(lease_us)).await?
+            }
+        };
+        if matched == 1 {
+            Ok(())
+        } else {
+            Err(LeaseLost::error(key))
+        }
+    }
+
+    /// The transaction the row is marked processed in, for the body's own writes that
+    /// record the effect's result (a charge id, a sent flag): they commit together with
+    /// the mark, or not at all. Opened at the first call, after the external call has
+    /// been made — it marks the row processed first, owner-checked, so that it fails
+    /// with [`LeaseLost`] at once, and holds the row's lock until the commit: from then on
+    /// nobody can take the lease over.
+    ///
+    /// ```rust,ignore
+    /// let charge = partner.charge(&key, msg.amount).await?; // no transaction open
+    /// let tx = lease.transaction().await?;
+    /// sqlx::query("INSERT INTO charges (message_id, charge_id) VALUES ($1, $2)")
+    ///     .bind(&msg.id)
+    ///     .bind(&charge.id)
+    ///     .execute(&mut *tx)
+    ///     .await?;
+    /// Ok(charge.id)
+    /// ```
+    pub async fn transaction(&mut self) -> Result<&mut DB::Connection, sqlx::Error> {
+        if self.conn.is_none() {
+            let mut conn = self.pool.acquire().await?;
+            DB::lease_begin(&mut conn).await?;
+            // From here on the connection is in a transaction sqlx does not know of:
+            // dropped before its end, it is closed, not pooled.
+            let key = LeaseKey {
+                consumer: self.consumer,
+                id: self.id,
+                owner: &self.owner,
+            };
+            match DB::lease_owned(&mut conn, self.sql.complete, key, None).await {
+                Ok(1) => {}
+                Ok(_) => {
+                    rollback_logged::<DB>(&mut conn).await;
+                    return Err(LeaseLost::error(key));
+                }
+                Err(error) => {
+                    rollback_logged::<DB>(&mut conn).await;
+                    return Err(error);
+                }
+            }
+            self.conn = Some(conn);
+        }
+        Ok(self.conn.as_deref_mut().expect("opened above"))
+    }
+}
+
+/// The database a leased handler's `Lease<'_, DB>` parameter names, for the generated
+/// signature (`&Pool<DB>`).
+#[doc(hidden)]
+pub trait LeaseParam {
+    type Database: Backend;
+}
+
+impl<DB: Backend> LeaseParam for Lease<'_, DB> {
+    type Database = DB;
+}
+
+impl<DB: Backend> Drop for Lease<'_, DB> {
+    fn drop(&mut self) {
+        // Ended without its commit or rollback (cancelled, panicked): the transaction is
+        // still open on the connection, which must not go back to the pool.
+        if let Some(mut conn) = self.conn.take() {
+            conn.close_on_drop();
+        }
+    }
+}
+
+/// Rolls the completion transaction back, logging a failure.
+async fn rollback_logged<DB: Backend>(conn: &mut DB::Connection) {
+    if let Err(error) = DB::lease_rollback(conn).await {
+        tracing::debug!(%error, "rollback failed; the connection is discarded");
+    }
+}
+
+fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// What [`LeaseRun::begin`] leads to.
+#[doc(hidden)]
+pub enum LeaseBegin<'a, DB: Backend> {
+    /// The lease is this call's: run the body with it.
+    Owned(Lease<'a, DB>),
+    /// The call is over without running the body.
+    Outcome(LeaseOutcome<std::convert::Infallible>),
+    /// The call is over with this error.
+    Error(sqlx::Error),
+}
+
+/// The state of one leased call (the generated code drives it).
+#[doc(hidden)]
+pub struct LeaseRun<'k> {
+    handler: &'static str,
+    claim: LeaseClaim<'k>,
+    span: Span,
+    attempt: u32,
+    started: metrics::Started,
+    metrics: &'static HandlerMetrics,
+}
+
+impl<'k> LeaseRun<'k> {
+    pub fn new(
+        handler: &'static str,
+        claim: LeaseClaim<'k>,
+        metrics: &'static HandlerMetrics,
+    ) -> Self {
+        let span = tracing::info_span!(
+            "idempotent",
+            handler,
+            consumer = tracing::field::Empty,
+            message_id = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+            attempts = tracing::field::Empty,
+        );
+        if !span.is_disabled() {
+            span.record("consumer", claim.consumer);
+            span.record("message_id", claim.id);
+        }
+        LeaseRun {
+            handler,
+            claim,
+            span,
+            attempt: 0,
+            started: metrics::Started::now(),
+            metrics,
+        }
+    }
+
+    pub fn span(&self) -> Span {
+        self.span.clone()
+    }
+
+    fn finish(&self, end: End<'_>) {
+        if !self.span.is_disabled() {
+            self.span.record("outcome", end.outcome());
+            self.span.record("attempts", self.attempt);
+        }
+        metrics::ended(
+            self.metrics,
+            self.handler,
+            self.claim.consumer,
+            end,
+            self.started,
+        );
+    }
+
+    /// Claims the lease: inserts the row in progress, takes over an expired send-first
+    /// lease, or reports what the row says. Transient failures are retried (the body has
+    /// not run).
+    pub async fn begin<'a, DB: Backend>(&mut self, pool: &'a Pool<DB>) -> LeaseBegin<'a, DB>
+    where
+        'k: 'a,
+    {
+        loop {
+            self.attempt += 1;
+            match self.try_begin(pool).await {
+                Ok(Some(begin)) => return begin,
+                // The row went away between the claim and the look at it (its owner
+                // released it): claim again, at once.
+                Ok(None) if self.attempt < retry::MAX_ATTEMPTS => continue,
+                Ok(None) => {
+                    let error = sqlx::Error::Protocol(
+                        "the dedup row kept changing under the lease's claim".into(),
+                    );
+                    self.finish(End::Failed(Class::Database));
+                    return LeaseBegin::Error(error);
+                }
+                Err(error) => {
+                    let transient = classify::is_transient::<DB>(&error);
+                    if transient && self.attempt < retry::MAX_ATTEMPTS {
+                        metrics::retried(self.metrics, self.handler, self.claim.consumer);
+                        tokio::time::sleep(retry::backoff(self.attempt)).await;
+                        continue;
+                    }
+                    self.finish(End::Failed(if transient {
+                        Class::Transient
+                    } else {
+                        Class::Database
+                    }));
+                    return LeaseBegin::Error(error);
+                }
+            }
+        }
+    }
+
+    async fn try_begin<'a, DB: Backend>(
+        &mut self,
+        pool: &'a Pool<DB>,
+    ) -> Result<Option<LeaseBegin<'a, DB>>, sqlx::Error>
+    where
+        'k: 'a,
+    {
+        let claim = &self.claim;
+        let sql = DB::lease_sql(claim.statements);
+        let owner = new_owner();
+        let key = LeaseKey {
+            consumer: claim.consumer,
+            id: claim.id,
+            owner: &owner,
+        };
+        let state = claim.policy.state();
+        let lease_us = micros(claim.lease);
+        let mut conn = pool.acquire().await?;
+        let owned = DB::lease_claim(&mut conn, sql, key, state, lease_us).await?
+            || DB::lease_take_over(&mut conn, sql, key, state, lease_us)
+                .await
+                .inspect(|taken| {
+                    if *taken {
+                        tracing::warn!(
+                            consumer = claim.consumer,
+                            message_id = claim.id,
+                            "took over an expired send-first lease: its owner may have made \
+                             the call already, and it is made again"
+                        );
+                    }
+                })?;
+        if owned {
+            drop(conn);
+            return Ok(Some(LeaseBegin::Owned(Lease {
+                pool,
+                sql,
+                consumer: claim.consumer,
+                id: claim.id,
+                owner,
+                lease: claim.lease,
+                policy: claim.policy,
+                conn: None,
+            })));
+        }
+        let Some(found) = DB::lease_inspect(&mut conn, sql, key).await? else {
+            return Ok(None);
+        };
+        drop(conn);
+        let remaining =
+            Duration::from_micros(u64::try_from(found.remaining_us.unwrap_or(0)).unwrap_or(0));
+        let outcome = match found.state {
+            None => LeaseOutcome::Duplicate(Duplicate::AlreadyProcessed),
+            Some(_) if !remaining.is_zero() => LeaseOutcome::InProgress(InProgress { remaining }),
+            // A mark-first mark whose owner never completed it: the effect may or may not
+            // have happened, and it is never attempted again.
+            Some(2) => LeaseOutcome::Duplicate(Duplicate::OutcomeUnknown),
+            // An expired send-first lease that another copy took over in between.
+            Some(_) => LeaseOutcome::InProgress(InProgress { remaining }),
+        };
+        match &outcome {
+            LeaseOutcome::Duplicate(duplicate) => {
+                if *duplicate == Duplicate::OutcomeUnknown {
+                    tracing::warn!(
+                        consumer = claim.consumer,
+                        message_id = claim.id,
+                        "outcome unknown: a mark-first delivery never completed its call; \
+                         acknowledged without calling again (resolve it with \
+                         `Ledger::resolve`)"
+                    );
+                }
+                self.finish(End::Duplicate(duplicate));
+            }
+            LeaseOutcome::InProgress(_) => self.finish(End::InProgress),
+            LeaseOutcome::Processed(never) => match *never {},
+        }
+        Ok(Some(LeaseBegin::Outcome(outcome)))
+    }
+
+    /// Marks the row processed (in the body's transaction, if it opened one), owner-checked.
+    /// Never retried: the body ran.
+    pub async fn complete<DB: Backend>(
+        &mut self,
+        mut lease: Lease<'_, DB>,
+    ) -> Result<(), sqlx::Error> {
+        let owner = lease.owner;
+        let key = LeaseKey {
+            consumer: lease.consumer,
+            id: lease.id,
+            owner: &owner,
+        };
+        let result = match lease.conn.take() {
+            Some(mut conn) => match DB::lease_commit(&mut conn, lease.sql, key).await {
+                Ok(()) => Ok(()),
+                Err(error) => {
+                    // Whatever it did, a connection whose commit failed is not reused.
+                    conn.close_on_drop();
+                    Err(error)
+                }
+            },
+            None => match lease.pool.acquire().await {
+                Ok(mut conn) => {
+                    match DB::lease_owned(&mut conn, lease.sql.complete, key, None).await {
+                        Ok(1) => Ok(()),
+                        Ok(_) => Err(LeaseLost::error(key)),
+                        Err(error) => Err(error),
+                    }
+                }
+                Err(error) => Err(error),
+            },
+        };
+        match &result {
+            Ok(()) => self.finish(End::Processed),
+            Err(error) => {
+                let class = if LeaseLost::find(error).is_some() {
+                    Class::LeaseLost
+                } else if classify::is_transient::<DB>(error) {
+                    Class::Transient
+                } else {
+                    Class::Database
+                };
+                if class == Class::LeaseLost {
+                    tracing::warn!(
+                        consumer = lease.consumer,
+                        message_id = lease.id,
+                        "the lease was taken over before the call completed: its completion is refused"
+                    );
+                } else if lease.policy == Policy::SendFirst {
+                    // Not committed, or committed with the answer lost: the release
+                    // deletes only a row still in progress, so that the redelivery calls
+                    // again at once (the send-first duplicate) or finds it processed.
+                    release::<DB>(&lease).await;
+                } else {
+                    tracing::warn!(
+                        consumer = lease.consumer,
+                        message_id = lease.id,
+                        %error,
+                        "a mark-first call completed but its mark could not be committed: \
+                         the row stays in progress, and its outcome becomes unknown when \
+                         the lease ends"
+                    );
+                }
+                self.finish(End::Failed(class));
+            }
+        }
+        result
+    }
+
+    /// After a body error: rolls back what the body wrote and releases the row, so that a
+    /// redelivery runs the body again.
+    pub async fn release<DB: Backend>(&mut self, mut lease: Lease<'_, DB>) {
+        if let Some(mut conn) = lease.conn.take()
+            && DB::lease_rollback(&mut conn).await.is_err()
+        {
+            conn.close_on_drop();
+        }
+        release::<DB>(&lease).await;
+        self.finish(End::Failed(Class::Body));
+    }
+}
+
+/// Deletes the lease's row while it is in progress and still the lease's own.
+async fn release<DB: Backend>(lease: &Lease<'_, DB>) {
+    let released = match lease.pool.acquire().await {
+        Ok(mut conn) => DB::lease_owned(&mut conn, lease.sql.release, lease.key(), None).await,
+        Err(error) => Err(error),
+    };
+    match released {
+        Ok(_) => {}
+        Err(error) => tracing::warn!(
+            consumer = lease.consumer,
+            message_id = lease.id,
+            %error,
+            "releasing the lease failed: the row stays in progress until it expires"
+        ),
+    }
+}

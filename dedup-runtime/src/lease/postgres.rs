@@ -1,0 +1,123 @@
+//! PostgreSQL leases: numbered parameters, `clock_timestamp()` for every time, and the
+//! completion's checked commit (a `SET LOCAL` in front of `COMMIT` that fails in a
+//! transaction a swallowed error aborted).
+
+use sqlx::postgres::{PgConnection, PgDatabaseError};
+use sqlx::{Postgres, Row};
+
+use super::{Found, LeaseBackend, LeaseKey, LeaseSql, LeaseStatements};
+use crate::rolled_back::RolledBack;
+
+const BEGIN: &str = "BEGIN";
+const CHECKED_COMMIT: &str = "SET LOCAL dedup.checked_commit = on; COMMIT";
+const ROLLBACK: &str = "ROLLBACK";
+/// in_failed_sql_transaction.
+const IN_FAILED_TRANSACTION: &str = "25P02";
+
+impl LeaseBackend for Postgres {
+    fn lease_sql(statements: &LeaseStatements) -> &LeaseSql {
+        &statements.postgres
+    }
+
+    async fn lease_claim<'c>(
+        conn: &'c mut PgConnection,
+        sql: &'static LeaseSql,
+        key: LeaseKey<'c>,
+        state: i16,
+        lease_us: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(sql.claim)
+            .bind(key.consumer)
+            .bind(key.id)
+            .bind(state)
+            .bind(&key.owner[..])
+            .bind(lease_us)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn lease_take_over<'c>(
+        conn: &'c mut PgConnection,
+        sql: &'static LeaseSql,
+        key: LeaseKey<'c>,
+        state: i16,
+        lease_us: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(sql.take_over)
+            .bind(key.consumer)
+            .bind(key.id)
+            .bind(state)
+            .bind(&key.owner[..])
+            .bind(lease_us)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn lease_inspect<'c>(
+        conn: &'c mut PgConnection,
+        sql: &'static LeaseSql,
+        key: LeaseKey<'c>,
+    ) -> Result<Option<Found>, sqlx::Error> {
+        let row = sqlx::query(sql.inspect)
+            .bind(key.consumer)
+            .bind(key.id)
+            .fetch_optional(conn)
+            .await?;
+        row.map(|row| {
+            Ok(Found {
+                state: row.try_get::<Option<i16>, _>(0)?.map(i64::from),
+                remaining_us: row.try_get(1)?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn lease_owned<'c>(
+        conn: &'c mut PgConnection,
+        sql: &'static str,
+        key: LeaseKey<'c>,
+        lease_us: Option<i64>,
+    ) -> Result<u64, sqlx::Error> {
+        let query = sqlx::query(sql)
+            .bind(key.consumer)
+            .bind(key.id)
+            .bind(&key.owner[..]);
+        let query = match lease_us {
+            Some(lease_us) => query.bind(lease_us),
+            None => query,
+        };
+        Ok(query.execute(conn).await?.rows_affected())
+    }
+
+    async fn lease_begin(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(BEGIN).execute(conn).await.map(drop)
+    }
+
+    async fn lease_commit<'c>(
+        conn: &'c mut PgConnection,
+        _: &'static LeaseSql,
+        _: LeaseKey<'c>,
+    ) -> Result<(), sqlx::Error> {
+        match sqlx::raw_sql(CHECKED_COMMIT).execute(&mut *conn).await {
+            Ok(_) => Ok(()),
+            Err(error) => {
+                let aborted = error
+                    .as_database_error()
+                    .and_then(|error| error.try_downcast_ref::<PgDatabaseError>())
+                    .is_some_and(|error| error.code() == IN_FAILED_TRANSACTION);
+                let _ = sqlx::raw_sql(ROLLBACK).execute(&mut *conn).await;
+                Err(if aborted {
+                    RolledBack::error("PostgreSQL", Some(error))
+                } else {
+                    error
+                })
+            }
+        }
+    }
+
+    async fn lease_rollback(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(ROLLBACK).execute(conn).await.map(drop)
+    }
+}

@@ -1,0 +1,118 @@
+//! SQLite leases: numbered parameters, times as `processed_at`'s ISO 8601 text in UTC, and
+//! a completion transaction that takes the write lock up front (`BEGIN IMMEDIATE`).
+
+use sqlx::sqlite::SqliteConnection;
+use sqlx::{Row, Sqlite};
+
+use super::{Found, LeaseBackend, LeaseKey, LeaseSql, LeaseStatements};
+use crate::rolled_back::RolledBack;
+
+const BEGIN: &str = "BEGIN IMMEDIATE";
+const COMMIT: &str = "COMMIT";
+const ROLLBACK: &str = "ROLLBACK";
+
+impl LeaseBackend for Sqlite {
+    fn lease_sql(statements: &LeaseStatements) -> &LeaseSql {
+        &statements.sqlite
+    }
+
+    async fn lease_claim<'c>(
+        conn: &'c mut SqliteConnection,
+        sql: &'static LeaseSql,
+        key: LeaseKey<'c>,
+        state: i16,
+        lease_us: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(sql.claim)
+            .bind(key.consumer)
+            .bind(key.id)
+            .bind(state)
+            .bind(&key.owner[..])
+            .bind(lease_us)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn lease_take_over<'c>(
+        conn: &'c mut SqliteConnection,
+        sql: &'static LeaseSql,
+        key: LeaseKey<'c>,
+        state: i16,
+        lease_us: i64,
+    ) -> Result<bool, sqlx::Error> {
+        let done = sqlx::query(sql.take_over)
+            .bind(key.consumer)
+            .bind(key.id)
+            .bind(state)
+            .bind(&key.owner[..])
+            .bind(lease_us)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn lease_inspect<'c>(
+        conn: &'c mut SqliteConnection,
+        sql: &'static LeaseSql,
+        key: LeaseKey<'c>,
+    ) -> Result<Option<Found>, sqlx::Error> {
+        let row = sqlx::query(sql.inspect)
+            .bind(key.consumer)
+            .bind(key.id)
+            .fetch_optional(conn)
+            .await?;
+        row.map(|row| {
+            Ok(Found {
+                state: row.try_get(0)?,
+                remaining_us: row.try_get(1)?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn lease_owned<'c>(
+        conn: &'c mut SqliteConnection,
+        sql: &'static str,
+        key: LeaseKey<'c>,
+        lease_us: Option<i64>,
+    ) -> Result<u64, sqlx::Error> {
+        let query = sqlx::query(sql)
+            .bind(key.consumer)
+            .bind(key.id)
+            .bind(&key.owner[..]);
+        let query = match lease_us {
+            Some(lease_us) => query.bind(lease_us),
+            None => query,
+        };
+        Ok(query.execute(conn).await?.rows_affected())
+    }
+
+    async fn lease_begin(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(BEGIN).execute(conn).await.map(drop)
+    }
+
+    /// A transaction SQLite rolled back by itself (`SQLITE_FULL`, an I/O error) has no
+    /// `COMMIT` to answer: the error says so, and the mark was rolled back with it.
+    async fn lease_commit<'c>(
+        conn: &'c mut SqliteConnection,
+        _: &'static LeaseSql,
+        _: LeaseKey<'c>,
+    ) -> Result<(), sqlx::Error> {
+        match sqlx::raw_sql(COMMIT).execute(&mut *conn).await {
+            Ok(_) => Ok(()),
+            Err(error) => {
+                let ended = sqlx::raw_sql(ROLLBACK).execute(&mut *conn).await.is_err();
+                Err(if ended {
+                    RolledBack::error("SQLite", Some(error))
+                } else {
+                    error
+                })
+            }
+        }
+    }
+
+    async fn lease_rollback(conn: &mut SqliteConnection) -> Result<(), sqlx::Error> {
+        sqlx::raw_sql(ROLLBACK).execute(conn).await.map(drop)
+    }
+}
