@@ -1028,6 +1028,77 @@ macro_rules! leases_suite {
     };
 }
 
+/// PostgreSQL's own view while a leased call runs: no session of the handler's pool is in a
+/// transaction (`pg_stat_activity`, read from another pool), and every connection of it is
+/// idle in the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_shows_no_transaction_open_during_a_leased_call() {
+    use dedup_runtime::{Lease, LeaseOutcome};
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+    /// Renews its lease (a statement on a connection of the pool, then back), then calls.
+    #[idempotent(consumer = "leases-activity", key = id, effect = "send-first", lease = "30s")]
+    async fn call_out(
+        lease: &mut Lease<'_, sqlx::Postgres>,
+        id: &str,
+        hold: &Hold,
+    ) -> Result<(), sqlx::Error> {
+        lease.extend().await?;
+        Hold::here(Some(hold)).await;
+        Ok(())
+    }
+
+    let name = unique("dedup-lease-activity");
+    let options: PgConnectOptions = dedup_suite::postgres_url().parse().unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options.application_name(&name))
+        .await
+        .unwrap();
+    let observer = dedup_suite::postgres().await;
+    let id = unique("lease-activity");
+    let hold = Arc::new(Hold::default());
+    let task = tokio::spawn({
+        let (pool, id, hold) = (pool.clone(), id.clone(), hold.clone());
+        async move { call_out(&pool, &id, &hold).await }
+    });
+    timeout(PATIENCE, hold.entered.notified())
+        .await
+        .expect("the call runs");
+    let count = |sql: &'static str| {
+        let (observer, name) = (observer.clone(), name.clone());
+        async move {
+            sqlx::query_scalar::<_, i64>(sql)
+                .bind(name)
+                .fetch_one(&observer)
+                .await
+                .unwrap()
+        }
+    };
+    let sessions = count("SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = $1").await;
+    assert!(sessions >= 1, "the handler's pool has its sessions open");
+    let in_transaction = count(
+        "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = $1 \
+         AND (xact_start IS NOT NULL OR state LIKE 'idle in transaction%')",
+    )
+    .await;
+    assert_eq!(
+        in_transaction, 0,
+        "no session of the handler is in a transaction during the call"
+    );
+    timeout(PATIENCE, async {
+        while pool.num_idle() as u32 != pool.size() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the pool has every connection back during the call");
+    hold.go.notify_one();
+    let done = timeout(PATIENCE, task).await.unwrap().unwrap().unwrap();
+    assert_eq!(done, LeaseOutcome::Processed(()));
+    assert_eq!(claims(&pool, "leases-activity", &id).await, 1);
+}
+
 leases_suite!(
     postgres_leases,
     db = sqlx::Postgres,

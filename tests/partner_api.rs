@@ -13,7 +13,12 @@
 //!   charge per injected crash, for the crashed messages only;
 //! - every delivery acknowledged as `Outcome::Duplicate` sent the server no request.
 //!
-//! `partner_suite!` instantiates the cases once per backend.
+//! `partner_suite!` instantiates the cases once per backend; `leased_partner_suite!` runs the
+//! leased policies the same way: send-first under a lease with the key (one charge per
+//! message, the crashed delivery's copies "in progress" until its lease ends, then taken
+//! over), and mark-first without a key, crashing between the mark and the call (each
+//! crashed message's charge lost, its redeliveries acknowledged as outcome unknown without
+//! a call, and its row listed by `Ledger::unresolved`).
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -246,6 +251,175 @@ macro_rules! partner_suite {
 partner_suite!(postgres, conn = sqlx::PgConnection, db = postgres_db);
 partner_suite!(mysql, conn = sqlx::MySqlConnection, db = mysql_db);
 partner_suite!(sqlite, conn = sqlx::SqliteConnection, db = sqlite_db);
+
+/// The leased policies against the same partner: `effect = "send-first"` under a lease
+/// (the call with no transaction open; the crashed delivery's copies are told "in
+/// progress" until its lease ends, then the next one takes over and calls again), and
+/// `effect = "mark-first"` (the crash comes after the mark and before the call: the charge
+/// is lost, the redelivery acknowledged without a call, the row listed as outcome unknown).
+macro_rules! leased_partner_suite {
+    ($backend:ident, database = $database:ty, db = $db:ident $(,)?) => {
+        mod $backend {
+            use super::*;
+            use dedup_runtime::{Lease, LeaseOutcome, Ledger, UnresolvedStatus};
+
+            const LEASED: &str = "partner-api-leased";
+            const MARKED: &str = "partner-api-mark-first";
+
+            async fn post(msg: &OrderPlaced, api: &Api) -> Result<ChargeResponse, Error> {
+                let mut request = api.client.post(&api.url).json(&ChargeRequest {
+                    order_id: msg.order_id.clone(),
+                    amount_cents: msg.amount_cents,
+                });
+                if api.send_key {
+                    let key = IdempotencyKey::new("charge", &msg.id);
+                    request = request.header(IDEMPOTENCY_KEY, key.as_str());
+                }
+                Ok(request.send().await?.error_for_status()?.json().await?)
+            }
+
+            async fn crash_point(api: &Api) {
+                if let Some(crash) = &api.crash {
+                    crash.notify_one();
+                    std::future::pending::<()>().await;
+                }
+            }
+
+            #[idempotent(consumer = "partner-api-leased", key = msg.id, effect = "send-first", lease = "300ms")]
+            async fn charge_leased(
+                lease: &mut Lease<'_, $database>,
+                msg: &OrderPlaced,
+                api: &Api,
+            ) -> Result<ChargeResponse, Error> {
+                let charge = post(msg, api).await?;
+                crash_point(api).await;
+                Ok(charge)
+            }
+
+            #[idempotent(consumer = "partner-api-mark-first", key = msg.id, effect = "mark-first", lease = "300ms")]
+            async fn charge_marked(
+                lease: &mut Lease<'_, $database>,
+                msg: &OrderPlaced,
+                api: &Api,
+            ) -> Result<ChargeResponse, Error> {
+                crash_point(api).await;
+                post(msg, api).await
+            }
+
+            /// Delivers a [`plan`] one delivery at a time; a delivery told "in progress"
+            /// is delivered again after the time its lease has left.
+            async fn run(partner: &Partner, mark_first: bool) -> (Run, impl std::ops::Deref<Target = sqlx::Pool<$database>>) {
+                let pool = super::$db::pool().await;
+                let client = client();
+                let (messages, mut doomed, mut deliveries) = plan();
+                let mut run = Run {
+                    crashed: vec![false; MESSAGES],
+                    ..Run::default()
+                };
+                while let Some(n) = deliveries.pop_front() {
+                    let msg = messages[n].clone();
+                    let before = partner.requests();
+                    let crash = std::mem::take(&mut doomed[n]).then(|| Arc::new(Notify::new()));
+                    let api = Api {
+                        client: client.clone(),
+                        url: partner.url(),
+                        send_key: !mark_first,
+                        crash: crash.clone(),
+                    };
+                    let mut task = tokio::spawn({
+                        let (pool, msg) = ((*pool).clone(), msg.clone());
+                        async move {
+                            if mark_first {
+                                charge_marked(&pool, &msg, &api).await
+                            } else {
+                                charge_leased(&pool, &msg, &api).await
+                            }
+                        }
+                    });
+                    if let Some(crash) = crash {
+                        tokio::select! {
+                            reached = timeout(PATIENCE, crash.notified()) => {
+                                reached.expect("the crash point was reached");
+                            }
+                            ended = &mut task => panic!("the crashing delivery ended: {ended:?}"),
+                        }
+                        let expected = if mark_first { before } else { before + 1 };
+                        assert_eq!(partner.requests(), expected, "mark-first crashes before the call");
+                        task.abort();
+                        assert!(task.await.unwrap_err().is_cancelled());
+                        assert_eq!(claims(&*pool, if mark_first { MARKED } else { LEASED }, &msg.id).await, 1, "the row stays in progress");
+                        run.crashes += 1;
+                        run.crashed[n] = true;
+                        deliveries.push_back(n);
+                        continue;
+                    }
+                    let outcome = timeout(PATIENCE, task)
+                        .await
+                        .expect("the delivery ends")
+                        .expect("the handler does not panic")
+                        .expect("the handler succeeds");
+                    match outcome {
+                        LeaseOutcome::Processed(charge) => {
+                            run.processed += 1;
+                            assert_eq!(partner.requests(), before + 1, "one request");
+                            assert_eq!(charge.order_id, msg.order_id);
+                        }
+                        LeaseOutcome::Duplicate(duplicate) => {
+                            run.duplicates += 1;
+                            let unknown = run.crashed[n] && mark_first;
+                            let expected = if unknown { Duplicate::OutcomeUnknown } else { Duplicate::AlreadyProcessed };
+                            assert_eq!(duplicate, expected, "{}", msg.id);
+                            assert_eq!(partner.requests(), before, "a duplicate calls nobody");
+                        }
+                        LeaseOutcome::InProgress(busy) => {
+                            assert!(run.crashed[n], "only a crashed delivery's lease is left to run out");
+                            assert_eq!(partner.requests(), before, "in progress calls nobody");
+                            tokio::time::sleep(busy.remaining()).await;
+                            deliveries.push_back(n);
+                        }
+                    }
+                }
+                run.messages = messages;
+                (run, pool)
+            }
+
+            #[tokio::test]
+            async fn under_a_lease_with_the_key_one_charge_per_message() {
+                let partner = Partner::start(Keys::Honoured).await.unwrap();
+                let (run, pool) = run(&partner, false).await;
+                for msg in &run.messages {
+                    assert_eq!(partner.charges_for(&msg.order_id), 1, "{}", msg.id);
+                    assert_eq!(claims(&*pool, LEASED, &msg.id).await, 1);
+                    assert!(Ledger::new(&*pool).processed_at(LEASED, msg.id.as_str()).await.unwrap().is_some());
+                }
+                assert_eq!(run.processed, MESSAGES);
+                assert_eq!(run.crashes, MESSAGES / 3);
+                assert_eq!(partner.charges().len(), MESSAGES);
+                assert_eq!(partner.replays(), run.crashes, "each taken-over call was replayed");
+            }
+
+            #[tokio::test]
+            async fn mark_first_loses_the_crashed_charges_and_lists_each() {
+                let partner = Partner::start(Keys::Ignored).await.unwrap();
+                let (run, pool) = run(&partner, true).await;
+                let ledger = Ledger::new(&*pool);
+                let unresolved = ledger.unresolved(MARKED, 10_000).await.unwrap();
+                for (msg, &crashed) in run.messages.iter().zip(&run.crashed) {
+                    assert_eq!(partner.charges_for(&msg.order_id), usize::from(!crashed), "{}", msg.id);
+                    let listed = unresolved.iter().find(|row| row.message_id() == msg.id);
+                    assert_eq!(listed.map(|row| row.status()), crashed.then_some(UnresolvedStatus::OutcomeUnknown), "{}", msg.id);
+                    assert_eq!(ledger.processed_at(MARKED, msg.id.as_str()).await.unwrap().is_some(), !crashed);
+                }
+                assert_eq!(run.processed, MESSAGES - run.crashes);
+                assert_eq!(partner.charges().len(), MESSAGES - run.crashes, "the documented loss");
+            }
+        }
+    };
+}
+
+leased_partner_suite!(postgres_leased, database = sqlx::Postgres, db = postgres_db);
+leased_partner_suite!(mysql_leased, database = sqlx::MySql, db = mysql_db);
+leased_partner_suite!(sqlite_leased, database = sqlx::Sqlite, db = sqlite_db);
 
 mod postgres_db {
     pub async fn pool() -> Box<sqlx::PgPool> {
