@@ -558,15 +558,23 @@ impl<DB: Backend> Lease<'_, DB> {
     /// with [`LeaseLost`] at once, and holds the row's lock until the commit: from then on
     /// nobody can take the lease over.
     ///
-    /// ```rust,ignore
-    /// let charge = partner.charge(&key, msg.amount).await?; // no transaction open
-    /// let tx = lease.transaction().await?;
-    /// sqlx::query("INSERT INTO charges (message_id, charge_id) VALUES ($1, $2)")
-    ///     .bind(&msg.id)
-    ///     .bind(&charge.id)
-    ///     .execute(&mut *tx)
-    ///     .await?;
-    /// Ok(charge.id)
+    /// ```no_run
+    /// # use dedup_runtime::{Lease, idempotent};
+    /// # struct Payment { id: String }
+    /// # async fn charge_card(_msg: &Payment) -> Result<String, std::io::Error> { Ok("ch_1".into()) }
+    /// #[idempotent(consumer = "payments", key = msg.id, effect = "send-first", lease = "30s")]
+    /// async fn charge(lease: &mut Lease<'_, sqlx::Sqlite>, msg: &Payment)
+    ///     -> Result<(), Box<dyn std::error::Error + Send + Sync>>
+    /// {
+    ///     let charge_id = charge_card(msg).await?; // no transaction open
+    ///     let tx = lease.transaction().await?;
+    ///     sqlx::query("INSERT INTO charges (message_id, charge_id) VALUES (?1, ?2)")
+    ///         .bind(&msg.id)
+    ///         .bind(&charge_id)
+    ///         .execute(&mut *tx)
+    ///         .await?;
+    ///     Ok(())
+    /// }
     /// ```
     pub async fn transaction(&mut self) -> Result<&mut DB::Connection, sqlx::Error> {
         if self.conn.is_none() {

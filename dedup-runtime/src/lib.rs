@@ -93,7 +93,11 @@
 //! (`IdempotencyKey::new("receipt", &msg.id)` is `receipt:<id>` on every delivery), and
 //! declare the risk the handler takes: `effect = "send-first"` lets the body leave its
 //! connection unused, and a crash between the call and the `COMMIT` repeats the call on
-//! redelivery, which the key makes the provider drop. The [`idempotent`] docs give each
+//! redelivery, which the key makes the provider drop; `effect = "mark-first"` commits the
+//! mark first, and a crash before the call completes loses the call — visibly: the row
+//! stays "outcome unknown", listed by [`Ledger::unresolved`]. With `lease = "30s"`
+//! (always with mark-first) the call runs with no transaction open, under a [`Lease`]
+//! fenced by an owner token on the database's clock. The [`idempotent`] docs give each
 //! crash window.
 //!
 //! # The operator's tools
@@ -395,9 +399,16 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 ///   schema-qualified (`audit.processed_messages`); create it with [`migrate_table`].
 /// - `effect = "send-first"` — the body's effect is outside the database (an email, an
 ///   HTTP call): the body may leave its connection unused, and once it has run nothing runs
-///   it again. Needs `key`. `effect = "mark-first"` is part of the contract but not
-///   available in this version (a compile error). See
-///   [Effects outside the database](#effects-outside-the-database).
+///   it again. Needs `key`. See [Effects outside the database](#effects-outside-the-database).
+/// - `effect = "mark-first"` — the message is marked (in progress) and committed before
+///   the body's call: a crash before the call completes loses it, and the row says so
+///   (outcome unknown). The body takes a [`Lease`] instead of a connection. Needs `key`.
+///   See [Mark-first and leases](#mark-first-and-leases).
+/// - `lease = "30s"` — with `effect = "send-first"`: the call runs under a lease, with no
+///   transaction open (the body takes a [`Lease`]); with `effect = "mark-first"`: how long
+///   the mark is held before its outcome counts as unknown (default a minute,
+///   [`DEFAULT_MARK_LEASE`]). A whole number and a unit, `ms`, `s`, `m` or `h`, from 1 ms
+///   to `24h`. Not with `unique`.
 /// - `crate = "path"` — where this crate is, when it is re-exported or renamed.
 ///
 /// # The handler
@@ -405,8 +416,10 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 /// - An `async fn`. Its first parameter (after `self`) is the connection the body works
 ///   on: `&mut PgConnection`, `&mut SqliteConnection`, `&mut MySqlConnection` or
 ///   `&mut sqlx::Transaction<'_, DB>`; the body must use it, unless `effect = …` declares
-///   that its effect is outside the database. Other parameters, generics and where clauses
-///   pass through unchanged.
+///   that its effect is outside the database. A leased handler (`effect = "mark-first"`,
+///   or `lease = …`) takes `&mut Lease<'_, DB>` instead, and the generated function a
+///   `&Pool<DB>` and returns [`LeaseOutcome`]. Other parameters, generics and where
+///   clauses pass through unchanged.
 /// - It returns `Result<T, E>` (or an alias such as `anyhow::Result<T>`) with
 ///   `E: From<sqlx::Error>`; the generated function returns `Result<Outcome<T>, E>`.
 ///   Database failures and an invalid id reach the caller through `E`
@@ -592,14 +605,82 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 ///   (or, if the first copy rolled back, processes: it calls). The transaction, and on
 ///   SQLite the database's write lock, stays open during the call: keep calls short, with
 ///   a timeout well below the broker's ack deadline and the database's idle-in-transaction
-///   limits. Leases for long calls, with no transaction open during the call, come in a
-///   later version.
+///   limits. For longer calls, a lease: below.
 ///
-/// `effect = "mark-first"` (the mark commits first, then the call: a crash between them
-/// loses the call instead of repeating it) is not available in this version: it needs the
-/// in-progress state of the dedup table (its `state`, `owner` and `expires_at`, which
-/// [`migrate`] adds but nothing writes yet), and until then it is a compile error, so that
-/// nobody ships it believing it works.
+/// # Mark-first and leases
+///
+/// A leased call holds no transaction and no connection while its body runs. The claim
+/// commits the dedup row **in progress** on its own — `state` set, a 16-byte `owner` token
+/// that is this call's alone, and `expires_at` = now + the lease, on the database's clock
+/// (the host's clock plays no part) — and the body runs with the connection back in the
+/// pool, holding a [`Lease`]. When it returns `Ok`, the row is marked processed in a
+/// second transaction whose first statement checks the token (fencing); the body can put
+/// its own writes in that transaction ([`Lease::transaction`]: the provider's charge id,
+/// say), and they commit with the mark or not at all. A body error releases the row
+/// (deleted, owner-checked): the redelivery runs again.
+///
+/// ```no_run
+/// use dedup_runtime::{IdempotencyKey, Lease, LeaseOutcome, idempotent};
+/// # struct Payment { id: String, cents: i64 }
+/// # struct Provider;
+/// # impl Provider {
+/// #     async fn charge(&self, _cents: i64, _idempotency_key: &str) -> Result<String, std::io::Error> { Ok("ch_1".into()) }
+/// # }
+/// type Error = Box<dyn std::error::Error + Send + Sync>;
+///
+/// /// A payment: the provider's key makes the repeat after a crash harmless, and the
+/// /// call may take long — no transaction is open while it runs.
+/// #[idempotent(consumer = "payments", key = msg.id, effect = "send-first", lease = "30s")]
+/// async fn charge(lease: &mut Lease<'_, sqlx::Postgres>, msg: &Payment, provider: &Provider)
+///     -> Result<String, Error>
+/// {
+///     let key = IdempotencyKey::new("charge", &msg.id);
+///     let charge_id = provider.charge(msg.cents, key.as_str()).await?;
+///     // The result, recorded in the transaction that marks the message processed.
+///     let tx = lease.transaction().await?;
+///     sqlx::query("INSERT INTO charges (message_id, charge_id) VALUES ($1, $2)")
+///         .bind(&msg.id)
+///         .bind(&charge_id)
+///         .execute(&mut *tx)
+///         .await?;
+///     Ok(charge_id)
+/// }
+///
+/// /// An audit ping that must never repeat: at most once.
+/// #[idempotent(consumer = "audit", key = msg.id, effect = "mark-first", lease = "10s")]
+/// async fn audit(lease: &mut Lease<'_, sqlx::Postgres>, msg: &Payment) -> Result<(), Error> {
+///     Ok(()) // the ping
+/// }
+///
+/// # async fn consume(pool: &sqlx::PgPool, msg: &Payment, provider: &Provider) -> Result<(), Error> {
+/// match charge(pool, msg, provider).await? {
+///     LeaseOutcome::Processed(_) | LeaseOutcome::Duplicate(_) => { /* ack */ }
+///     // Another delivery's lease is running: neither ack nor dead-letter.
+///     LeaseOutcome::InProgress(busy) => { /* redeliver after busy.remaining() */ }
+/// }
+/// # Ok(()) }
+/// ```
+///
+/// What each policy does at each point:
+///
+/// | | `send-first` with `lease` | `mark-first` |
+/// | --- | --- | --- |
+/// | row while the body runs | `state = 1` | `state = 2` |
+/// | a copy while the lease runs | [`LeaseOutcome::InProgress`] with the time left: [`AckPolicy`] answers `Ack::Retry { after }`, never ack, never dead-letter | the same |
+/// | **the crash point** | the process dies *after the call and before the completion commits*: the row stays in progress until its lease ends; the next delivery then **takes it over** with a new token and **calls again** (the duplicate; pass a key) | the process dies *after the mark committed and before the call completed*: the row stays; after its lease the next delivery is **acknowledged without a call** ([`Duplicate::OutcomeUnknown`], logged at WARN): **the effect is lost**, and the row stays as the evidence, listed by [`Ledger::unresolved`] until an operator resolves it ([`Ledger::resolve`]) |
+/// | body error | the row is released: the redelivery calls again | the same (only a crash, or a failed release, loses the call) |
+/// | completion fails (database away) | the row is released if still in progress: the redelivery calls again or finds it processed | the row is kept: after the lease, outcome unknown (the call did happen) |
+/// | a stale owner (paused past its lease, taken over) completes | refused with [`LeaseLost`]; its writes in [`Lease::transaction`] roll back; nothing changes | the same |
+///
+/// A panic in the body, or a dropped future, is a crash: the row stays until its lease
+/// ends. A call longer than the lease renews it with [`Lease::extend`] (every third of
+/// the lease, say), fenced the same way. Choose the lease against the broker's timers: a
+/// lease shorter than the broker's ack deadline (JetStream's `AckWait`, 30 s by default;
+/// RabbitMQ's `consumer_timeout`, 30 min) lets a crashed owner's message be taken over at
+/// its first redelivery; a longer one, or a call that outlives the deadline without
+/// renewal, means a redelivery arrives while the owner still works — it is told "in
+/// progress" and comes back after the time left, never runs the call a second time while
+/// the lease holds. Pruning never deletes a row whose `state` is set.
 ///
 /// # The caller's connection
 ///

@@ -168,7 +168,7 @@ pub enum LeaseOutcome<T> {
     /// Acknowledge.
     Duplicate(Duplicate),
     /// Another delivery holds an unexpired lease on the message: the body did not run.
-    /// Retry after [`InProgress::remaining`].
+    /// Retry after [`InProgress::remaining`](crate::InProgress::remaining).
     InProgress(crate::lease::InProgress),
 }
 
