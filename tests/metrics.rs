@@ -366,3 +366,108 @@ mod retries_and_business_keys {
         );
     }
 }
+
+/// Leased calls: a copy told "in progress", a mark-first outcome unknown, a completion
+/// refused because the lease was lost, and one processed — each counted under its own
+/// name or label, and each matching the row it left (SQLite).
+mod leases {
+    use super::*;
+    use dedup_runtime::{Lease, LeaseLost, LeaseOutcome};
+
+    #[idempotent(consumer = "metrics-lease", key = msg.id, effect = "send-first", lease = "30s")]
+    async fn call(
+        lease: &mut Lease<'_, sqlx::Sqlite>,
+        msg: &Msg,
+        steal: Option<&sqlx::SqlitePool>,
+    ) -> Result<(), sqlx::Error> {
+        if let Some(pool) = steal {
+            // Another owner takes the lease over while the call runs.
+            sqlx::query("UPDATE processed_messages SET owner = x'09' WHERE message_id = ?1")
+                .bind(&msg.id)
+                .execute(pool)
+                .await?;
+        }
+        Ok(())
+    }
+
+    #[idempotent(consumer = "metrics-mark", key = msg.id, effect = "mark-first")]
+    async fn ping(lease: &mut Lease<'_, sqlx::Sqlite>, msg: &Msg) -> Result<(), sqlx::Error> {
+        Ok(())
+    }
+
+    /// Plants a row of another owner: `state`, and its lease ended (`expired`) or not.
+    async fn plant(pool: &sqlx::SqlitePool, consumer: &str, id: &str, state: i64, expired: bool) {
+        let expires = if expired { "-1 seconds" } else { "+60 seconds" };
+        sqlx::query(
+            "INSERT INTO processed_messages (consumer, message_id, state, owner, expires_at) \
+             VALUES (?1, ?2, ?3, x'0102', strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?4))",
+        )
+        .bind(consumer)
+        .bind(id)
+        .bind(state)
+        .bind(expires)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+
+    #[test]
+    fn leased_outcomes_have_their_own_counts() {
+        let metrics = recorded(async {
+            let db = dedup_suite::sqlite().await;
+            let pool: &sqlx::SqlitePool = &db;
+            let busy = Msg { id: "busy".into() };
+            plant(pool, "metrics-lease", "busy", 1, false).await;
+            assert!(call(pool, &busy, None).await.unwrap().is_in_progress());
+
+            let lost = Msg { id: "lost".into() };
+            plant(pool, "metrics-mark", "lost", 2, true).await;
+            assert_eq!(
+                ping(pool, &lost).await.unwrap(),
+                LeaseOutcome::Duplicate(Duplicate::OutcomeUnknown)
+            );
+
+            let fine = Msg { id: "fine".into() };
+            assert_eq!(
+                call(pool, &fine, None).await.unwrap(),
+                LeaseOutcome::Processed(())
+            );
+
+            // A lease taken over mid-call: the owner token no longer matches at the end.
+            let stolen = Msg {
+                id: "stolen".into(),
+            };
+            let error = call(pool, &stolen, Some(pool)).await.unwrap_err();
+            assert!(LeaseLost::find(&error).is_some(), "{error:?}");
+
+            let states: Vec<(String, Option<i64>)> = sqlx::query_as(
+                "SELECT message_id, state FROM processed_messages ORDER BY message_id",
+            )
+            .fetch_all(pool)
+            .await
+            .unwrap();
+            let expected: Vec<(String, Option<i64>)> = vec![
+                ("busy".into(), Some(1)),
+                ("fine".into(), None),
+                ("lost".into(), Some(2)),
+                ("stolen".into(), Some(1)),
+            ];
+            assert_eq!(states, expected, "the rows the counts describe");
+        });
+        let lease = [("handler", "call"), ("consumer", "metrics-lease")];
+        let mark = [("handler", "ping"), ("consumer", "metrics-mark")];
+        assert_eq!(metrics.counter("dedup_in_progress_total", &lease), 1);
+        assert_eq!(metrics.counter("dedup_processed_total", &lease), 1);
+        let failed = [lease[0], lease[1], ("class", "lease_lost")];
+        assert_eq!(metrics.counter("dedup_failures_total", &failed), 1);
+        let unknown = [mark[0], mark[1], ("rule", "outcome_unknown")];
+        assert_eq!(metrics.counter("dedup_duplicates_total", &unknown), 1);
+        let in_progress = [lease[0], lease[1], ("outcome", "in_progress")];
+        assert_eq!(
+            metrics
+                .samples("dedup_handler_duration_seconds", &in_progress)
+                .len(),
+            1
+        );
+    }
+}
