@@ -763,6 +763,29 @@ macro_rules! leases_suite {
                 Ok(call)
             }
 
+            /// Starts `charge` (or, `marked`, `ping`) in a task of its own, and waits until
+            /// its body reaches `hold`: after the call (`charge`), before it (`ping`).
+            async fn held(
+                marked: bool,
+                pool: &sqlx::Pool<$db>,
+                id: &str,
+                provider: &Arc<Provider>,
+                hold: &Arc<Hold>,
+            ) -> tokio::task::JoinHandle<Result<LeaseOutcome<u32>, sqlx::Error>> {
+                let task = tokio::spawn({
+                    let (pool, id, provider, hold) = (pool.clone(), id.to_owned(), provider.clone(), hold.clone());
+                    async move {
+                        if marked {
+                            ping(&pool, &id, &provider, Some(&hold), false).await
+                        } else {
+                            charge(&pool, &id, &provider, Some(&hold), false).await
+                        }
+                    }
+                });
+                timeout(PATIENCE, hold.entered.notified()).await.expect("the body reached its hold");
+                task
+            }
+
             async fn recorded(pool: &sqlx::Pool<$db>, id: &str) -> i64 {
                 dedup_suite::rows(pool, "dedup_lease_results", "message_id", id).await
             }
@@ -789,11 +812,7 @@ macro_rules! leases_suite {
                 let id = unique("lease-pool");
                 let provider = Arc::new(Provider::default());
                 let hold = Arc::new(Hold::default());
-                let task = tokio::spawn({
-                    let (pool, id, provider, hold) = ((*pool).clone(), id.clone(), provider.clone(), hold.clone());
-                    async move { charge(&pool, &id, &provider, Some(&hold), false).await }
-                });
-                timeout(PATIENCE, hold.entered.notified()).await.expect("the call was made");
+                let task = held(false, &pool, &id, &provider, &hold).await;
                 // A connection dropped goes back to the pool through a task of its own.
                 timeout(PATIENCE, async {
                     while pool.num_idle() as u32 != pool.size() {
@@ -817,11 +836,7 @@ macro_rules! leases_suite {
                 let id = unique("lease-copies");
                 let provider = Arc::new(Provider::default());
                 let hold = Arc::new(Hold::default());
-                let first = tokio::spawn({
-                    let (pool, id, provider, hold) = ((*pool).clone(), id.clone(), provider.clone(), hold.clone());
-                    async move { charge(&pool, &id, &provider, Some(&hold), false).await }
-                });
-                timeout(PATIENCE, hold.entered.notified()).await.expect("the call was made");
+                let first = held(false, &pool, &id, &provider, &hold).await;
                 let second = charge(&*pool, &id, &provider, None, false).await.unwrap();
                 let busy = second.in_progress().expect("in progress");
                 assert!(busy.remaining() > Duration::from_secs(20) && busy.remaining() <= Duration::from_secs(30), "{busy:?}");
@@ -846,11 +861,7 @@ macro_rules! leases_suite {
                 let id = unique("lease-crash");
                 let provider = Arc::new(Provider::default());
                 let hold = Arc::new(Hold::default());
-                let task = tokio::spawn({
-                    let (pool, id, provider, hold) = ((*pool).clone(), id.clone(), provider.clone(), hold.clone());
-                    async move { charge(&pool, &id, &provider, Some(&hold), false).await }
-                });
-                timeout(PATIENCE, hold.entered.notified()).await.expect("the call was made");
+                let task = held(false, &pool, &id, &provider, &hold).await;
                 task.abort();
                 assert!(task.await.unwrap_err().is_cancelled());
                 let (state, dead_owner) = lease_row(&*pool, SEND, &id).await.expect("the lease stays");
@@ -875,11 +886,7 @@ macro_rules! leases_suite {
                 let id = unique("lease-stale");
                 let provider = Arc::new(Provider::default());
                 let hold = Arc::new(Hold::default());
-                let stale = tokio::spawn({
-                    let (pool, id, provider, hold) = ((*pool).clone(), id.clone(), provider.clone(), hold.clone());
-                    async move { charge(&pool, &id, &provider, Some(&hold), false).await }
-                });
-                timeout(PATIENCE, hold.entered.notified()).await.expect("the call was made");
+                let stale = held(false, &pool, &id, &provider, &hold).await;
                 faults::expire(&*pool, SEND, &id).await;
                 let taken = charge(&*pool, &id, &provider, None, false).await.unwrap();
                 assert_eq!(taken, LeaseOutcome::Processed(2));
@@ -952,11 +959,7 @@ macro_rules! leases_suite {
                 let id = unique("mark-crash");
                 let provider = Arc::new(Provider::default());
                 let hold = Arc::new(Hold::default());
-                let task = tokio::spawn({
-                    let (pool, id, provider, hold) = ((*pool).clone(), id.clone(), provider.clone(), hold.clone());
-                    async move { ping(&pool, &id, &provider, Some(&hold), false).await }
-                });
-                timeout(PATIENCE, hold.entered.notified()).await.expect("marked, not called yet");
+                let task = held(true, &pool, &id, &provider, &hold).await;
                 assert_eq!(lease_row(&*pool, MARK, &id).await.map(|row| row.0), Some(Some(2)), "the mark is committed");
                 task.abort();
                 assert!(task.await.unwrap_err().is_cancelled());
@@ -993,11 +996,7 @@ macro_rules! leases_suite {
                 let id = unique("mark-operator");
                 let provider = Arc::new(Provider::default());
                 let hold = Arc::new(Hold::default());
-                let task = tokio::spawn({
-                    let (pool, id, provider, hold) = ((*pool).clone(), id.clone(), provider.clone(), hold.clone());
-                    async move { ping(&pool, &id, &provider, Some(&hold), false).await }
-                });
-                timeout(PATIENCE, hold.entered.notified()).await.expect("marked");
+                let task = held(true, &pool, &id, &provider, &hold).await;
                 let ledger = dedup_runtime::Ledger::new(&*pool);
                 let listed = ledger.unresolved(MARK, 10_000).await.unwrap();
                 let row = listed.iter().find(|row| row.message_id() == id).expect("listed");
@@ -1012,11 +1011,7 @@ macro_rules! leases_suite {
 
                 // An abandoned send-first lease is listed as such.
                 let id = unique("lease-operator");
-                let task = tokio::spawn({
-                    let (pool, id, provider, hold) = ((*pool).clone(), id.clone(), provider.clone(), hold.clone());
-                    async move { charge(&pool, &id, &provider, Some(&hold), false).await }
-                });
-                timeout(PATIENCE, hold.entered.notified()).await.expect("called");
+                let task = held(false, &pool, &id, &provider, &hold).await;
                 task.abort();
                 let _ = task.await;
                 faults::expire(&*pool, SEND, &id).await;

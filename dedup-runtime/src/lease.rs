@@ -311,12 +311,47 @@ pub trait LeaseBackend: Database {
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
 }
 
+/// Runs `sql` with numbered parameters in the order every lease statement of PostgreSQL
+/// and SQLite names them — consumer, id, `state` (if given), owner, lease (if given) —
+/// The one place they are bound for those backends.
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+pub(crate) async fn execute_numbered<'c, DB>(
+    conn: &'c mut DB::Connection,
+    sql: &'static str,
+    key: LeaseKey<'c>,
+    state: Option<i16>,
+    lease_us: Option<i64>,
+) -> Result<DB::QueryResult, sqlx::Error>
+where
+    DB: Database,
+    for<'e> &'e mut DB::Connection: sqlx::Executor<'e, Database = DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> &'q [u8]: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i16: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> i64: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    let mut query = sqlx::query(sql).bind(key.consumer).bind(key.id);
+    if let Some(state) = state {
+        query = query.bind(state);
+    }
+    query = query.bind(&key.owner[..]);
+    if let Some(lease_us) = lease_us {
+        query = query.bind(lease_us);
+    }
+    query.execute(conn).await
+}
+
 /// The row a lease statement is about, and its owner.
 #[doc(hidden)]
 #[derive(Clone, Copy)]
 pub struct LeaseKey<'a> {
     pub(crate) consumer: &'static str,
     pub(crate) id: &'a str,
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+        allow(dead_code)
+    )]
     pub(crate) owner: &'a Owner,
 }
 

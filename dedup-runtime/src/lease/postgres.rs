@@ -5,7 +5,7 @@
 use sqlx::postgres::{PgConnection, PgDatabaseError};
 use sqlx::{Postgres, Row};
 
-use super::{Found, LeaseBackend, LeaseKey, LeaseSql, LeaseStatements};
+use super::{Found, LeaseBackend, LeaseKey, LeaseSql, LeaseStatements, execute_numbered};
 use crate::rolled_back::RolledBack;
 
 const BEGIN: &str = "BEGIN";
@@ -26,15 +26,8 @@ impl LeaseBackend for Postgres {
         state: i16,
         lease_us: i64,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(sql.claim)
-            .bind(key.consumer)
-            .bind(key.id)
-            .bind(state)
-            .bind(&key.owner[..])
-            .bind(lease_us)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        let rows = execute_numbered::<Self>(conn, sql.claim, key, Some(state), Some(lease_us));
+        Ok(rows.await?.rows_affected() == 1)
     }
 
     async fn lease_take_over<'c>(
@@ -44,15 +37,8 @@ impl LeaseBackend for Postgres {
         state: i16,
         lease_us: i64,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(sql.take_over)
-            .bind(key.consumer)
-            .bind(key.id)
-            .bind(state)
-            .bind(&key.owner[..])
-            .bind(lease_us)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        let rows = execute_numbered::<Self>(conn, sql.take_over, key, Some(state), Some(lease_us));
+        Ok(rows.await?.rows_affected() == 1)
     }
 
     async fn lease_inspect<'c>(
@@ -80,15 +66,8 @@ impl LeaseBackend for Postgres {
         key: LeaseKey<'c>,
         lease_us: Option<i64>,
     ) -> Result<u64, sqlx::Error> {
-        let query = sqlx::query(sql)
-            .bind(key.consumer)
-            .bind(key.id)
-            .bind(&key.owner[..]);
-        let query = match lease_us {
-            Some(lease_us) => query.bind(lease_us),
-            None => query,
-        };
-        Ok(query.execute(conn).await?.rows_affected())
+        let done = execute_numbered::<Self>(conn, sql, key, None, lease_us).await?;
+        Ok(done.rows_affected())
     }
 
     async fn lease_begin(conn: &mut PgConnection) -> Result<(), sqlx::Error> {
