@@ -285,6 +285,67 @@ pub async fn ddl<DB: TestDatabase>(pool: &Pool<DB>, sql: &str) {
     DB::execute_ddl(pool, sql.to_owned()).await;
 }
 
+/// The path of the example binary `name`, after building `examples` (the package's
+/// examples) once per test process, with the test's own profile and `feature` (a no-op
+/// when `cargo test` has just built them). For crash harnesses that run an example as a
+/// child process.
+///
+/// # Panics
+/// When cargo fails, or the binary is not where cargo puts it.
+pub fn example_binary(feature: &str, examples: &[&str], name: &str) -> std::path::PathBuf {
+    use std::path::Path;
+    use std::process::Command;
+    use std::sync::OnceLock;
+
+    static BUILT: OnceLock<std::path::PathBuf> = OnceLock::new();
+    let dir = BUILT.get_or_init(|| {
+        let exe = std::env::current_exe().expect("the test executable's path");
+        // target/<profile dir>/deps/<test>-…
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test executable is in target/<profile>/deps")
+            .to_path_buf();
+        let profile = match profile_dir.file_name().and_then(|name| name.to_str()) {
+            Some("debug") => "dev".to_owned(),
+            Some(other) => other.to_owned(),
+            None => panic!("no profile directory above {}", exe.display()),
+        };
+        let mut cargo = Command::new(env!("CARGO"));
+        // `cargo test` runs a test with the package's `CARGO_PKG_*` and `CARGO_MANIFEST_*`
+        // set; some build scripts (ring's, for one) watch them, and would be rebuilt here
+        // and again by the next ordinary cargo command.
+        for (name, _) in std::env::vars_os() {
+            let name = name.to_string_lossy();
+            if name.starts_with("CARGO_PKG_")
+                || name.starts_with("CARGO_MANIFEST_")
+                || matches!(
+                    &*name,
+                    "CARGO_CRATE_NAME" | "CARGO_BIN_NAME" | "CARGO_PRIMARY_PACKAGE" | "OUT_DIR"
+                )
+            {
+                cargo.env_remove(&*name);
+            }
+        }
+        cargo.current_dir(env!("CARGO_MANIFEST_DIR")).args([
+            "build",
+            "--profile",
+            &profile,
+            "--features",
+            feature,
+        ]);
+        for example in examples {
+            cargo.args(["--example", example]);
+        }
+        let status = cargo.status().expect("run cargo to build the examples");
+        assert!(status.success(), "cargo build of the examples failed");
+        profile_dir.join("examples")
+    });
+    let path = dir.join(name);
+    assert!(path.exists(), "{} was not built", path.display());
+    path
+}
+
 /// The vendor code of a database error, as tests assert it: the SQLSTATE on PostgreSQL,
 /// the error number on MariaDB/MySQL (`1213`: more precise than its SQLSTATE), SQLite's
 /// extended result code. `None` for an error that is not the database's.

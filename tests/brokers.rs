@@ -38,7 +38,6 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::OnceLock;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -150,51 +149,9 @@ fn poison_bodies() -> HashSet<String> {
 // ---------------------------------------------------------------------------------------
 
 /// The example binaries, built once per test process with the test's own profile and the
-/// feature that enables them, `brokers` (a no-op when `cargo test` has just built them).
+/// feature that enables them, `brokers`.
 fn example(name: &str) -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    let dir = BUILT.get_or_init(|| {
-        let exe = std::env::current_exe().expect("the test executable's path");
-        // target/<profile dir>/deps/brokers-…
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("the test executable is in target/<profile>/deps")
-            .to_path_buf();
-        let profile = match profile_dir.file_name().and_then(|name| name.to_str()) {
-            Some("debug") => "dev".to_owned(),
-            Some(other) => other.to_owned(),
-            None => panic!("no profile directory above {}", exe.display()),
-        };
-        let mut cargo = Command::new(env!("CARGO"));
-        // `cargo test` runs this test with the package's `CARGO_PKG_*` and
-        // `CARGO_MANIFEST_*` set; some build scripts (ring's, for one) watch them, and
-        // would be rebuilt here and again by the next ordinary cargo command.
-        for (name, _) in std::env::vars_os() {
-            let name = name.to_string_lossy();
-            if name.starts_with("CARGO_PKG_")
-                || name.starts_with("CARGO_MANIFEST_")
-                || matches!(
-                    &*name,
-                    "CARGO_CRATE_NAME" | "CARGO_BIN_NAME" | "CARGO_PRIMARY_PACKAGE" | "OUT_DIR"
-                )
-            {
-                cargo.env_remove(&*name);
-            }
-        }
-        let status = cargo
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .args(["build", "--profile", &profile, "--features", "brokers"])
-            .args(["--example", "rabbitmq"])
-            .args(["--example", "nats"])
-            .status()
-            .expect("run cargo to build the examples");
-        assert!(status.success(), "cargo build of the examples failed");
-        profile_dir.join("examples")
-    });
-    let path = dir.join(name);
-    assert!(path.exists(), "{} was not built", path.display());
-    path
+    dedup_suite::example_binary("brokers", &["rabbitmq", "nats"], name)
 }
 
 /// When to kill a consumer process.

@@ -126,7 +126,9 @@ macro_rules! every_backend {
                 let metrics = recorded(async {
                     let holder = $pool;
                     let pool: &sqlx::Pool<$db> = &holder;
-                    sqlx::query($create).execute(pool).await.unwrap();
+                    // One test at a time (and on PostgreSQL under an advisory lock): two
+                    // concurrent `CREATE TABLE IF NOT EXISTS` race on the catalog.
+                    dedup_suite::ddl(pool, $create).await;
                     let msg = Msg { id: id.clone() };
                     let first = book(pool, &msg).await.unwrap();
                     assert!(matches!(first, Outcome::Processed(())));
@@ -292,7 +294,7 @@ mod retries_and_business_keys {
                 "CREATE TABLE IF NOT EXISTS metrics_orders (order_id text \
                  CONSTRAINT metrics_orders_pkey PRIMARY KEY)",
             ] {
-                sqlx::query(ddl).execute(&pool).await.unwrap();
+                dedup_suite::ddl(&pool, ddl).await;
             }
             let msg = Msg { id: id.clone() };
             assert!(matches!(
