@@ -79,3 +79,9 @@ mod ack_idle_in_transaction;
 // id: the error's first words say so").
 #[path = "regressions/invalid_id_reads_as_an_encoding_error.rs"]
 mod invalid_id_reads_as_an_encoding_error;
+
+// `AckPolicy` dead-lettered a stale lease owner's `LeaseLost`, a message another
+// delivery had processed: its docs said retry, `Failure::of` said permanent. Fixed with
+// this fixture ("AckPolicy: a lost lease is retried, never dead-lettered").
+#[path = "regressions/lease_lost_dead_lettered.rs"]
+mod lease_lost_dead_lettered;

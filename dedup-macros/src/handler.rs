@@ -87,7 +87,7 @@ pub fn analyze(
         check_key(key, connection, errors);
     }
     if let Some(connection) = &connection {
-        pool_parameters(sig, connection, errors);
+        pool_parameters(sig, connection, leased, errors);
     }
     let output = output(&item, errors);
     let connection = connection?;
@@ -617,19 +617,32 @@ fn pool_connection(ty: &Type) -> Option<&'static str> {
 // Only sqlx's pools are named (`PgPool`, `SqlitePool`, `MySqlPool`, `AnyPool`, and
 // `Pool<DB>` of a sqlx database), through `&`, `Arc` and `Box`: another crate's `Pool` (an
 // HTTP or Redis client's) is a parameter like any other.
-fn pool_parameters(sig: &syn::Signature, connection: &Connection, errors: &mut Errors) {
+fn pool_parameters(
+    sig: &syn::Signature,
+    connection: &Connection,
+    leased: bool,
+    errors: &mut Errors,
+) {
     for (index, arg) in sig.inputs.iter().enumerate() {
         let FnArg::Typed(arg) = arg else { continue };
         if index == connection.index {
             continue;
         }
         if let Some(pool) = sqlx_pool(&arg.ty) {
+            let instead = if leased {
+                "in the lease's transaction (`lease.transaction().await?`), which commits \
+                 with the processed mark"
+            } else {
+                "on the connection parameter (`&mut *tx`)"
+            };
             errors.add_spanned(
                 pool,
-                "an `#[idempotent]` handler never takes a pool: what the body runs on it \
-                 commits on its own, outside the handler's transaction, so a redelivery \
-                 would apply it again and a failure would not undo it; run every statement \
-                 on the connection parameter (`&mut *tx`) and remove this one",
+                format_args!(
+                    "an `#[idempotent]` handler never takes a pool: what the body runs on it \
+                     commits on its own, outside the handler's transaction, so a redelivery \
+                     would apply it again and a failure would not undo it; run every \
+                     statement {instead}, and remove this one"
+                ),
             );
         }
     }

@@ -21,6 +21,7 @@ use std::time::Duration;
 use crate::backend::Backend;
 use crate::classify;
 use crate::key::InvalidMessageId;
+use crate::lease::LeaseLost;
 use crate::outcome::{LeaseOutcome, Outcome};
 
 /// A handler call's answer, as [`AckPolicy::decide`] maps it: [`Outcome`] (always
@@ -122,6 +123,8 @@ impl Failure {
     /// of [`source`](StdError::source)s:
     ///
     /// - an [`InvalidMessageId`] → `Permanent`: the id will not change on redelivery;
+    /// - a [`LeaseLost`] → `Transient`: another delivery took the lease over, and the
+    ///   redelivery finds the message processed (a duplicate) or still in progress;
     /// - what `#[idempotent]` retries itself ([`is_transient`]: deadlock, serialization
     ///   failure, lock timeout, `SQLITE_BUSY`) → `Transient`; it reaches the caller only
     ///   when [`MAX_ATTEMPTS`](crate::MAX_ATTEMPTS) did not suffice, or inside a caller's
@@ -158,6 +161,10 @@ impl Failure {
     pub fn of<DB: Backend>(error: &(dyn StdError + 'static)) -> Failure {
         if InvalidMessageId::find(error).is_some() {
             Failure::Permanent
+        } else if LeaseLost::find(error).is_some() {
+            // Another delivery owns the message now: its redelivery is a duplicate, or in
+            // progress; never a dead letter of a message that is being processed.
+            Failure::Transient
         } else if is_transient::<DB>(error) || classify::is_unavailable::<DB>(error) {
             Failure::Transient
         } else {
