@@ -668,7 +668,7 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 /// | row while the body runs | `state = 1` | `state = 2` |
 /// | a copy while the lease runs | [`LeaseOutcome::InProgress`] with the time left: [`AckPolicy`] answers `Ack::Retry { after }`, never ack, never dead-letter | the same |
 /// | **the crash point** | the process dies *after the call and before the completion commits*: the row stays in progress until its lease ends; the next delivery then **takes it over** with a new token and **calls again** (the duplicate; pass a key) | the process dies *after the mark committed and before the call completed*: the row stays; after its lease the next delivery is **acknowledged without a call** ([`Duplicate::OutcomeUnknown`], logged at WARN): **the effect is lost**, and the row stays as the evidence, listed by [`Ledger::unresolved`] until an operator resolves it ([`Ledger::resolve`]) |
-/// | body error | the row is released: the redelivery calls again | the same (only a crash, or a failed release, loses the call) |
+/// | body error | the row is released: the redelivery calls again | the same (only a crash, or a failed release, loses the call): so return an error only when the call certainly did not happen; after a timeout that may have sent it, return `Ok` (at most once) |
 /// | completion fails (database away) | the row is released if still in progress: the redelivery calls again or finds it processed | the row is kept: after the lease, outcome unknown (the call did happen) |
 /// | a stale owner (paused past its lease, taken over) completes | refused with [`LeaseLost`]; its writes in [`Lease::transaction`] roll back; nothing changes | the same |
 ///
