@@ -169,3 +169,32 @@ fn schema_sql_refuses_bad_names() {
         upgrade.contains("CREATE INDEX IF NOT EXISTS processed_unresolved_idx ON audit.processed")
     );
 }
+
+const HEADER_0003: &str = "-- The inbox table of dedup-runtime (0.2): what `dedup_runtime::inbox::migrate`\n\
+                           -- creates. Copy it into your own migrations; it is safe to run more than once.\n\n";
+
+#[test]
+fn shipped_0003_matches_the_inbox_schema_sql() {
+    use dedup_runtime::inbox::schema_sql;
+    for (backend, sql) in [
+        (
+            "postgres",
+            schema_sql::<sqlx::Postgres>("inbox_messages").unwrap(),
+        ),
+        (
+            "mysql",
+            schema_sql::<sqlx::MySql>("inbox_messages").unwrap(),
+        ),
+        (
+            "sqlite",
+            schema_sql::<sqlx::Sqlite>("inbox_messages").unwrap(),
+        ),
+    ] {
+        assert!(
+            sql.starts_with("CREATE TABLE IF NOT EXISTS inbox_messages ("),
+            "{sql}"
+        );
+        let expected = format!("{HEADER_0003}{sql}");
+        check(backend, "0003_inbox_messages.sql", &expected, true);
+    }
+}

@@ -8,6 +8,7 @@
 //! | the dedup table's DDL | `SchemaBackend` | `schema.rs`, `schema/<db>.rs` |
 //! | pruning old ids | [`PruneBackend`](crate::PruneBackend) | `prune.rs`, `prune/<db>.rs` |
 //! | the operator's lookup and forget | `LedgerBackend` | `ledger.rs`, `ledger/<db>.rs` |
+//! | the inbox: receive, store | [`InboxBackend`](crate::inbox::InboxBackend) | `inbox.rs`, `inbox/<db>.rs` |
 //! | leases: mark-first, send-first with a lease | [`LeaseBackend`](crate::lease::LeaseBackend) | `lease.rs`, `lease/<db>.rs` |
 //!
 //! A new backend implements each of them in a new file per concern, and gets one line
@@ -17,6 +18,7 @@ use sqlx::Database;
 
 use crate::claim::ClaimBackend;
 use crate::classify::ClassifyBackend;
+use crate::inbox::InboxBackend;
 use crate::lease::LeaseBackend;
 use crate::ledger::LedgerBackend;
 use crate::schema::SchemaBackend;
@@ -41,7 +43,14 @@ use crate::schema::SchemaBackend;
 /// # Ok(()) }
 /// ```
 pub trait Backend:
-    Database + ClaimBackend + ClassifyBackend + SchemaBackend + LedgerBackend + LeaseBackend + Sealed
+    Database
+    + ClaimBackend
+    + ClassifyBackend
+    + SchemaBackend
+    + LedgerBackend
+    + LeaseBackend
+    + InboxBackend
+    + Sealed
 {
 }
 

@@ -215,7 +215,7 @@ pub type Owner = [u8; 16];
 /// (its keys come from the operating system's randomness, once per thread), over a
 /// counter that no two tokens of one process share. Fencing needs tokens that never
 /// repeat, not secrecy.
-fn new_owner() -> Owner {
+pub(crate) fn new_token() -> Owner {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let count = NEXT.fetch_add(1, Ordering::Relaxed);
     let nanos = std::time::SystemTime::now()
@@ -787,7 +787,7 @@ impl<'k> LeaseRun<'k> {
     {
         let claim = &self.claim;
         let sql = DB::lease_sql(claim.statements);
-        let owner = new_owner();
+        let owner = new_token();
         let key = LeaseKey {
             consumer: claim.consumer,
             id: claim.id,

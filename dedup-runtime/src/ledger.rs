@@ -391,7 +391,7 @@ impl<'p, DB: Backend> Ledger<'p, DB> {
 /// Refuses a consumer name that `#[idempotent(consumer = "…")]` would refuse at compile
 /// time (the rule is `dedup_limits::consumer_problem`): no handler can have recorded an id
 /// under it.
-fn check_consumer(consumer: &str) -> Result<(), InvalidConsumer> {
+pub(crate) fn check_consumer(consumer: &str) -> Result<(), InvalidConsumer> {
     use dedup_limits::ConsumerProblem;
     match dedup_limits::consumer_problem(consumer) {
         None => Ok(()),

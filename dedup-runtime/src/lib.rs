@@ -187,6 +187,7 @@ mod classify;
 mod consumers;
 mod features;
 mod idempotency;
+pub mod inbox;
 mod input;
 mod key;
 #[cfg(feature = "lapin")]

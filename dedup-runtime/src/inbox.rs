@@ -1,0 +1,454 @@
+//! The inbox (technique 3): store each incoming message keyed by `(consumer, message id)`,
+//! acknowledge the broker at once, and process from the table later.
+//!
+//! **Receiving** is one short statement: the message's payload (bytes, kept byte for
+//! byte), optional headers (bytes too: their encoding is yours, JSON say) and the time it
+//! was received (the database's clock). A message already in the inbox — a redelivery, a
+//! duplicate the broker cannot know of — is rejected by the insert itself, and the answer
+//! says so ([`Received::Duplicate`]). Either way the caller acknowledges the broker: the
+//! message is durably in the inbox.
+//!
+//! ```
+//! use dedup_runtime::inbox::{Inbox, Incoming, Received};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1)
+//! #     .connect("sqlite::memory:").await?;
+//! dedup_runtime::inbox::migrate(&pool).await?; // creates `inbox_messages`
+//! let inbox = Inbox::new(&pool, "billing")?;
+//! let payload = br#"{"order": 42, "cents": 4200}"#;
+//! assert_eq!(inbox.receive(Incoming::new("evt_91c2", payload)).await?, Received::Stored);
+//! // The broker delivers it again: nothing new is stored; acknowledge it all the same.
+//! assert_eq!(inbox.receive(Incoming::new("evt_91c2", payload)).await?, Received::Duplicate);
+//!
+//! // Many at once, one statement, one answer per message in their order.
+//! let answers = inbox
+//!     .receive_batch(&[
+//!         Incoming::new("evt_1", b"a"),
+//!         Incoming::new("evt_91c2", b"b"), // stored before
+//!         Incoming::new("evt_1", b"a"),    // twice in this batch
+//!         Incoming::new("", b"c"),         // an invalid id: refused, the others go in
+//!     ])
+//!     .await?;
+//! assert_eq!(answers[0], Ok(Received::Stored));
+//! assert_eq!(answers[1], Ok(Received::Duplicate));
+//! assert_eq!(answers[2], Ok(Received::DuplicateInBatch { first: 0 }));
+//! assert!(answers[3].is_err());
+//! # Ok(()) }
+//! ```
+//!
+//! The key is `(consumer, message_id)`: two consumers of one message each store and
+//! process it. Ids are refused exactly as `#[idempotent]` refuses them
+//! ([`InvalidMessageId`]); a payload over the inbox's limit
+//! ([`DEFAULT_MAX_PAYLOAD_LEN`], up to [`MAX_PAYLOAD_LEN`]) is refused with a typed error
+//! that names the limit, never truncated.
+//!
+//! The table, `inbox_messages` by default, comes from [`migrate`] (or [`migrate_table`]),
+//! or from the shipped `0003_inbox_messages.sql` of your backend ([`schema_sql`] prints
+//! it). Its rows: `state` 0 pending, 1 claimed by a worker (`owner`, `lease_until`), 2
+//! processed, 3 dead; `attempts`, `next_attempt_at` and `last_error` for retries.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+
+use sqlx::{Database, Pool};
+
+use crate::backend::Backend;
+use crate::key::{InvalidMessageId, MessageId, MessageKey};
+use crate::ledger::{InvalidConsumer, check_consumer};
+use crate::schema::{InvalidTableName, Table};
+
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+/// The default inbox table.
+pub const DEFAULT_TABLE: &str = "inbox_messages";
+
+/// The payload limit of an [`Inbox`] unless [`Inbox::max_payload_len`] sets another: 1 MiB.
+pub const DEFAULT_MAX_PAYLOAD_LEN: usize = 1 << 20;
+
+/// The largest payload limit an inbox accepts: 8 MiB, well inside what every backend
+/// takes in one statement by default (MariaDB's and MySQL's `max_allowed_packet` is 16 MiB
+/// or more). Larger messages belong in object storage, with their address in the inbox.
+pub const MAX_PAYLOAD_LEN: usize = 8 << 20;
+
+/// The headers' limit: 64 KiB.
+pub const MAX_HEADERS_LEN: usize = 64 << 10;
+
+/// Rows one statement of [`Inbox::receive_batch`] inserts at most; a longer batch is sent
+/// in chunks of this many (still one answer per message).
+pub const MAX_BATCH: usize = 1_000;
+
+/// Creates the inbox table `inbox_messages` and its indexes if they do not exist.
+/// Idempotent; safe to run from several processes at once.
+pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
+    migrate_table(pool, DEFAULT_TABLE).await
+}
+
+/// [`migrate`] for an inbox table of another name (`schema.name` allowed).
+pub async fn migrate_table<DB: Backend>(pool: &Pool<DB>, table: &str) -> Result<(), sqlx::Error> {
+    let table = Table::new(table).map_err(sqlx::Error::config)?;
+    DB::inbox_create(pool, &table).await
+}
+
+/// The statements [`migrate_table`] runs, for your own migration tool: the shipped
+/// `migrations/<backend>/0003_inbox_messages.sql` is this for `inbox_messages`.
+pub fn schema_sql<DB: Backend>(table: &str) -> Result<String, InvalidTableName> {
+    let table = Table::new(table)?;
+    Ok(DB::inbox_ddl(&table)
+        .into_iter()
+        .map(|statement| statement + ";\n")
+        .collect())
+}
+
+/// One message to store: its id (any [`MessageKey`]), its payload and, optionally, its
+/// headers.
+#[derive(Debug, Clone)]
+pub struct Incoming<'a> {
+    id: MessageId<'a>,
+    payload: &'a [u8],
+    headers: Option<&'a [u8]>,
+}
+
+impl<'a> Incoming<'a> {
+    /// The message `id` with `payload`, no headers.
+    pub fn new<K: MessageKey + ?Sized>(id: &'a K, payload: &'a [u8]) -> Self {
+        Incoming {
+            id: id.message_id(),
+            payload,
+            headers: None,
+        }
+    }
+
+    /// With `headers`, stored as given (encode them as you like: JSON, a protobuf…).
+    pub fn headers(mut self, headers: &'a [u8]) -> Self {
+        self.headers = Some(headers);
+        self
+    }
+}
+
+/// What the inbox did with one message. Every answer means "acknowledge the broker".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Received {
+    /// Stored, pending: a worker will process it.
+    Stored,
+    /// The inbox already held `(consumer, message id)`: a redelivery or a duplicate;
+    /// nothing was written.
+    Duplicate,
+    /// The same id came earlier in the same batch, at index `first`: one row for both.
+    DuplicateInBatch {
+        /// The index of the first message with this id in the batch.
+        first: usize,
+    },
+}
+
+/// Why the inbox refused one message. Nothing of it was written; another delivery of the
+/// same message would be refused the same way: dead-letter it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refused {
+    /// The message id is empty, too long or contains NUL, as `#[idempotent]` refuses it.
+    InvalidMessageId(InvalidMessageId),
+    /// The payload is longer than the inbox's limit.
+    PayloadTooLarge {
+        /// The payload's length in bytes.
+        len: usize,
+        /// The inbox's limit ([`Inbox::max_payload_len`]).
+        max: usize,
+    },
+    /// The headers are longer than [`MAX_HEADERS_LEN`].
+    HeadersTooLarge {
+        /// The headers' length in bytes.
+        len: usize,
+        /// [`MAX_HEADERS_LEN`].
+        max: usize,
+    },
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refused::InvalidMessageId(error) => error.fmt(f),
+            Refused::PayloadTooLarge { len, max } => write!(
+                f,
+                "the payload is {len} bytes, over the inbox's limit of {max} bytes: it is \
+                 refused, never truncated"
+            ),
+            Refused::HeadersTooLarge { len, max } => write!(
+                f,
+                "the headers are {len} bytes, over the limit of {max} bytes: refused, never \
+                 truncated"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Refused {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Refused::InvalidMessageId(error) => Some(error),
+            _ => None,
+        }
+    }
+}
+
+/// A failed inbox call.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum InboxError {
+    /// The message was refused before anything was written ([`Inbox::receive`]).
+    Refused(Refused),
+    /// The inbox table does not exist: run [`migrate`] (or [`migrate_table`]) first.
+    MissingTable {
+        /// The table the inbox uses.
+        table: Table,
+        /// The database's error.
+        error: sqlx::Error,
+    },
+    /// The database failed; nothing can be assumed stored: do not acknowledge.
+    Database(sqlx::Error),
+}
+
+impl fmt::Display for InboxError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InboxError::Refused(refused) => write!(f, "message refused by the inbox: {refused}"),
+            InboxError::MissingTable { table, .. } => write!(
+                f,
+                "the inbox table `{}` does not exist: run `dedup_runtime::inbox::migrate` first",
+                table.name()
+            ),
+            InboxError::Database(error) => write!(f, "inbox: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for InboxError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            InboxError::Refused(refused) => Some(refused),
+            InboxError::MissingTable { error, .. } | InboxError::Database(error) => Some(error),
+        }
+    }
+}
+
+impl From<Refused> for InboxError {
+    fn from(refused: Refused) -> Self {
+        InboxError::Refused(refused)
+    }
+}
+
+/// One row to insert, validated.
+#[doc(hidden)]
+pub struct Row<'a> {
+    pub(crate) id: &'a str,
+    pub(crate) payload: &'a [u8],
+    pub(crate) headers: Option<&'a [u8]>,
+}
+
+/// How one backend stores inbox rows. Part of [`Backend`].
+pub trait InboxBackend: Database {
+    /// The statements that create the inbox table and its indexes.
+    #[doc(hidden)]
+    fn inbox_ddl(table: &Table) -> Vec<String>;
+
+    /// Runs [`InboxBackend::inbox_ddl`], serialised against concurrent migrations.
+    #[doc(hidden)]
+    fn inbox_create<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Inserts `rows` (distinct ids, at most [`MAX_BATCH`]) in one statement; for each,
+    /// whether it was stored (`false`: the inbox held it already).
+    #[doc(hidden)]
+    fn inbox_insert<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        rows: &'a [Row<'a>],
+    ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send + 'a;
+}
+
+/// One consumer's inbox: receive messages into it (and, with a worker, process them).
+pub struct Inbox<'p, DB: Database> {
+    pool: &'p Pool<DB>,
+    table: Table,
+    consumer: String,
+    max_payload_len: usize,
+}
+
+impl<DB: Database> Clone for Inbox<'_, DB> {
+    fn clone(&self) -> Self {
+        Inbox {
+            pool: self.pool,
+            table: self.table.clone(),
+            consumer: self.consumer.clone(),
+            max_payload_len: self.max_payload_len,
+        }
+    }
+}
+
+impl<DB: Database> fmt::Debug for Inbox<'_, DB> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inbox")
+            .field("table", &self.table.name())
+            .field("consumer", &self.consumer)
+            .field("max_payload_len", &self.max_payload_len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'p, DB: Backend> Inbox<'p, DB> {
+    /// The inbox of `consumer` in `inbox_messages`. `consumer` is checked as
+    /// `#[idempotent(consumer = "…")]` checks it.
+    pub fn new(pool: &'p Pool<DB>, consumer: &str) -> Result<Self, InvalidConsumer> {
+        check_consumer(consumer)?;
+        Ok(Inbox {
+            pool,
+            table: Table::new(DEFAULT_TABLE).expect("the default table name is valid"),
+            consumer: consumer.to_owned(),
+            max_payload_len: DEFAULT_MAX_PAYLOAD_LEN,
+        })
+    }
+
+    /// The same inbox in the table `table` (create it with [`migrate_table`]).
+    pub fn with_table(self, table: &str) -> Result<Self, InvalidTableName> {
+        Ok(Inbox {
+            table: Table::new(table)?,
+            ..self
+        })
+    }
+
+    /// Sets the payload limit, at most [`MAX_PAYLOAD_LEN`] (a larger one is capped there).
+    pub fn max_payload_len(self, len: usize) -> Self {
+        Inbox {
+            max_payload_len: len.min(MAX_PAYLOAD_LEN),
+            ..self
+        }
+    }
+
+    /// The consumer whose inbox this is.
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    /// The inbox table.
+    pub fn table(&self) -> &Table {
+        &self.table
+    }
+
+    fn check<'a>(&self, message: &'a Incoming<'a>) -> Result<Row<'a>, Refused> {
+        let id = message.id.validate().map_err(Refused::InvalidMessageId)?;
+        if message.payload.len() > self.max_payload_len {
+            return Err(Refused::PayloadTooLarge {
+                len: message.payload.len(),
+                max: self.max_payload_len,
+            });
+        }
+        if let Some(headers) = message.headers
+            && headers.len() > MAX_HEADERS_LEN
+        {
+            return Err(Refused::HeadersTooLarge {
+                len: headers.len(),
+                max: MAX_HEADERS_LEN,
+            });
+        }
+        Ok(Row {
+            id,
+            payload: message.payload,
+            headers: message.headers,
+        })
+    }
+
+    /// Stores one message, or finds it stored already; one statement. Acknowledge the
+    /// broker once this returns `Ok`; on `Err(InboxError::Refused(_))` dead-letter it; on
+    /// another error, nothing is known to be stored: let the broker redeliver.
+    pub async fn receive(&self, message: Incoming<'_>) -> Result<Received, InboxError> {
+        let row = self.check(&message)?;
+        let stored = DB::inbox_insert(self.pool, &self.table, &self.consumer, &[row])
+            .await
+            .map_err(|error| self.classify(error))?;
+        Ok(if stored.first().copied().unwrap_or(false) {
+            Received::Stored
+        } else {
+            Received::Duplicate
+        })
+    }
+
+    /// Stores many messages in one statement (per [`MAX_BATCH`] of them), for consumers
+    /// that acknowledge in batches: one answer per message, in their order. A message
+    /// refused (a bad id, a payload over the limit) gets its `Err` and the others are
+    /// stored; the same id twice in the batch is one row, and the second answer says
+    /// [`Received::DuplicateInBatch`]. `Err` for the whole call only when the database
+    /// failed: then nothing is known to be stored.
+    pub async fn receive_batch(
+        &self,
+        messages: &[Incoming<'_>],
+    ) -> Result<Vec<Result<Received, Refused>>, InboxError> {
+        let mut answers: Vec<Option<Result<Received, Refused>>> = vec![None; messages.len()];
+        // The rows to insert, each with the index of its message.
+        let mut rows: Vec<(usize, Row<'_>)> = Vec::with_capacity(messages.len());
+        let mut first_of: HashMap<&str, usize> = HashMap::with_capacity(messages.len());
+        for (index, message) in messages.iter().enumerate() {
+            match self.check(message) {
+                Err(refused) => answers[index] = Some(Err(refused)),
+                Ok(row) => match first_of.get(row.id) {
+                    Some(&first) => {
+                        answers[index] = Some(Ok(Received::DuplicateInBatch { first }));
+                    }
+                    None => {
+                        first_of.insert(row.id, index);
+                        rows.push((index, row));
+                    }
+                },
+            }
+        }
+        for chunk in rows.chunks(MAX_BATCH) {
+            let (indexes, chunk): (Vec<usize>, Vec<Row<'_>>) = chunk
+                .iter()
+                .map(|(index, row)| {
+                    (
+                        *index,
+                        Row {
+                            id: row.id,
+                            payload: row.payload,
+                            headers: row.headers,
+                        },
+                    )
+                })
+                .unzip();
+            let stored = DB::inbox_insert(self.pool, &self.table, &self.consumer, &chunk)
+                .await
+                .map_err(|error| self.classify(error))?;
+            for (index, stored) in indexes.into_iter().zip(stored) {
+                answers[index] = Some(Ok(if stored {
+                    Received::Stored
+                } else {
+                    Received::Duplicate
+                }));
+            }
+        }
+        Ok(answers
+            .into_iter()
+            .map(|answer| answer.expect("every message has its answer"))
+            .collect())
+    }
+
+    fn classify(&self, error: sqlx::Error) -> InboxError {
+        if DB::is_missing_table(&error, &self.table) {
+            InboxError::MissingTable {
+                table: self.table.clone(),
+                error,
+            }
+        } else {
+            InboxError::Database(error)
+        }
+    }
+}
