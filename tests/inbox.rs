@@ -3,21 +3,440 @@
 //! byte; a batch answers per message, in order, with in-batch duplicates, earlier
 //! duplicates and refused messages told apart; bad ids and oversized payloads are typed
 //! refusals that write nothing; concurrent receivers of the same ids store each once.
-//! Every case reads the rows back.
+//! Workers: 4 workers × 2,000 messages, each processed exactly once; a poison message dead
+//! after its attempts, the others done, then re-queued and processed once; a worker
+//! stopped mid-handler (its task aborted) taken over after its lease, and a message that
+//! stops its worker every time dead after its attempts; a paused worker's stale claim
+//! refused; graceful shutdown. Every case reads the rows back (effects and marks).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
 
 use dedup_runtime::InvalidMessageId;
 use dedup_runtime::inbox::{
-    DEFAULT_MAX_PAYLOAD_LEN, Inbox, InboxError, Incoming, MAX_BATCH, Received, Refused,
+    DEFAULT_MAX_PAYLOAD_LEN, Inbox, InboxError, InboxHandler, InboxMessage, Incoming, MAX_BATCH,
+    Processed, Received, Refused,
 };
 use dedup_suite::unique;
+use tokio::sync::Notify;
+use tokio::time::timeout;
+
+/// How long any single wait may take before the test fails instead of hanging.
+const PATIENCE: Duration = Duration::from_secs(15);
+
+/// Holds a handler: `entered` once it got there, released by `go`.
+#[derive(Debug, Default)]
+struct Hold {
+    entered: Notify,
+    go: Notify,
+}
+
+impl Hold {
+    async fn here(&self) {
+        self.entered.notify_one();
+        self.go.notified().await;
+    }
+}
 
 /// What a row holds: payload, headers, state, attempts.
 type Stored = (Option<Vec<u8>>, Option<Vec<u8>>, i64, i64);
 
 macro_rules! inbox_suite {
-    ($backend:ident, db = $db:ty, pool = $pool:expr, row = $row:literal, count = $count:literal $(,)?) => {
+    (
+        $backend:ident,
+        db = $db:ty,
+        conn = $conn:ty,
+        pool = $pool:expr,
+        row = $row:literal,
+        count = $count:literal,
+        effects = $effects:literal,
+        effect = $effect:literal,
+        group = $group:literal,
+        state = $state:literal,
+        expire = $expire:literal $(,)?
+    ) => {
         mod $backend {
             use super::*;
+
+            /// The handler: one effect row per run; fails while `poison` names the message;
+            /// stops at `hold` (if any) before its effect.
+            #[derive(Default)]
+            struct Effects {
+                poison: std::sync::Mutex<Option<String>>,
+                hold: Option<Arc<Hold>>,
+                runs: AtomicU32,
+            }
+
+            impl InboxHandler<$db> for Effects {
+                type Error = String;
+
+                async fn handle(
+                    &self,
+                    tx: &mut $conn,
+                    message: &InboxMessage,
+                ) -> Result<(), String> {
+                    self.runs.fetch_add(1, Ordering::SeqCst);
+                    if let Some(hold) = &self.hold {
+                        hold.here().await;
+                    }
+                    sqlx::query($effect)
+                        .bind(message.id())
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|error| error.to_string())?;
+                    let poisoned = self.poison.lock().unwrap().as_deref() == Some(message.id());
+                    if poisoned {
+                        return Err(format!("cannot process {}: poison", message.id()));
+                    }
+                    Ok(())
+                }
+            }
+
+            async fn setup(pool: &sqlx::Pool<$db>) {
+                dedup_runtime::inbox::migrate(pool).await.unwrap();
+                dedup_suite::ddl(pool, $effects).await;
+            }
+
+            /// Effect rows per message id of `consumer` (ids are `<consumer>/<n>`).
+            async fn effects(pool: &sqlx::Pool<$db>, consumer: &str) -> HashMap<String, i64> {
+                sqlx::query_as($group)
+                    .bind(format!("{consumer}/%"))
+                    .fetch_all(pool)
+                    .await
+                    .unwrap()
+                    .into_iter()
+                    .collect()
+            }
+
+            /// A row's state, attempts and last error.
+            async fn state(
+                pool: &sqlx::Pool<$db>,
+                consumer: &str,
+                id: &str,
+            ) -> (i64, i64, Option<String>) {
+                sqlx::query_as($state)
+                    .bind(consumer)
+                    .bind(id)
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
+            }
+
+            /// Every claim of `consumer` ends now, on the database's clock.
+            async fn expire(pool: &sqlx::Pool<$db>, consumer: &str) {
+                sqlx::query($expire)
+                    .bind(consumer)
+                    .execute(pool)
+                    .await
+                    .unwrap();
+            }
+
+            async fn receive_all(inbox: &Inbox<'_, $db>, count: usize) -> Vec<String> {
+                let ids: Vec<String> = (0..count)
+                    .map(|n| format!("{}/{n}", inbox.consumer()))
+                    .collect();
+                let batch: Vec<Incoming<'_>> = ids
+                    .iter()
+                    .map(|id| Incoming::new(id.as_str(), b"p"))
+                    .collect();
+                for answer in inbox.receive_batch(&batch).await.unwrap() {
+                    assert_eq!(answer, Ok(Received::Stored));
+                }
+                ids
+            }
+
+            /// 4 workers, 2,000 messages: each processed exactly once, effects and marks.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn four_workers_process_each_message_exactly_once() {
+                let db = $pool;
+                let pool: sqlx::Pool<$db> = (*db).clone();
+                setup(&pool).await;
+                let consumer = unique("inbox-workers");
+                let inbox = Inbox::new(&pool, &consumer).unwrap();
+                let ids = receive_all(&inbox, 2_000).await;
+                let handler = Arc::new(Effects::default());
+                let workers: Vec<_> = (0..4)
+                    .map(|_| {
+                        let (pool, consumer, handler) =
+                            (pool.clone(), consumer.clone(), handler.clone());
+                        tokio::spawn(async move {
+                            let inbox = Inbox::new(&pool, &consumer).unwrap();
+                            let worker = inbox.worker().batch(8);
+                            let mut processed = 0;
+                            loop {
+                                let batch = worker.process_batch(&*handler).await.unwrap();
+                                assert_eq!(
+                                    (batch.failed, batch.dead, batch.lost),
+                                    (0, 0, 0),
+                                    "{batch:?}"
+                                );
+                                processed += batch.processed;
+                                if batch.claimed == 0 {
+                                    return processed;
+                                }
+                            }
+                        })
+                    })
+                    .collect();
+                let mut total = 0;
+                for worker in workers {
+                    total += worker.await.unwrap();
+                }
+                assert_eq!(total, 2_000);
+                assert_eq!(
+                    handler.runs.load(Ordering::SeqCst),
+                    2_000,
+                    "one run per message"
+                );
+                let effects = effects(&pool, &consumer).await;
+                assert_eq!(effects.len(), 2_000);
+                assert!(
+                    effects.values().all(|&n| n == 1),
+                    "every effect exactly once"
+                );
+                for id in [&ids[0], &ids[999], &ids[1_999]] {
+                    assert_eq!(
+                        state(&pool, &consumer, id).await,
+                        (2, 1, None),
+                        "{id}: processed on its first attempt"
+                    );
+                }
+                let stats = inbox.stats().await.unwrap();
+                assert_eq!(
+                    (stats.pending, stats.claimed, stats.processed, stats.dead),
+                    (0, 0, 2_000, 0)
+                );
+                assert_eq!(stats.oldest_pending, None);
+            }
+
+            /// A poison message fails each attempt, with backoff persisted, and is dead
+            /// after its last; the others are processed meanwhile. Re-queued after a fix,
+            /// it is processed once.
+            #[tokio::test]
+            async fn poison_is_dead_after_its_attempts_then_requeued_once() {
+                let db = $pool;
+                let pool: &sqlx::Pool<$db> = &db;
+                setup(pool).await;
+                let consumer = unique("inbox-poison");
+                let inbox = Inbox::new(pool, &consumer).unwrap();
+                let ids = receive_all(&inbox, 10).await;
+                let handler = Effects::default();
+                *handler.poison.lock().unwrap() = Some(ids[3].clone());
+                let worker = inbox
+                    .worker()
+                    .max_attempts(3)
+                    .backoff(Duration::from_millis(1), Duration::from_millis(5))
+                    .poll_interval(Duration::from_millis(5));
+                let (mut failed, mut dead) = (0, 0);
+                for _ in 0..200 {
+                    let batch = worker.process_batch(&handler).await.unwrap();
+                    failed += batch.failed;
+                    dead += batch.dead;
+                    if dead == 1 {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                assert_eq!(
+                    (failed, dead),
+                    (2, 1),
+                    "two failures, then dead on the third"
+                );
+                let (row_state, attempts, last_error) = state(pool, &consumer, &ids[3]).await;
+                assert_eq!((row_state, attempts), (3, 3));
+                assert_eq!(
+                    last_error.as_deref(),
+                    Some(format!("cannot process {}: poison", ids[3]).as_str())
+                );
+                let done = effects(pool, &consumer).await;
+                assert_eq!(
+                    done.len(),
+                    9,
+                    "the others are processed, the poison's effects rolled back"
+                );
+                let listed = inbox.dead(100).await.unwrap();
+                assert_eq!(listed.len(), 1);
+                assert_eq!(
+                    (listed[0].id.as_str(), listed[0].attempts),
+                    (ids[3].as_str(), 3)
+                );
+                let stats = inbox.stats().await.unwrap();
+                assert_eq!((stats.pending, stats.processed, stats.dead), (0, 9, 1));
+
+                // Fixed: re-queued, processed once, never taken for a duplicate of itself.
+                *handler.poison.lock().unwrap() = None;
+                assert!(inbox.requeue(ids[3].as_str()).await.unwrap());
+                assert!(
+                    !inbox.requeue(ids[3].as_str()).await.unwrap(),
+                    "not dead any more"
+                );
+                let batch = worker.process_batch(&handler).await.unwrap();
+                assert_eq!((batch.claimed, batch.processed), (1, 1));
+                assert_eq!(effects(pool, &consumer).await.get(&ids[3]), Some(&1));
+                assert_eq!(state(pool, &consumer, &ids[3]).await.0, 2);
+                assert!(
+                    !inbox.discard(ids[3].as_str()).await.unwrap(),
+                    "only dead rows are discarded"
+                );
+                // A redelivery of it is still a duplicate.
+                assert_eq!(
+                    inbox
+                        .receive(Incoming::new(ids[3].as_str(), b"p"))
+                        .await
+                        .unwrap(),
+                    Received::Duplicate
+                );
+            }
+
+            /// A worker stopped during its handler (its task aborted: a killed process, for
+            /// the database) leaves the row claimed; after the lease another takes it. A
+            /// message that stops its worker every time is dead after its attempts.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_stopped_worker_s_row_is_taken_over_and_dead_after_its_attempts() {
+                let db = $pool;
+                let pool: sqlx::Pool<$db> = (*db).clone();
+                setup(&pool).await;
+                let consumer = unique("inbox-stopped");
+                let inbox = Inbox::new(&pool, &consumer).unwrap();
+                let ids = receive_all(&inbox, 1).await;
+                for attempt in 1..=2 {
+                    let hold = Arc::new(Hold::default());
+                    let task = tokio::spawn({
+                        let (pool, consumer, hold) = (pool.clone(), consumer.clone(), hold.clone());
+                        async move {
+                            let inbox = Inbox::new(&pool, &consumer).unwrap();
+                            let handler = Effects {
+                                hold: Some(hold),
+                                ..Effects::default()
+                            };
+                            inbox.worker().max_attempts(2).process_batch(&handler).await
+                        }
+                    });
+                    timeout(PATIENCE, hold.entered.notified())
+                        .await
+                        .expect("in the handler");
+                    task.abort();
+                    assert!(task.await.unwrap_err().is_cancelled());
+                    let (row_state, attempts, _) = state(&pool, &consumer, &ids[0]).await;
+                    assert_eq!(
+                        (row_state, attempts),
+                        (1, attempt),
+                        "claimed, the attempt counted"
+                    );
+                    expire(&pool, &consumer).await;
+                }
+                let worker = inbox.worker().max_attempts(2);
+                let batch = worker.process_batch(&Effects::default()).await.unwrap();
+                assert_eq!(
+                    (batch.claimed, batch.dead),
+                    (0, 1),
+                    "buried, not run a third time"
+                );
+                let (row_state, attempts, last_error) = state(&pool, &consumer, &ids[0]).await;
+                assert_eq!((row_state, attempts), (3, 2));
+                assert!(last_error.unwrap().contains("the worker stopped"));
+                assert!(
+                    effects(&pool, &consumer).await.is_empty(),
+                    "no effect committed"
+                );
+
+                // The operator discards it: a dedup record, not run.
+                assert!(inbox.discard(ids[0].as_str()).await.unwrap());
+                assert_eq!(state(&pool, &consumer, &ids[0]).await.0, 2);
+            }
+
+            /// A worker paused past its lease resumes after another took the row over: its
+            /// mark is refused, nothing of it runs, the message is processed once.
+            #[tokio::test]
+            async fn a_paused_worker_loses_its_claim_and_changes_nothing() {
+                let db = $pool;
+                let pool: &sqlx::Pool<$db> = &db;
+                setup(pool).await;
+                let consumer = unique("inbox-paused");
+                let inbox = Inbox::new(pool, &consumer).unwrap();
+                let ids = receive_all(&inbox, 1).await;
+                let paused = inbox.worker().batch(1);
+                let claims = paused.claim().await.unwrap();
+                assert_eq!(claims.messages().len(), 1);
+                expire(pool, &consumer).await; // paused past its lease
+                let handler = Effects::default();
+                let batch = inbox.worker().process_batch(&handler).await.unwrap();
+                assert_eq!((batch.claimed, batch.processed), (1, 1), "taken over");
+                let (_, attempts, _) = state(pool, &consumer, &ids[0]).await;
+                assert_eq!(attempts, 2);
+                let late = paused
+                    .process(&claims, &claims.messages()[0], &handler)
+                    .await
+                    .unwrap();
+                assert_eq!(late, Processed::Lost);
+                assert_eq!(
+                    handler.runs.load(Ordering::SeqCst),
+                    1,
+                    "the stale claim ran nothing"
+                );
+                assert_eq!(effects(pool, &consumer).await.get(&ids[0]), Some(&1));
+                assert_eq!(state(pool, &consumer, &ids[0]).await.0, 2);
+                assert_eq!(
+                    paused.release(&claims).await.unwrap(),
+                    0,
+                    "nothing of it to release"
+                );
+            }
+
+            /// Shutdown while a handler runs: it finishes and commits; the rows claimed
+            /// with it and not started are released at once, their attempt not counted.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn graceful_shutdown_finishes_the_message_in_hand_and_releases_the_rest() {
+                let db = $pool;
+                let pool: sqlx::Pool<$db> = (*db).clone();
+                setup(&pool).await;
+                let consumer = unique("inbox-shutdown");
+                let inbox = Inbox::new(&pool, &consumer).unwrap();
+                let ids = receive_all(&inbox, 4).await;
+                let hold = Arc::new(Hold::default());
+                let stop = Arc::new(tokio::sync::Notify::new());
+                let task = tokio::spawn({
+                    let (pool, consumer, hold, stop) =
+                        (pool.clone(), consumer.clone(), hold.clone(), stop.clone());
+                    async move {
+                        let inbox = Inbox::new(&pool, &consumer).unwrap();
+                        let handler = Effects {
+                            hold: Some(hold),
+                            ..Effects::default()
+                        };
+                        inbox.worker().batch(4).run(&handler, stop.notified()).await;
+                        handler.runs.load(Ordering::SeqCst)
+                    }
+                });
+                timeout(PATIENCE, hold.entered.notified())
+                    .await
+                    .expect("the first message in hand");
+                stop.notify_one();
+                hold.go.notify_one();
+                let runs = timeout(PATIENCE, task).await.expect("run returns").unwrap();
+                assert_eq!(runs, 1, "nothing started after the shutdown");
+                let effects = effects(&pool, &consumer).await;
+                assert_eq!(effects.len(), 1);
+                let stats = inbox.stats().await.unwrap();
+                assert_eq!((stats.processed, stats.pending, stats.claimed), (1, 3, 0));
+                let released: Vec<_> = ids.iter().filter(|id| !effects.contains_key(*id)).collect();
+                for id in released {
+                    assert_eq!(
+                        state(&pool, &consumer, id).await,
+                        (0, 0, None),
+                        "{id}: released, attempt not counted"
+                    );
+                }
+                // Another worker takes them at once, without waiting for a lease.
+                let batch = inbox
+                    .worker()
+                    .process_batch(&Effects::default())
+                    .await
+                    .unwrap();
+                assert_eq!(batch.processed, 3);
+            }
 
             async fn row(pool: &sqlx::Pool<$db>, consumer: &str, id: &str) -> Option<Stored> {
                 sqlx::query_as($row)
@@ -340,24 +759,53 @@ macro_rules! inbox_suite {
 inbox_suite!(
     postgres,
     db = sqlx::Postgres,
+    conn = sqlx::PgConnection,
     pool = Box::new(dedup_suite::postgres().await),
     row = "SELECT payload, headers, state::int8, attempts::int8 FROM inbox_messages \
            WHERE consumer = $1 AND message_id = $2",
     count = "SELECT COUNT(*) FROM inbox_messages WHERE consumer = $1",
+    effects = "CREATE TABLE IF NOT EXISTS inbox_test_effects (message_id text NOT NULL)",
+    effect = "INSERT INTO inbox_test_effects (message_id) VALUES ($1)",
+    group = "SELECT message_id, COUNT(*) FROM inbox_test_effects WHERE message_id LIKE $1 \
+             GROUP BY message_id",
+    state = "SELECT state::int8, attempts::int8, last_error FROM inbox_messages \
+             WHERE consumer = $1 AND message_id = $2",
+    expire = "UPDATE inbox_messages SET lease_until = clock_timestamp() - interval '1 second' \
+              WHERE consumer = $1 AND state = 1",
 );
 inbox_suite!(
     mysql,
     db = sqlx::MySql,
+    conn = sqlx::MySqlConnection,
     pool = Box::new(dedup_suite::mysql().await),
     row = "SELECT payload, headers, CAST(state AS SIGNED), CAST(attempts AS SIGNED) \
            FROM inbox_messages WHERE consumer = ? AND message_id = ?",
     count = "SELECT COUNT(*) FROM inbox_messages WHERE consumer = ?",
+    effects = "CREATE TABLE IF NOT EXISTS inbox_test_effects \
+               (message_id VARBINARY(255) NOT NULL) ENGINE = InnoDB",
+    effect = "INSERT INTO inbox_test_effects (message_id) VALUES (?)",
+    group = "SELECT CAST(message_id AS CHAR), COUNT(*) FROM inbox_test_effects \
+             WHERE message_id LIKE ? GROUP BY message_id",
+    state = "SELECT CAST(state AS SIGNED), CAST(attempts AS SIGNED), last_error \
+             FROM inbox_messages WHERE consumer = ? AND message_id = ?",
+    expire = "UPDATE inbox_messages SET lease_until = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND \
+              WHERE consumer = ? AND state = 1",
 );
 inbox_suite!(
     sqlite,
     db = sqlx::Sqlite,
+    conn = sqlx::SqliteConnection,
     pool = dedup_suite::sqlite().await,
     row = "SELECT payload, headers, state, attempts FROM inbox_messages \
            WHERE consumer = ?1 AND message_id = ?2",
     count = "SELECT COUNT(*) FROM inbox_messages WHERE consumer = ?1",
+    effects = "CREATE TABLE IF NOT EXISTS inbox_test_effects (message_id TEXT NOT NULL)",
+    effect = "INSERT INTO inbox_test_effects (message_id) VALUES (?1)",
+    group = "SELECT message_id, COUNT(*) FROM inbox_test_effects WHERE message_id LIKE ?1 \
+             GROUP BY message_id",
+    state = "SELECT state, attempts, last_error FROM inbox_messages \
+             WHERE consumer = ?1 AND message_id = ?2",
+    expire = "UPDATE inbox_messages \
+              SET lease_until = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 seconds') \
+              WHERE consumer = ?1 AND state = 1",
 );

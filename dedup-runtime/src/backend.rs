@@ -8,7 +8,8 @@
 //! | the dedup table's DDL | `SchemaBackend` | `schema.rs`, `schema/<db>.rs` |
 //! | pruning old ids | [`PruneBackend`](crate::PruneBackend) | `prune.rs`, `prune/<db>.rs` |
 //! | the operator's lookup and forget | `LedgerBackend` | `ledger.rs`, `ledger/<db>.rs` |
-//! | the inbox: receive, store | [`InboxBackend`](crate::inbox::InboxBackend) | `inbox.rs`, `inbox/<db>.rs` |
+//! | the inbox: receive, claim, process | [`InboxBackend`](crate::inbox::InboxBackend) | `inbox.rs`, `inbox/worker.rs`, `inbox/<db>.rs` |
+//! | the inbox's operator calls | [`InboxOperatorBackend`](crate::inbox::InboxOperatorBackend) | `inbox.rs`, `inbox/<db>.rs` |
 //! | leases: mark-first, send-first with a lease | [`LeaseBackend`](crate::lease::LeaseBackend) | `lease.rs`, `lease/<db>.rs` |
 //!
 //! A new backend implements each of them in a new file per concern, and gets one line
@@ -18,7 +19,7 @@ use sqlx::Database;
 
 use crate::claim::ClaimBackend;
 use crate::classify::ClassifyBackend;
-use crate::inbox::InboxBackend;
+use crate::inbox::{InboxBackend, InboxOperatorBackend};
 use crate::lease::LeaseBackend;
 use crate::ledger::LedgerBackend;
 use crate::schema::SchemaBackend;
@@ -50,6 +51,7 @@ pub trait Backend:
     + LedgerBackend
     + LeaseBackend
     + InboxBackend
+    + InboxOperatorBackend
     + Sealed
 {
 }

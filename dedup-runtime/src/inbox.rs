@@ -65,6 +65,11 @@ mod mysql;
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod worker;
+
+use crate::lease::Owner;
+use worker::Claimed;
+pub use worker::{Batch, Claims, InboxHandler, InboxMessage, Processed, Worker};
 
 /// The default inbox table.
 pub const DEFAULT_TABLE: &str = "inbox_messages";
@@ -274,7 +279,139 @@ pub trait InboxBackend: Database {
         consumer: &'a str,
         rows: &'a [Row<'a>],
     ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send + 'a;
+
+    /// Marks dead the claimed rows whose lease ended with their last attempt (the
+    /// worker stopped during it); how many.
+    #[doc(hidden)]
+    fn inbox_bury<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        max_attempts: u32,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// Claims up to `limit` rows for `owner` — first those whose claim's lease ended
+    /// (with attempts left), then pending ones that are due — counting the attempt.
+    #[doc(hidden)]
+    fn inbox_claim<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+        lease_us: i64,
+        limit: u32,
+        max_attempts: u32,
+    ) -> impl Future<Output = Result<Vec<InboxMessage>, sqlx::Error>> + Send + 'a;
+
+    /// In the processing transaction, first: marks the claimed row processed if it is
+    /// still `row.owner`'s; whether it was.
+    #[doc(hidden)]
+    fn inbox_mark<'c>(
+        conn: &'c mut Self::Connection,
+        row: &'c Claimed<'c>,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// Before the processing transaction's commit: fails ([`RolledBack`](crate::RolledBack))
+    /// if the database rolled the mark back by itself meanwhile (MySQL's deadlock
+    /// rollback); a no-op where the commit itself tells.
+    #[doc(hidden)]
+    fn inbox_check<'c>(
+        conn: &'c mut Self::Connection,
+        row: &'c Claimed<'c>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+
+    /// After a failed attempt: the row back to pending after `delay_us` (or dead), with
+    /// `error` as its last error, if it is still `row.owner`'s; whether it was.
+    #[doc(hidden)]
+    fn inbox_fail<'a>(
+        pool: &'a Pool<Self>,
+        row: &'a Claimed<'a>,
+        error: &'a str,
+        delay_us: i64,
+        dead: bool,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// Releases `owner`'s claimed rows unstarted: pending again, their attempt not
+    /// counted; how many.
+    #[doc(hidden)]
+    fn inbox_release<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 }
+
+/// What [`InboxBackend::inbox_stats`] reads: pending, claimed, processed, dead, and the
+/// microseconds since the oldest pending row was received.
+#[doc(hidden)]
+pub type StatsRow = (i64, i64, i64, i64, Option<i64>);
+
+/// The operator's side of the inbox, per backend.
+pub trait InboxOperatorBackend: Database {
+    /// Dead rows, oldest first: id, attempts, last error.
+    #[doc(hidden)]
+    fn inbox_dead<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<(String, i64, Option<String>)>, sqlx::Error>> + Send + 'a;
+
+    /// A dead row back to pending (`requeue`), or recorded processed without running
+    /// (`!requeue`); whether there was such a dead row.
+    #[doc(hidden)]
+    fn inbox_resolve<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        id: &'a str,
+        requeue: bool,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// The counts by state, and the age of the oldest pending row.
+    #[doc(hidden)]
+    fn inbox_stats<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+    ) -> impl Future<Output = Result<StatsRow, sqlx::Error>> + Send + 'a;
+}
+
+/// A dead inbox row, as [`Inbox::dead`] lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadMessage {
+    /// The message id.
+    pub id: String,
+    /// The attempts made.
+    pub attempts: u32,
+    /// The last attempt's error: the handler's, or that its worker stopped.
+    pub last_error: Option<String>,
+}
+
+/// One consumer's inbox at a glance ([`Inbox::stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InboxStats {
+    /// Waiting for a worker (due now or after their backoff).
+    pub pending: u64,
+    /// Claimed by a worker, in flight.
+    pub claimed: u64,
+    /// Processed (kept as the dedup record until pruned).
+    pub processed: u64,
+    /// Dead: their attempts used up, waiting for an operator.
+    pub dead: u64,
+    /// How long ago the oldest pending row was received (database clock).
+    pub oldest_pending: Option<std::time::Duration>,
+}
+
+/// The `last_error` of a row buried because its worker stopped during its last attempt.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+const STOPPED: &str = ": the worker stopped before the end of its lease (it crashed, was \
+                       killed, or was paused past it)";
 
 /// One consumer's inbox: receive messages into it (and, with a worker, process them).
 pub struct Inbox<'p, DB: Database> {
@@ -439,6 +576,80 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
             .into_iter()
             .map(|answer| answer.expect("every message has its answer"))
             .collect())
+    }
+
+    /// The dead rows, oldest first, at most `limit`: each with its attempts and last error.
+    pub async fn dead(&self, limit: u32) -> Result<Vec<DeadMessage>, InboxError> {
+        let rows = DB::inbox_dead(self.pool, &self.table, &self.consumer, i64::from(limit))
+            .await
+            .map_err(|error| self.classify(error))?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, attempts, last_error)| DeadMessage {
+                id,
+                attempts: attempts.max(0) as u32,
+                last_error,
+            })
+            .collect())
+    }
+
+    /// Re-queues the dead row `id`: pending again, due now, its attempts back to 0; a
+    /// worker processes it once (its row is its own, never taken for a duplicate of
+    /// itself). `false` when `id` is not dead.
+    pub async fn requeue(&self, id: impl MessageKey) -> Result<bool, InboxError> {
+        let key = id.message_id();
+        let id = key
+            .validate()
+            .map_err(|error| InboxError::Refused(Refused::InvalidMessageId(error)))?;
+        let done = DB::inbox_resolve(self.pool, &self.table, &self.consumer, id, true)
+            .await
+            .map_err(|error| self.classify(error))?;
+        if done {
+            tracing::info!(
+                consumer = self.consumer,
+                message_id = id,
+                "dead inbox message re-queued"
+            );
+        }
+        Ok(done)
+    }
+
+    /// Discards the dead row `id`: recorded as processed without running (so that a
+    /// redelivery is still a duplicate), its last error kept. `false` when `id` is not
+    /// dead.
+    pub async fn discard(&self, id: impl MessageKey) -> Result<bool, InboxError> {
+        let key = id.message_id();
+        let id = key
+            .validate()
+            .map_err(|error| InboxError::Refused(Refused::InvalidMessageId(error)))?;
+        let done = DB::inbox_resolve(self.pool, &self.table, &self.consumer, id, false)
+            .await
+            .map_err(|error| self.classify(error))?;
+        if done {
+            tracing::info!(
+                consumer = self.consumer,
+                message_id = id,
+                "dead inbox message discarded"
+            );
+        }
+        Ok(done)
+    }
+
+    /// The counts by state and the age of the oldest pending row. Reads every row of the
+    /// consumer (processed ones included): an operator's call, not one per message.
+    pub async fn stats(&self) -> Result<InboxStats, InboxError> {
+        let (pending, claimed, processed, dead, oldest) =
+            DB::inbox_stats(self.pool, &self.table, &self.consumer)
+                .await
+                .map_err(|error| self.classify(error))?;
+        let count = |n: i64| n.max(0) as u64;
+        Ok(InboxStats {
+            pending: count(pending),
+            claimed: count(claimed),
+            processed: count(processed),
+            dead: count(dead),
+            oldest_pending: oldest.map(|us| std::time::Duration::from_micros(count(us))),
+        })
     }
 
     fn classify(&self, error: sqlx::Error) -> InboxError {

@@ -531,8 +531,9 @@ pub struct Lease<'a, DB: Backend> {
     owner: Owner,
     lease: Duration,
     policy: Policy,
-    /// The completion transaction's connection, once the body asked for it.
-    conn: Option<PoolConnection<DB>>,
+    /// The completion transaction's connection, once the body asked for it; closed if the
+    /// call ends without the transaction's end.
+    conn: Option<Guarded<DB>>,
 }
 
 impl<DB: Backend> Lease<'_, DB> {
@@ -613,10 +614,10 @@ impl<DB: Backend> Lease<'_, DB> {
     /// ```
     pub async fn transaction(&mut self) -> Result<&mut DB::Connection, sqlx::Error> {
         if self.conn.is_none() {
-            let mut conn = self.pool.acquire().await?;
-            DB::lease_begin(&mut conn).await?;
-            // From here on the connection is in a transaction sqlx does not know of:
+            // From here on the connection may be in a transaction sqlx does not know of:
             // dropped before its end, it is closed, not pooled.
+            let mut conn = Guarded::new(self.pool.acquire().await?);
+            DB::lease_begin(&mut conn).await?;
             let key = LeaseKey {
                 consumer: self.consumer,
                 id: self.id,
@@ -639,6 +640,47 @@ impl<DB: Backend> Lease<'_, DB> {
     }
 }
 
+/// A pooled connection that may be left in a transaction sqlx does not track (begun with
+/// plain SQL) or with a changed session (MySQL's `autocommit`): closed, never pooled, when
+/// it is dropped before [`set_clean`](Self::set_clean) — a cancelled call, a panic.
+pub(crate) struct Guarded<DB: Database> {
+    conn: PoolConnection<DB>,
+    clean: bool,
+}
+
+impl<DB: Database> Guarded<DB> {
+    pub(crate) fn new(conn: PoolConnection<DB>) -> Self {
+        Guarded { conn, clean: false }
+    }
+
+    /// The transaction ended and the session is as the pool gave it: pool it again.
+    pub(crate) fn set_clean(&mut self) {
+        self.clean = true;
+    }
+}
+
+impl<DB: Database> std::ops::Deref for Guarded<DB> {
+    type Target = DB::Connection;
+
+    fn deref(&self) -> &DB::Connection {
+        &self.conn
+    }
+}
+
+impl<DB: Database> std::ops::DerefMut for Guarded<DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
+        &mut self.conn
+    }
+}
+
+impl<DB: Database> Drop for Guarded<DB> {
+    fn drop(&mut self) {
+        if !self.clean {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
 /// The database a leased handler's `Lease<'_, DB>` parameter names, for the generated
 /// signature (`&Pool<DB>`).
 #[doc(hidden)]
@@ -648,16 +690,6 @@ pub trait LeaseParam {
 
 impl<DB: Backend> LeaseParam for Lease<'_, DB> {
     type Database = DB;
-}
-
-impl<DB: Backend> Drop for Lease<'_, DB> {
-    fn drop(&mut self) {
-        // Ended without its commit or rollback (cancelled, panicked): the transaction is
-        // still open on the connection, which must not go back to the pool.
-        if let Some(mut conn) = self.conn.take() {
-            conn.close_on_drop();
-        }
-    }
 }
 
 /// Rolls the completion transaction back, logging a failure.
@@ -869,14 +901,11 @@ impl<'k> LeaseRun<'k> {
             owner: &owner,
         };
         let result = match lease.conn.take() {
-            Some(mut conn) => match DB::lease_commit(&mut conn, lease.sql, key).await {
-                Ok(()) => Ok(()),
-                Err(error) => {
-                    // Whatever it did, a connection whose commit failed is not reused.
-                    conn.close_on_drop();
-                    Err(error)
-                }
-            },
+            // Whatever it did, a connection whose commit failed is not reused (the guard
+            // closes it).
+            Some(mut conn) => DB::lease_commit(&mut conn, lease.sql, key)
+                .await
+                .inspect(|()| conn.set_clean()),
             None => match lease.pool.acquire().await {
                 Ok(mut conn) => {
                     match DB::lease_owned(&mut conn, lease.sql.complete, key, None).await {
@@ -929,9 +958,9 @@ impl<'k> LeaseRun<'k> {
     /// redelivery runs the body again.
     pub async fn release<DB: Backend>(&mut self, mut lease: Lease<'_, DB>) {
         if let Some(mut conn) = lease.conn.take()
-            && DB::lease_rollback(&mut conn).await.is_err()
+            && DB::lease_rollback(&mut conn).await.is_ok()
         {
-            conn.close_on_drop();
+            conn.set_clean();
         }
         release::<DB>(&lease).await;
         self.finish(End::Failed(Class::Body));

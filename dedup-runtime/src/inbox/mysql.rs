@@ -10,7 +10,27 @@ use std::collections::HashSet;
 use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{AssertSqlSafe, MySql, Pool};
 
-use super::{InboxBackend, Row};
+use sqlx::Row as _;
+use sqlx::mysql::MySqlConnection;
+
+use super::{
+    Claimed, InboxBackend, InboxMessage, InboxOperatorBackend, Owner, Row, STOPPED, StatsRow,
+};
+use crate::rolled_back::RolledBack;
+
+/// The claim's transaction.
+const CLAIM_BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+
+/// ER_SUBQUERY_NO_1_ROW: the check found the mark gone.
+const MARK_GONE: u16 = 1242;
+
+fn placeholders(count: usize) -> String {
+    let mut list = String::with_capacity(3 * count);
+    for index in 0..count {
+        list.push_str(if index > 0 { ", ?" } else { "?" });
+    }
+    list
+}
 use crate::classify::mysql::ER_DUP_ENTRY;
 use crate::schema::Table;
 
@@ -140,5 +160,263 @@ impl InboxBackend for MySql {
         insert.execute(&mut *conn).await?;
         let stored: HashSet<String> = select.fetch_all(&mut *conn).await?.into_iter().collect();
         Ok(rows.iter().map(|row| stored.contains(row.id)).collect())
+    }
+
+    async fn inbox_bury<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        max_attempts: u32,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 3, owner = NULL, lease_until = NULL, \
+             last_error = CONCAT('attempt ', attempts, ?) \
+             WHERE consumer = ? AND state = 1 AND lease_until <= UTC_TIMESTAMP(6) \
+             AND attempts >= ?",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(STOPPED)
+            .bind(consumer)
+            .bind(max_attempts)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    /// `SELECT … FOR UPDATE SKIP LOCKED` (MariaDB 10.6, MySQL 8), then one `UPDATE` of the
+    /// ids it locked, in one transaction: MySQL has no `UPDATE … RETURNING`.
+    async fn inbox_claim<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+        lease_us: i64,
+        limit: u32,
+        max_attempts: u32,
+    ) -> Result<Vec<InboxMessage>, sqlx::Error> {
+        let name = table.name();
+        // READ COMMITTED: no gap locks, so that workers claiming at once skip each other's
+        // rows instead of deadlocking on the index ranges they scan.
+        let mut tx = pool.begin_with(CLAIM_BEGIN).await?;
+        let expired = format!(
+            "SELECT CAST(message_id AS CHAR) FROM {name} WHERE consumer = ? AND state = 1 \
+             AND lease_until <= UTC_TIMESTAMP(6) AND attempts < ? \
+             ORDER BY lease_until LIMIT ? FOR UPDATE SKIP LOCKED"
+        );
+        let mut ids: Vec<String> = sqlx::query_scalar(AssertSqlSafe(expired))
+            .bind(consumer)
+            .bind(max_attempts)
+            .bind(limit)
+            .fetch_all(&mut *tx)
+            .await?;
+        let left = limit as usize - ids.len().min(limit as usize);
+        if left > 0 {
+            let pending = format!(
+                "SELECT CAST(message_id AS CHAR) FROM {name} WHERE consumer = ? AND state = 0 \
+                 AND next_attempt_at <= UTC_TIMESTAMP(6) \
+                 ORDER BY next_attempt_at, seq LIMIT ? FOR UPDATE SKIP LOCKED"
+            );
+            ids.extend(
+                sqlx::query_scalar::<_, String>(AssertSqlSafe(pending))
+                    .bind(consumer)
+                    .bind(left as u32)
+                    .fetch_all(&mut *tx)
+                    .await?,
+            );
+        }
+        if ids.is_empty() {
+            tx.rollback().await?;
+            return Ok(Vec::new());
+        }
+        let update = format!(
+            "UPDATE {name} SET state = 1, owner = ?, attempts = attempts + 1, \
+             lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+             WHERE consumer = ? AND message_id IN ({})",
+            placeholders(ids.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(update))
+            .bind(&owner[..])
+            .bind(lease_us)
+            .bind(consumer);
+        for id in &ids {
+            query = query.bind(id);
+        }
+        query.execute(&mut *tx).await?;
+        let select = format!(
+            "SELECT CAST(message_id AS CHAR), payload, headers, attempts FROM {name} \
+             WHERE consumer = ? AND message_id IN ({})",
+            placeholders(ids.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(select)).bind(consumer);
+        for id in &ids {
+            query = query.bind(id);
+        }
+        let rows = query.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        rows.into_iter()
+            .map(|row| {
+                Ok(InboxMessage {
+                    id: row.try_get(0)?,
+                    payload: row.try_get::<Option<Vec<u8>>, _>(1)?.unwrap_or_default(),
+                    headers: row.try_get(2)?,
+                    attempt: row.try_get::<i32, _>(3)?.max(0) as u32,
+                })
+            })
+            .collect()
+    }
+
+    async fn inbox_mark<'c>(
+        conn: &'c mut MySqlConnection,
+        row: &'c Claimed<'c>,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 2, processed_at = UTC_TIMESTAMP(6), lease_until = NULL \
+             WHERE consumer = ? AND message_id = ? AND owner = ? AND state = 1",
+            row.table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(row.consumer)
+            .bind(row.id)
+            .bind(&row.owner[..])
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// InnoDB ends a transaction by itself on a deadlock; a handler that swallowed the
+    /// error goes on in a new one, without the mark. Before `COMMIT`: the mark must be
+    /// there, or the transaction is refused ([`RolledBack`]).
+    async fn inbox_check<'c>(
+        conn: &'c mut MySqlConnection,
+        row: &'c Claimed<'c>,
+    ) -> Result<(), sqlx::Error> {
+        let sql = format!(
+            "SELECT (SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM {} \
+             WHERE consumer = ? AND message_id = ? AND owner = ? AND state = 2))",
+            row.table.name()
+        );
+        match sqlx::query(AssertSqlSafe(sql))
+            .bind(row.consumer)
+            .bind(row.id)
+            .bind(&row.owner[..])
+            .execute(conn)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(error)
+                if error
+                    .as_database_error()
+                    .and_then(|error| error.try_downcast_ref::<MySqlDatabaseError>())
+                    .is_some_and(|error| error.number() == MARK_GONE) =>
+            {
+                Err(RolledBack::error("MySQL", Some(error)))
+            }
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn inbox_fail<'a>(
+        pool: &'a Pool<Self>,
+        row: &'a Claimed<'a>,
+        error: &'a str,
+        delay_us: i64,
+        dead: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = ?, owner = NULL, lease_until = NULL, last_error = ?, \
+             next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+             WHERE consumer = ? AND message_id = ? AND owner = ? AND state = 1",
+            row.table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(if dead { 3_i8 } else { 0 })
+            .bind(error)
+            .bind(delay_us)
+            .bind(row.consumer)
+            .bind(row.id)
+            .bind(&row.owner[..])
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn inbox_release<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 0, owner = NULL, lease_until = NULL, attempts = attempts - 1 \
+             WHERE consumer = ? AND owner = ? AND state = 1",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(&owner[..])
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+impl InboxOperatorBackend for MySql {
+    async fn inbox_dead<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        limit: i64,
+    ) -> Result<Vec<(String, i64, Option<String>)>, sqlx::Error> {
+        let sql = format!(
+            "SELECT CAST(message_id AS CHAR), CAST(attempts AS SIGNED), last_error FROM {} WHERE consumer = ? AND state = 3 ORDER BY seq LIMIT ?",
+            table.name()
+        );
+        sqlx::query_as(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(limit)
+            .fetch_all(pool)
+            .await
+    }
+
+    async fn inbox_resolve<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        id: &'a str,
+        requeue: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = if requeue {
+            format!(
+                "UPDATE {} SET state = 0, attempts = 0, next_attempt_at = UTC_TIMESTAMP(6), owner = NULL, lease_until = NULL WHERE consumer = ? AND message_id = ? AND state = 3",
+                table.name()
+            )
+        } else {
+            format!(
+                "UPDATE {} SET state = 2, processed_at = UTC_TIMESTAMP(6), owner = NULL, lease_until = NULL WHERE consumer = ? AND message_id = ? AND state = 3",
+                table.name()
+            )
+        };
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(id)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn inbox_stats<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+    ) -> Result<StatsRow, sqlx::Error> {
+        let sql = format!(
+            "SELECT CAST(COALESCE(SUM(state = 0), 0) AS SIGNED), CAST(COALESCE(SUM(state = 1), 0) AS SIGNED), CAST(COALESCE(SUM(state = 2), 0) AS SIGNED), CAST(COALESCE(SUM(state = 3), 0) AS SIGNED), CAST(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN state = 0 THEN received_at END), UTC_TIMESTAMP(6)) AS SIGNED) FROM {} WHERE consumer = ?",
+            table.name()
+        );
+        sqlx::query_as(AssertSqlSafe(sql))
+            .bind(consumer)
+            .fetch_one(pool)
+            .await
     }
 }

@@ -5,7 +5,12 @@ use std::collections::HashSet;
 
 use sqlx::{AssertSqlSafe, Pool, Postgres};
 
-use super::{InboxBackend, Row};
+use sqlx::Row as _;
+use sqlx::postgres::PgConnection;
+
+use super::{
+    Claimed, InboxBackend, InboxMessage, InboxOperatorBackend, Owner, Row, STOPPED, StatsRow,
+};
 use crate::schema::Table;
 
 /// The lock `migrate` takes for the dedup table; the inbox's DDL takes the same one.
@@ -110,5 +115,216 @@ impl InboxBackend for Postgres {
             .await?;
         let stored: HashSet<String> = stored.into_iter().collect();
         Ok(rows.iter().map(|row| stored.contains(row.id)).collect())
+    }
+
+    async fn inbox_bury<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        max_attempts: u32,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 3, owner = NULL, lease_until = NULL, \
+             last_error = 'attempt ' || attempts || $3 \
+             WHERE consumer = $1 AND state = 1 AND lease_until <= clock_timestamp() \
+             AND attempts >= $2",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(max_attempts as i32)
+            .bind(STOPPED)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn inbox_claim<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+        lease_us: i64,
+        limit: u32,
+        max_attempts: u32,
+    ) -> Result<Vec<InboxMessage>, sqlx::Error> {
+        let name = table.name();
+        let set = "SET state = 1, owner = $2, attempts = attempts + 1, \
+                   lease_until = clock_timestamp() + $3::float8 * interval '1 microsecond'";
+        let returning = "RETURNING message_id, payload, headers, attempts";
+        // The claims whose lease ended first (their worker stopped), then pending rows
+        // that are due, each through its partial index, skipping rows other workers hold.
+        let expired = format!(
+            "UPDATE {name} {set} WHERE (consumer, message_id) IN (\
+             SELECT consumer, message_id FROM {name} WHERE consumer = $1 AND state = 1 \
+             AND lease_until <= clock_timestamp() AND attempts < $5 \
+             ORDER BY lease_until LIMIT $4 FOR UPDATE SKIP LOCKED) {returning}"
+        );
+        let pending = format!(
+            "UPDATE {name} {set} WHERE (consumer, message_id) IN (\
+             SELECT consumer, message_id FROM {name} WHERE consumer = $1 AND state = 0 \
+             AND next_attempt_at <= clock_timestamp() \
+             ORDER BY next_attempt_at, seq LIMIT $4 FOR UPDATE SKIP LOCKED) {returning}"
+        );
+        let mut rows = sqlx::query(AssertSqlSafe(expired))
+            .bind(consumer)
+            .bind(&owner[..])
+            .bind(lease_us)
+            .bind(i64::from(limit))
+            .bind(max_attempts as i32)
+            .fetch_all(pool)
+            .await?;
+        let left = i64::from(limit) - rows.len() as i64;
+        if left > 0 {
+            rows.extend(
+                sqlx::query(AssertSqlSafe(pending))
+                    .bind(consumer)
+                    .bind(&owner[..])
+                    .bind(lease_us)
+                    .bind(left)
+                    .fetch_all(pool)
+                    .await?,
+            );
+        }
+        rows.into_iter()
+            .map(|row| {
+                Ok(InboxMessage {
+                    id: row.try_get(0)?,
+                    payload: row.try_get::<Option<Vec<u8>>, _>(1)?.unwrap_or_default(),
+                    headers: row.try_get(2)?,
+                    attempt: row.try_get::<i32, _>(3)?.max(0) as u32,
+                })
+            })
+            .collect()
+    }
+
+    async fn inbox_mark<'c>(
+        conn: &'c mut PgConnection,
+        row: &'c Claimed<'c>,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 2, processed_at = clock_timestamp(), lease_until = NULL \
+             WHERE consumer = $1 AND message_id = $2 AND owner = $3 AND state = 1",
+            row.table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(row.consumer)
+            .bind(row.id)
+            .bind(&row.owner[..])
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// The checked commit (a `SET LOCAL` in front of `COMMIT`) tells an aborted transaction.
+    async fn inbox_check<'c>(
+        _: &'c mut PgConnection,
+        _: &'c Claimed<'c>,
+    ) -> Result<(), sqlx::Error> {
+        Ok(())
+    }
+
+    async fn inbox_fail<'a>(
+        pool: &'a Pool<Self>,
+        row: &'a Claimed<'a>,
+        error: &'a str,
+        delay_us: i64,
+        dead: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = $4, owner = NULL, lease_until = NULL, last_error = $5, \
+             next_attempt_at = clock_timestamp() + $6::float8 * interval '1 microsecond' \
+             WHERE consumer = $1 AND message_id = $2 AND owner = $3 AND state = 1",
+            row.table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(row.consumer)
+            .bind(row.id)
+            .bind(&row.owner[..])
+            .bind(if dead { 3_i16 } else { 0 })
+            .bind(error)
+            .bind(delay_us)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn inbox_release<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 0, owner = NULL, lease_until = NULL, attempts = attempts - 1 \
+             WHERE consumer = $1 AND owner = $2 AND state = 1",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(&owner[..])
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+impl InboxOperatorBackend for Postgres {
+    async fn inbox_dead<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        limit: i64,
+    ) -> Result<Vec<(String, i64, Option<String>)>, sqlx::Error> {
+        let sql = format!(
+            "SELECT message_id, attempts::int8, last_error FROM {} WHERE consumer = $1 AND state = 3 ORDER BY seq LIMIT $2",
+            table.name()
+        );
+        sqlx::query_as(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(limit)
+            .fetch_all(pool)
+            .await
+    }
+
+    async fn inbox_resolve<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        id: &'a str,
+        requeue: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = if requeue {
+            format!(
+                "UPDATE {} SET state = 0, attempts = 0, next_attempt_at = clock_timestamp(), owner = NULL, lease_until = NULL WHERE consumer = $1 AND message_id = $2 AND state = 3",
+                table.name()
+            )
+        } else {
+            format!(
+                "UPDATE {} SET state = 2, processed_at = clock_timestamp(), owner = NULL, lease_until = NULL WHERE consumer = $1 AND message_id = $2 AND state = 3",
+                table.name()
+            )
+        };
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(id)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn inbox_stats<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+    ) -> Result<StatsRow, sqlx::Error> {
+        let sql = format!(
+            "SELECT COUNT(*) FILTER (WHERE state = 0), COUNT(*) FILTER (WHERE state = 1), COUNT(*) FILTER (WHERE state = 2), COUNT(*) FILTER (WHERE state = 3), (EXTRACT(EPOCH FROM clock_timestamp() - MIN(received_at) FILTER (WHERE state = 0)) * 1000000)::int8 FROM {} WHERE consumer = $1",
+            table.name()
+        );
+        sqlx::query_as(AssertSqlSafe(sql))
+            .bind(consumer)
+            .fetch_one(pool)
+            .await
     }
 }

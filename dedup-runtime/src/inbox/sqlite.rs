@@ -5,7 +5,12 @@ use std::collections::HashSet;
 
 use sqlx::{AssertSqlSafe, Pool, Sqlite};
 
-use super::{InboxBackend, Row};
+use sqlx::Row as _;
+use sqlx::sqlite::SqliteConnection;
+
+use super::{
+    Claimed, InboxBackend, InboxMessage, InboxOperatorBackend, Owner, Row, STOPPED, StatsRow,
+};
 use crate::claim::sqlite::BEGIN;
 use crate::schema::Table;
 
@@ -95,5 +100,214 @@ impl InboxBackend for Sqlite {
         }
         let stored: HashSet<String> = query.fetch_all(pool).await?.into_iter().collect();
         Ok(rows.iter().map(|row| stored.contains(row.id)).collect())
+    }
+
+    async fn inbox_bury<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        max_attempts: u32,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 3, owner = NULL, lease_until = NULL, \
+             last_error = 'attempt ' || attempts || ?3 \
+             WHERE consumer = ?1 AND state = 1 AND lease_until <= {NOW} AND attempts >= ?2",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(i64::from(max_attempts))
+            .bind(STOPPED)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn inbox_claim<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+        lease_us: i64,
+        limit: u32,
+        max_attempts: u32,
+    ) -> Result<Vec<InboxMessage>, sqlx::Error> {
+        let name = table.name();
+        let set = "SET state = 1, owner = ?2, attempts = attempts + 1, \
+                   lease_until = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
+                   printf('%+.6f seconds', ?3 / 1000000.0))";
+        let returning = "RETURNING message_id, payload, headers, attempts";
+        // One statement each, atomic under SQLite's single writer.
+        let expired = format!(
+            "UPDATE {name} {set} WHERE seq IN (SELECT seq FROM {name} WHERE consumer = ?1 \
+             AND state = 1 AND lease_until <= {NOW} AND attempts < ?5 \
+             ORDER BY lease_until LIMIT ?4) {returning}"
+        );
+        let pending = format!(
+            "UPDATE {name} {set} WHERE seq IN (SELECT seq FROM {name} WHERE consumer = ?1 \
+             AND state = 0 AND next_attempt_at <= {NOW} \
+             ORDER BY next_attempt_at, seq LIMIT ?4) {returning}"
+        );
+        let mut rows = sqlx::query(AssertSqlSafe(expired))
+            .bind(consumer)
+            .bind(&owner[..])
+            .bind(lease_us)
+            .bind(i64::from(limit))
+            .bind(i64::from(max_attempts))
+            .fetch_all(pool)
+            .await?;
+        let left = i64::from(limit) - rows.len() as i64;
+        if left > 0 {
+            rows.extend(
+                sqlx::query(AssertSqlSafe(pending))
+                    .bind(consumer)
+                    .bind(&owner[..])
+                    .bind(lease_us)
+                    .bind(left)
+                    .fetch_all(pool)
+                    .await?,
+            );
+        }
+        rows.into_iter()
+            .map(|row| {
+                Ok(InboxMessage {
+                    id: row.try_get(0)?,
+                    payload: row.try_get::<Option<Vec<u8>>, _>(1)?.unwrap_or_default(),
+                    headers: row.try_get(2)?,
+                    attempt: row.try_get::<i64, _>(3)?.max(0) as u32,
+                })
+            })
+            .collect()
+    }
+
+    async fn inbox_mark<'c>(
+        conn: &'c mut SqliteConnection,
+        row: &'c Claimed<'c>,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 2, processed_at = {NOW}, lease_until = NULL \
+             WHERE consumer = ?1 AND message_id = ?2 AND owner = ?3 AND state = 1",
+            row.table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(row.consumer)
+            .bind(row.id)
+            .bind(&row.owner[..])
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// A transaction SQLite rolled back by itself fails its `COMMIT`.
+    async fn inbox_check<'c>(
+        _: &'c mut SqliteConnection,
+        _: &'c Claimed<'c>,
+    ) -> Result<(), sqlx::Error> {
+        Ok(())
+    }
+
+    async fn inbox_fail<'a>(
+        pool: &'a Pool<Self>,
+        row: &'a Claimed<'a>,
+        error: &'a str,
+        delay_us: i64,
+        dead: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = ?4, owner = NULL, lease_until = NULL, last_error = ?5, \
+             next_attempt_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
+             printf('%+.6f seconds', ?6 / 1000000.0)) \
+             WHERE consumer = ?1 AND message_id = ?2 AND owner = ?3 AND state = 1",
+            row.table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(row.consumer)
+            .bind(row.id)
+            .bind(&row.owner[..])
+            .bind(if dead { 3_i64 } else { 0 })
+            .bind(error)
+            .bind(delay_us)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn inbox_release<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 0, owner = NULL, lease_until = NULL, attempts = attempts - 1 \
+             WHERE consumer = ?1 AND owner = ?2 AND state = 1",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(&owner[..])
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+}
+
+impl InboxOperatorBackend for Sqlite {
+    async fn inbox_dead<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        limit: i64,
+    ) -> Result<Vec<(String, i64, Option<String>)>, sqlx::Error> {
+        let sql = format!(
+            "SELECT message_id, attempts, last_error FROM {} WHERE consumer = ?1 AND state = 3 ORDER BY seq LIMIT ?2",
+            table.name()
+        );
+        sqlx::query_as(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(limit)
+            .fetch_all(pool)
+            .await
+    }
+
+    async fn inbox_resolve<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        id: &'a str,
+        requeue: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = if requeue {
+            format!(
+                "UPDATE {} SET state = 0, attempts = 0, next_attempt_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), owner = NULL, lease_until = NULL WHERE consumer = ?1 AND message_id = ?2 AND state = 3",
+                table.name()
+            )
+        } else {
+            format!(
+                "UPDATE {} SET state = 2, processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), owner = NULL, lease_until = NULL WHERE consumer = ?1 AND message_id = ?2 AND state = 3",
+                table.name()
+            )
+        };
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(id)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn inbox_stats<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+    ) -> Result<StatsRow, sqlx::Error> {
+        let sql = format!(
+            "SELECT COALESCE(SUM(state = 0), 0), COALESCE(SUM(state = 1), 0), COALESCE(SUM(state = 2), 0), COALESCE(SUM(state = 3), 0), CAST((julianday('now') - julianday(MIN(CASE WHEN state = 0 THEN received_at END))) * 86400000000.0 AS INTEGER) FROM {} WHERE consumer = ?1",
+            table.name()
+        );
+        sqlx::query_as(AssertSqlSafe(sql))
+            .bind(consumer)
+            .fetch_one(pool)
+            .await
     }
 }

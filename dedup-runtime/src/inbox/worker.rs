@@ -1,0 +1,571 @@
+//! Workers: claim pending rows, run the handler on each with its "processed" mark in the
+//! same transaction, persist failures as a backoff and an error on the row, and bury rows
+//! whose attempts are used up. The backend-neutral part; each backend's statements are in
+//! `inbox/<db>.rs`.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use crate::backend::Backend;
+use crate::claim::Tx;
+use crate::lease::{Guarded, Owner, new_token};
+
+use super::{Inbox, InboxError};
+
+/// A message a worker claimed, as the handler sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InboxMessage {
+    pub(crate) id: String,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) headers: Option<Vec<u8>>,
+    pub(crate) attempt: u32,
+}
+
+impl InboxMessage {
+    /// The message id, as received.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The payload, byte for byte as received.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// The headers, byte for byte as received, if any.
+    pub fn headers(&self) -> Option<&[u8]> {
+        self.headers.as_deref()
+    }
+
+    /// Which attempt this is, from 1: counted when the row was claimed, so an attempt
+    /// that killed its process counts too.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+}
+
+/// What a worker runs for each message: its database effects go on `tx`, the transaction
+/// in which the message's row is marked processed — they commit together, or neither
+/// does. An error (its text is kept on the row as `last_error`) rolls both back and
+/// schedules the next attempt; after the last one the row is dead.
+///
+/// ```
+/// use dedup_runtime::inbox::{InboxHandler, InboxMessage};
+///
+/// struct Billing;
+///
+/// impl InboxHandler<sqlx::Sqlite> for Billing {
+///     type Error = sqlx::Error;
+///
+///     async fn handle(
+///         &self,
+///         tx: &mut sqlx::SqliteConnection,
+///         message: &InboxMessage,
+///     ) -> Result<(), sqlx::Error> {
+///         sqlx::query("INSERT INTO invoices (message_id, body) VALUES (?1, ?2)")
+///             .bind(message.id())
+///             .bind(message.payload())
+///             .execute(&mut *tx)
+///             .await?;
+///         Ok(())
+///     }
+/// }
+/// ```
+pub trait InboxHandler<DB: Backend>: Send + Sync {
+    /// The handler's error; its `Display` is kept on the row.
+    type Error: fmt::Display + Send;
+
+    /// Processes one message on `tx`.
+    fn handle<'c>(
+        &'c self,
+        tx: &'c mut DB::Connection,
+        message: &'c InboxMessage,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'c;
+}
+
+/// What one [`Worker::process_batch`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Batch {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Processed and committed, with their mark.
+    pub processed: usize,
+    /// Failed; scheduled for another attempt.
+    pub failed: usize,
+    /// Failed on their last attempt, or found claimed by a worker that stopped during its
+    /// last attempt: dead, kept for an operator.
+    pub dead: usize,
+    /// Claims this worker had lost (its lease ended and another worker took the row):
+    /// skipped, nothing of them committed.
+    pub lost: usize,
+    /// Claimed rows released unstarted at shutdown, their attempt not counted.
+    pub released: usize,
+}
+
+/// Claims and processes an inbox's pending rows. Build it with [`Inbox::worker`]; run
+/// [`process_batch`](Self::process_batch) in your own loop or [`run`](Self::run) until a
+/// shutdown signal.
+pub struct Worker<'p, DB: Backend> {
+    inbox: Inbox<'p, DB>,
+    lease: Duration,
+    max_attempts: u32,
+    batch: u32,
+    base_delay: Duration,
+    max_delay: Duration,
+    poll: Duration,
+}
+
+/// The row a worker statement is about: the inbox's table and consumer, an id, an owner.
+#[doc(hidden)]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+pub struct Claimed<'a> {
+    pub(crate) table: &'a crate::schema::Table,
+    pub(crate) consumer: &'a str,
+    pub(crate) id: &'a str,
+    pub(crate) owner: &'a Owner,
+}
+
+impl<'p, DB: Backend> Inbox<'p, DB> {
+    /// A worker for this inbox: a 30 s lease, 5 attempts, 16 rows per claim, a backoff from
+    /// 1 s doubling to 5 min with full jitter, and a 1 s poll when idle.
+    pub fn worker(&self) -> Worker<'p, DB> {
+        Worker {
+            inbox: self.clone(),
+            lease: Duration::from_secs(30),
+            max_attempts: 5,
+            batch: 16,
+            base_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(300),
+            poll: Duration::from_secs(1),
+        }
+    }
+}
+
+impl<'p, DB: Backend> Worker<'p, DB> {
+    /// How long a claim holds a row before another worker may take it (the handler must
+    /// finish within it). At least 1 ms.
+    pub fn lease(self, lease: Duration) -> Self {
+        Worker {
+            lease: lease.max(Duration::from_millis(1)),
+            ..self
+        }
+    }
+
+    /// Attempts per message before its row is dead (at least 1).
+    pub fn max_attempts(self, attempts: u32) -> Self {
+        Worker {
+            max_attempts: attempts.max(1),
+            ..self
+        }
+    }
+
+    /// Rows claimed at once (1 to 1,000).
+    pub fn batch(self, rows: u32) -> Self {
+        Worker {
+            batch: rows.clamp(1, 1_000),
+            ..self
+        }
+    }
+
+    /// The backoff after a failure: `base` doubled per attempt, at most `max`, full jitter.
+    pub fn backoff(self, base: Duration, max: Duration) -> Self {
+        Worker {
+            base_delay: base,
+            max_delay: max.max(base),
+            ..self
+        }
+    }
+
+    /// How long [`run`](Self::run) waits when there was nothing to claim.
+    pub fn poll_interval(self, poll: Duration) -> Self {
+        Worker { poll, ..self }
+    }
+
+    /// The delay before attempt `attempt + 1`, after attempt `attempt` failed.
+    fn delay(&self, attempt: u32) -> Duration {
+        let exponent = attempt.saturating_sub(1).min(30);
+        let bound = self
+            .base_delay
+            .saturating_mul(1 << exponent)
+            .min(self.max_delay);
+        let micros = u64::try_from(bound.as_micros()).unwrap_or(u64::MAX);
+        let random = u64::from_le_bytes(new_token()[..8].try_into().expect("8 bytes"));
+        Duration::from_micros(random % (micros + 1))
+    }
+
+    fn classify(&self, error: sqlx::Error) -> InboxError {
+        self.inbox.classify(error)
+    }
+
+    /// Claims up to [`batch`](Self::batch) rows and processes them one after the other,
+    /// each in its own transaction. First buries the rows whose last attempt ended with
+    /// their worker gone. Returns what it did; `claimed == 0` when nothing was due.
+    pub async fn process_batch<H: InboxHandler<DB>>(
+        &self,
+        handler: &H,
+    ) -> Result<Batch, InboxError> {
+        self.process_until(handler, &mut || false).await
+    }
+
+    /// [`process_batch`](Self::process_batch), asking `stop` before each message: once it
+    /// says so, the rows not started yet are released at once (their attempt not counted),
+    /// for another worker to take without waiting for the lease.
+    async fn process_until<H: InboxHandler<DB>>(
+        &self,
+        handler: &H,
+        stop: &mut (dyn FnMut() -> bool + Send),
+    ) -> Result<Batch, InboxError> {
+        let claims = self.claim().await?;
+        let mut batch = Batch {
+            claimed: claims.messages.len(),
+            dead: claims.buried,
+            ..Batch::default()
+        };
+        for message in &claims.messages {
+            if stop() {
+                batch.released += self.release(&claims).await?;
+                break;
+            }
+            match self.process(&claims, message, handler).await? {
+                Processed::Processed => batch.processed += 1,
+                Processed::Failed => batch.failed += 1,
+                Processed::Dead => batch.dead += 1,
+                Processed::Lost => batch.lost += 1,
+            }
+        }
+        Ok(batch)
+    }
+
+    /// The first half of [`process_batch`](Self::process_batch), for a loop of your own:
+    /// buries the rows whose last attempt ended with their worker gone, then claims up to
+    /// [`batch`](Self::batch) due rows under one new owner token, counting their attempt.
+    /// Process each with [`process`](Self::process) within the lease; [`release`](Self::release)
+    /// what you will not process.
+    pub async fn claim(&self) -> Result<Claims, InboxError> {
+        let inbox = &self.inbox;
+        let mut attempt = 0;
+        // A deadlock or serialization failure between claiming workers changed nothing:
+        // claim again, a few times, after a jittered pause.
+        let (buried, owner, messages) = loop {
+            attempt += 1;
+            let owner = new_token();
+            let claimed = async {
+                let buried =
+                    DB::inbox_bury(inbox.pool, &inbox.table, &inbox.consumer, self.max_attempts)
+                        .await?;
+                let messages = DB::inbox_claim(
+                    inbox.pool,
+                    &inbox.table,
+                    &inbox.consumer,
+                    &owner,
+                    micros(self.lease),
+                    self.batch,
+                    self.max_attempts,
+                )
+                .await?;
+                Ok::<_, sqlx::Error>((buried, messages))
+            }
+            .await;
+            match claimed {
+                Ok((buried, messages)) => break (buried, owner, messages),
+                Err(error)
+                    if attempt < crate::retry::MAX_ATTEMPTS
+                        && crate::classify::is_transient::<DB>(&error) =>
+                {
+                    tokio::time::sleep(crate::retry::backoff(attempt)).await;
+                }
+                Err(error) => return Err(self.classify(error)),
+            }
+        };
+        Ok(Claims {
+            owner,
+            messages,
+            buried: buried as usize,
+        })
+    }
+
+    /// Runs `handler` on one claimed message, its row marked processed in the same
+    /// transaction — after checking that the claim is still `claims`' own: a claim lost
+    /// (its lease ended, another worker took the row) is [`Processed::Lost`], and nothing
+    /// runs.
+    pub async fn process<H: InboxHandler<DB>>(
+        &self,
+        claims: &Claims,
+        message: &InboxMessage,
+        handler: &H,
+    ) -> Result<Processed, InboxError> {
+        self.process_one(handler, &claims.owner, message).await
+    }
+
+    /// Releases the claimed rows of `claims` not processed yet: pending again at once,
+    /// their attempt not counted; how many.
+    pub async fn release(&self, claims: &Claims) -> Result<usize, InboxError> {
+        let inbox = &self.inbox;
+        let released = DB::inbox_release(inbox.pool, &inbox.table, &inbox.consumer, &claims.owner)
+            .await
+            .map_err(|error| self.classify(error))?;
+        Ok(released as usize)
+    }
+
+    async fn process_one<H: InboxHandler<DB>>(
+        &self,
+        handler: &H,
+        owner: &Owner,
+        message: &InboxMessage,
+    ) -> Result<Processed, InboxError> {
+        let inbox = &self.inbox;
+        let row = Claimed {
+            table: &inbox.table,
+            consumer: &inbox.consumer,
+            id: &message.id,
+            owner,
+        };
+        // A deadlock, serialization failure or lock timeout of our own statements (the
+        // mark, the check, the commit) rolled everything back: run the transaction again,
+        // a few times, within the same claim. The handler's own errors are its failures.
+        let mut attempt = 0;
+        let outcome = loop {
+            attempt += 1;
+            match self.transaction(handler, &row, message).await {
+                Attempt::Transient(error)
+                    if attempt < crate::retry::MAX_ATTEMPTS
+                        && crate::classify::is_transient::<DB>(&error) =>
+                {
+                    tracing::debug!(%error, attempt, "inbox: transient failure; running the transaction again");
+                    tokio::time::sleep(crate::retry::backoff(attempt)).await;
+                }
+                Attempt::Transient(error) => break Err(error.to_string()),
+                Attempt::Lost => {
+                    tracing::warn!(
+                        consumer = inbox.consumer,
+                        message_id = message.id,
+                        "the claim was lost (its lease ended and another worker took the row): skipped"
+                    );
+                    return Ok(Processed::Lost);
+                }
+                Attempt::Error(error) => return Err(self.classify(error)),
+                Attempt::Committed => break Ok(()),
+                Attempt::Failed(text) => break Err(text),
+            }
+        };
+        match outcome {
+            Ok(()) => Ok(Processed::Processed),
+            Err(text) => {
+                let dead = message.attempt >= self.max_attempts;
+                let delay = micros(self.delay(message.attempt));
+                let mut attempt = 0;
+                let failed = loop {
+                    attempt += 1;
+                    match DB::inbox_fail(inbox.pool, &row, &text, delay, dead).await {
+                        Ok(failed) => break failed,
+                        Err(error)
+                            if attempt < crate::retry::MAX_ATTEMPTS
+                                && crate::classify::is_transient::<DB>(&error) =>
+                        {
+                            tokio::time::sleep(crate::retry::backoff(attempt)).await;
+                        }
+                        Err(error) => return Err(self.classify(error)),
+                    }
+                };
+                if !failed {
+                    return Ok(Processed::Lost);
+                }
+                if dead {
+                    tracing::warn!(
+                        consumer = inbox.consumer,
+                        message_id = message.id,
+                        attempts = message.attempt,
+                        error = text,
+                        "inbox message dead after its last attempt"
+                    );
+                    Ok(Processed::Dead)
+                } else {
+                    tracing::debug!(
+                        consumer = inbox.consumer,
+                        message_id = message.id,
+                        attempt = message.attempt,
+                        error = text,
+                        "inbox message failed; retried later"
+                    );
+                    Ok(Processed::Failed)
+                }
+            }
+        }
+    }
+
+    /// Processes batches until `shutdown` completes, waiting the poll interval whenever
+    /// nothing was due. Graceful: once `shutdown` has completed, the message in hand is
+    /// finished (its handler is never cancelled), the claimed rows not started yet are
+    /// released at once for other workers, and `run` returns. A database failure is logged
+    /// and retried after the poll interval, so that a worker outlives an outage.
+    pub async fn run<H: InboxHandler<DB>>(
+        &self,
+        handler: &H,
+        shutdown: impl Future<Output = ()> + Send,
+    ) {
+        let mut shutdown = Shutdown {
+            future: std::pin::pin!(shutdown),
+            done: false,
+        };
+        loop {
+            if shutdown.check() {
+                return;
+            }
+            let idle = match self.process_until(handler, &mut || shutdown.check()).await {
+                Ok(batch) => batch.claimed == 0,
+                Err(error) => {
+                    tracing::warn!(%error, "inbox worker: claiming or marking failed; trying again");
+                    true
+                }
+            };
+            if idle && !shutdown.done {
+                // Whichever comes first: the poll interval, or the shutdown.
+                let mut sleep = std::pin::pin!(tokio::time::sleep(self.poll));
+                let stopped = std::future::poll_fn(|context| {
+                    if shutdown.future.as_mut().poll(context).is_ready() {
+                        return std::task::Poll::Ready(true);
+                    }
+                    sleep.as_mut().poll(context).map(|()| false)
+                })
+                .await;
+                if stopped {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// The shutdown signal of [`Worker::run`], polled without waiting between messages.
+struct Shutdown<'a, F: Future<Output = ()>> {
+    future: std::pin::Pin<&'a mut F>,
+    /// It has completed: never poll it again.
+    done: bool,
+}
+
+impl<F: Future<Output = ()>> Shutdown<'_, F> {
+    fn check(&mut self) -> bool {
+        if !self.done {
+            let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+            self.done = self.future.as_mut().poll(&mut context).is_ready();
+        }
+        self.done
+    }
+}
+
+impl<DB: Backend> Worker<'_, DB> {
+    /// One transaction for `message`: the owner-checked mark, the handler, the check and
+    /// the commit.
+    async fn transaction<H: InboxHandler<DB>>(
+        &self,
+        handler: &H,
+        row: &Claimed<'_>,
+        message: &InboxMessage,
+    ) -> Attempt {
+        // Closed, not pooled, unless the transaction ends here as it should: a call
+        // cancelled mid-transaction (or a MySQL session left out of autocommit) must not
+        // reach another user of the pool.
+        let mut conn = match self.inbox.pool.acquire().await {
+            Ok(conn) => Guarded::new(conn),
+            Err(error) => return Attempt::Error(error),
+        };
+        let unclean = AtomicBool::new(DB::CHANGES_SESSION);
+        let attempt = {
+            let mut tx = match DB::begin_owned(&mut conn, false).await {
+                Ok(tx) => tx,
+                Err(error) => return Attempt::Transient(error),
+            };
+            // The mark first, owner-checked: it fails at once for a claim that was lost,
+            // and holds the row's lock until the commit.
+            let marked = DB::inbox_mark(&mut *tx, row).await;
+            let wrote = matches!(marked, Ok(true));
+            let ended = match marked {
+                Ok(true) => match handler.handle(&mut *tx, message).await {
+                    Ok(()) => match DB::inbox_check(&mut *tx, row).await {
+                        Ok(()) => None,
+                        Err(error) => Some(Attempt::Transient(error)),
+                    },
+                    Err(error) => Some(Attempt::Failed(error.to_string())),
+                },
+                Ok(false) => Some(Attempt::Lost),
+                Err(error) => Some(Attempt::Transient(error)),
+            };
+            let tx = Tx {
+                tx,
+                unclean: &unclean,
+            };
+            match ended {
+                None => match DB::commit_owned(tx, None, true).await {
+                    Ok(()) => Attempt::Committed,
+                    Err(error) => Attempt::Transient(error),
+                },
+                Some(ended) => {
+                    let _ = DB::rollback_owned(tx, true, wrote).await;
+                    ended
+                }
+            }
+        };
+        if !unclean.load(std::sync::atomic::Ordering::Relaxed) {
+            conn.set_clean();
+        }
+        attempt
+    }
+}
+
+/// How one transaction of [`Worker::transaction`] ended.
+enum Attempt {
+    Committed,
+    /// The handler failed, with this text.
+    Failed(String),
+    /// The claim was lost: nothing ran.
+    Lost,
+    /// A failure of ours inside the transaction: retried when transient.
+    Transient(sqlx::Error),
+    /// No connection: the batch ends with it.
+    Error(sqlx::Error),
+}
+
+/// How [`Worker::process`] ended for one message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Processed {
+    /// The handler's effects and the row's mark committed.
+    Processed,
+    /// The handler failed: rolled back, the next attempt scheduled (its error kept).
+    Failed,
+    /// The handler failed on the last attempt: rolled back, the row dead.
+    Dead,
+    /// The claim was lost before the mark (the lease ended and another worker took the
+    /// row): nothing ran, nothing changed.
+    Lost,
+}
+
+/// Rows one [`Worker::claim`] took, under one owner token.
+#[derive(Debug)]
+pub struct Claims {
+    owner: Owner,
+    messages: Vec<InboxMessage>,
+    buried: usize,
+}
+
+impl Claims {
+    /// The claimed messages.
+    pub fn messages(&self) -> &[InboxMessage] {
+        &self.messages
+    }
+
+    /// Rows the claim found dead first (their worker stopped during their last attempt).
+    pub fn buried(&self) -> usize {
+        self.buried
+    }
+}
+
+fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
+}
