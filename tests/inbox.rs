@@ -809,3 +809,65 @@ inbox_suite!(
               SET lease_until = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 seconds') \
               WHERE consumer = ?1 AND state = 1",
 );
+
+/// No full scans as the inbox grows (PostgreSQL's plans, read with `EXPLAIN`): with
+/// 20,000 processed rows and a few pending ones, the claim of pending rows, the takeover
+/// of expired claims and the dead-row listing each go through their partial index.
+#[tokio::test]
+async fn postgres_claims_use_the_partial_indexes() {
+    let pool = dedup_suite::postgres().await;
+    dedup_runtime::inbox::migrate(&pool).await.unwrap();
+    let consumer = unique("inbox-explain");
+    sqlx::query(
+        "INSERT INTO inbox_messages (consumer, message_id, payload, state, processed_at) \
+         SELECT $1, 'done-' || g, 'p', 2, clock_timestamp() FROM generate_series(1, 20000) AS g",
+    )
+    .bind(&consumer)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let inbox = Inbox::new(&pool, &consumer).unwrap();
+    for n in 0..5 {
+        inbox
+            .receive(Incoming::new(&format!("new-{n}"), b"p"))
+            .await
+            .unwrap();
+    }
+    sqlx::query("ANALYZE inbox_messages")
+        .execute(&pool)
+        .await
+        .unwrap();
+    for (query, index) in [
+        (
+            "SELECT consumer, message_id FROM inbox_messages WHERE consumer = $1 AND state = 0 \
+             AND next_attempt_at <= clock_timestamp() ORDER BY next_attempt_at, seq LIMIT 16 \
+             FOR UPDATE SKIP LOCKED",
+            "inbox_messages_pending_idx",
+        ),
+        (
+            "SELECT consumer, message_id FROM inbox_messages WHERE consumer = $1 AND state = 1 \
+             AND lease_until <= clock_timestamp() AND attempts < 5 ORDER BY lease_until LIMIT 16 \
+             FOR UPDATE SKIP LOCKED",
+            "inbox_messages_claimed_idx",
+        ),
+        (
+            "SELECT message_id FROM inbox_messages WHERE consumer = $1 AND state = 3 ORDER BY seq \
+             LIMIT 100",
+            "inbox_messages_dead_idx",
+        ),
+    ] {
+        let plan: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("EXPLAIN {query}")))
+            .bind(&consumer)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+        let plan = plan.join("\n");
+        assert!(plan.contains(index), "{query}\n{plan}");
+        assert!(!plan.contains("Seq Scan"), "{query}\n{plan}");
+    }
+    sqlx::query("DELETE FROM inbox_messages WHERE consumer = $1")
+        .bind(&consumer)
+        .execute(&pool)
+        .await
+        .unwrap();
+}

@@ -43,6 +43,13 @@
 //! ([`DEFAULT_MAX_PAYLOAD_LEN`], up to [`MAX_PAYLOAD_LEN`]) is refused with a typed error
 //! that names the limit, never truncated.
 //!
+//! **Processing** is a [`Worker`]'s ([`Inbox::worker`]): it claims due rows under an owner
+//! token (the attempt counted at the claim), runs an [`InboxHandler`] on each in a
+//! transaction whose first statement marks the row processed — owner-checked, so that a
+//! worker that lost its claim runs nothing — and persists a failure as the next attempt's
+//! time and the error's text; after the last attempt the row is dead, for an operator
+//! ([`Inbox::dead`], [`Inbox::requeue`], [`Inbox::discard`], [`Inbox::stats`]).
+//!
 //! The table, `inbox_messages` by default, comes from [`migrate`] (or [`migrate_table`]),
 //! or from the shipped `0003_inbox_messages.sql` of your backend ([`schema_sql`] prints
 //! it). Its rows: `state` 0 pending, 1 claimed by a worker (`owner`, `lease_until`), 2
