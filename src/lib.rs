@@ -154,6 +154,13 @@ impl TempSqlite {
     }
 }
 
+impl TempSqlite {
+    /// The database file.
+    pub fn path(&self) -> &std::path::Path {
+        &self.path
+    }
+}
+
 impl std::ops::Deref for TempSqlite {
     type Target = SqlitePool;
     fn deref(&self) -> &SqlitePool {
@@ -286,7 +293,8 @@ pub async fn ddl<DB: TestDatabase>(pool: &Pool<DB>, sql: &str) {
 }
 
 /// The path of the example binary `name`, after building `examples` (the package's
-/// examples) once per test process, with the test's own profile and `feature` (a no-op
+/// examples) once per test process, with the test's own profile and `feature` (none when
+/// empty; a no-op
 /// when `cargo test` has just built them). For crash harnesses that run an example as a
 /// child process.
 ///
@@ -327,13 +335,12 @@ pub fn example_binary(feature: &str, examples: &[&str], name: &str) -> std::path
                 cargo.env_remove(&*name);
             }
         }
-        cargo.current_dir(env!("CARGO_MANIFEST_DIR")).args([
-            "build",
-            "--profile",
-            &profile,
-            "--features",
-            feature,
-        ]);
+        cargo
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .args(["build", "--profile", &profile]);
+        if !feature.is_empty() {
+            cargo.args(["--features", feature]);
+        }
         for example in examples {
             cargo.args(["--example", example]);
         }

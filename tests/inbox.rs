@@ -871,3 +871,79 @@ async fn postgres_claims_use_the_partial_indexes() {
         .await
         .unwrap();
 }
+
+/// `examples/inbox.rs`, the operator's command, run as a process against a SQLite file:
+/// `stats`, `dead` with the last error, `requeue` and `discard` of dead rows only, and
+/// exit status 2 for bad arguments.
+#[tokio::test]
+async fn the_operator_command_lists_requeues_and_discards_dead_messages() {
+    let db = dedup_suite::sqlite().await;
+    dedup_runtime::inbox::migrate(&*db).await.unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO inbox_messages (consumer, message_id, payload, state, attempts, last_error) \
+         VALUES ('ops', 'evt_dead_1', x'00', 3, 5, 'cannot parse: missing field `cents`'), \
+                ('ops', 'evt_dead_2', x'00', 3, 5, 'boom'), \
+                ('ops', 'evt_pending', x'00', 0, 0, NULL)",
+    )
+    .execute(&*db)
+    .await
+    .unwrap();
+    let program =
+        tokio::task::spawn_blocking(|| dedup_suite::example_binary("", &["inbox"], "inbox"))
+            .await
+            .unwrap();
+    let url = format!("sqlite:{}", db.path().display());
+    let run = |args: &[&str]| {
+        let output = std::process::Command::new(&program)
+            .args(args)
+            .args(["--database-url", &url, "--consumer", "ops"])
+            .env_remove("DATABASE_URL")
+            .output()
+            .expect("run the inbox command");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = run(&["stats"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("pending             1") && out.contains("dead                2"),
+        "{out}"
+    );
+    let (code, out, _) = run(&["dead"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains("evt_dead_1  after 5 attempt(s): cannot parse: missing field `cents`"),
+        "{out}"
+    );
+    let (code, out, _) = run(&["requeue", "evt_dead_1", "evt_pending"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains("evt_dead_1  re-queued") && out.contains("evt_pending  not dead"),
+        "{out}"
+    );
+    let (code, out, _) = run(&["discard", "evt_dead_2"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("evt_dead_2  discarded"), "{out}");
+    let states: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT message_id, state, attempts FROM inbox_messages WHERE consumer = 'ops' ORDER BY message_id",
+    )
+    .fetch_all(&*db)
+    .await
+    .unwrap();
+    assert_eq!(
+        states,
+        vec![
+            ("evt_dead_1".to_owned(), 0, 0),
+            ("evt_dead_2".to_owned(), 2, 5),
+            ("evt_pending".to_owned(), 0, 0),
+        ]
+    );
+    let (code, _, err) = run(&["requeue"]);
+    assert_eq!(code, Some(2), "no id: a usage error");
+    assert!(err.contains("no message id given"), "{err}");
+    let (code, _, err) = run(&["requeue", ""]);
+    assert_eq!(code, Some(2), "an invalid id: {err}");
+}
