@@ -151,7 +151,7 @@ fn poison_bodies() -> HashSet<String> {
 /// The example binaries, built once per test process with the test's own profile and the
 /// feature that enables them, `brokers`.
 fn example(name: &str) -> PathBuf {
-    dedup_suite::example_binary("brokers", &["rabbitmq", "nats"], name)
+    dedup_suite::example_binary("brokers", &["rabbitmq", "rabbitmq_inbox", "nats"], name)
 }
 
 /// When to kill a consumer process.
@@ -389,6 +389,18 @@ struct Stored {
 }
 
 async fn stored(pool: &PgPool, effects_table: &str, consumer: &str, run: &str) -> Stored {
+    stored_in(pool, effects_table, "processed_messages", consumer, run).await
+}
+
+/// [`stored`], the dedup rows read from `dedup_table` (the inbox's, for the inbox
+/// consumer: its rows processed).
+async fn stored_in(
+    pool: &PgPool,
+    effects_table: &str,
+    dedup_table: &str,
+    consumer: &str,
+    run: &str,
+) -> Stored {
     let pattern = format!("{run}/%");
     let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT message_id, COUNT(*) FROM {effects_table} WHERE message_id LIKE $1 \
@@ -398,9 +410,14 @@ async fn stored(pool: &PgPool, effects_table: &str, consumer: &str, run: &str) -
     .fetch_all(pool)
     .await
     .expect("read the effects");
-    let dedup_rows: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM processed_messages WHERE consumer = $1 AND message_id LIKE $2",
-    )
+    let processed = if dedup_table == "processed_messages" {
+        ""
+    } else {
+        " AND state = 2"
+    };
+    let dedup_rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM {dedup_table} WHERE consumer = $1 AND message_id LIKE $2{processed}"
+    )))
     .bind(consumer)
     .bind(&pattern)
     .fetch_one(pool)
@@ -565,6 +582,17 @@ async fn with_cleanup<T>(body: impl Future<Output = T>, cleanup: impl Future<Out
 /// Deletes a passed run's effect and dedup rows, so that the tables do not grow with
 /// every run. (A failed run keeps them, for a look.)
 async fn forget_run(pool: &PgPool, effects_table: &str, consumer: &str, run: &str) {
+    forget_run_in(pool, effects_table, "processed_messages", consumer, run).await;
+}
+
+/// [`forget_run`], the dedup rows in `dedup_table`.
+async fn forget_run_in(
+    pool: &PgPool,
+    effects_table: &str,
+    dedup_table: &str,
+    consumer: &str,
+    run: &str,
+) {
     let pattern = format!("{run}/%");
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DELETE FROM {effects_table} WHERE message_id LIKE $1"
@@ -573,12 +601,14 @@ async fn forget_run(pool: &PgPool, effects_table: &str, consumer: &str, run: &st
     .execute(pool)
     .await
     .expect("delete this run's effects");
-    sqlx::query("DELETE FROM processed_messages WHERE consumer = $1 AND message_id LIKE $2")
-        .bind(consumer)
-        .bind(&pattern)
-        .execute(pool)
-        .await
-        .expect("delete this run's dedup rows");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DELETE FROM {dedup_table} WHERE consumer = $1 AND message_id LIKE $2"
+    )))
+    .bind(consumer)
+    .bind(&pattern)
+    .execute(pool)
+    .await
+    .expect("delete this run's dedup rows");
 }
 
 fn database_url() -> String {
@@ -638,8 +668,57 @@ mod rabbitmq {
         }
     }
 
+    /// A consumer example the RabbitMQ harness runs.
+    struct Variant {
+        /// `== <title>: crash harness`.
+        title: &'static str,
+        example: &'static str,
+        effects_table: &'static str,
+        create_effects: &'static str,
+        /// Where its dedup rows are: `processed_messages`, or the inbox's table.
+        dedup_table: &'static str,
+        consumer: &'static str,
+        /// More environment for the example.
+        env: &'static [(&'static str, &'static str)],
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn rabbitmq_consumer_is_effectively_once_under_sigkill() {
+        harness(&Variant {
+            title: "RabbitMQ",
+            example: "rabbitmq",
+            effects_table: "rabbitmq_example_effects",
+            create_effects: "CREATE TABLE IF NOT EXISTS rabbitmq_example_effects (message_id \
+                             text NOT NULL, body text NOT NULL, applied_at timestamptz NOT NULL \
+                             DEFAULT now())",
+            dedup_table: "processed_messages",
+            consumer: "rabbitmq-example",
+            env: &[],
+        })
+        .await;
+    }
+
+    /// The inbox in front: `examples/rabbitmq_inbox.rs` stores each delivery and
+    /// acknowledges it at once, its workers process the inbox (2 workers, a 2 s lease);
+    /// kills land between the inbox's commit and the acknowledgement, and in workers'
+    /// transactions.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rabbitmq_inbox_consumer_is_effectively_once_under_sigkill() {
+        harness(&Variant {
+            title: "inbox (RabbitMQ)",
+            example: "rabbitmq_inbox",
+            effects_table: "rabbitmq_inbox_effects",
+            create_effects: "CREATE TABLE IF NOT EXISTS rabbitmq_inbox_effects (message_id text \
+                             NOT NULL, body text NOT NULL, applied_at timestamptz NOT NULL \
+                             DEFAULT now())",
+            dedup_table: "inbox_messages",
+            consumer: "rabbitmq-inbox-example",
+            env: &[("WORKERS", "2"), ("LEASE_MS", "2000")],
+        })
+        .await;
+    }
+
+    async fn harness(variant: &Variant) {
         let _alone = ONE_AT_A_TIME.lock().await;
         let started = Instant::now();
         let scale = Scale::from_env();
@@ -659,13 +738,7 @@ mod rabbitmq {
         let body = async {
             let channel = connection.create_channel().await.expect("open a channel");
             dedup_suite::rabbitmq::declare(&channel, &queue, false).await;
-            sqlx::query(
-                "CREATE TABLE IF NOT EXISTS rabbitmq_example_effects (message_id text NOT NULL, \
-                 body text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
-            )
-            .execute(&pool)
-            .await
-            .expect("create the effects table");
+            dedup_suite::ddl(&pool, variant.create_effects).await;
 
             let published = plan(&run, &scale, &mut Shuffle::new(scale.seed));
             channel
@@ -703,10 +776,11 @@ mod rabbitmq {
                 "queue depth after publishing"
             );
 
-            let program = tokio::task::spawn_blocking(|| example("rabbitmq"))
+            let name = variant.example;
+            let program = tokio::task::spawn_blocking(move || example(name))
                 .await
                 .expect("build the examples");
-            let env = vec![
+            let mut env = vec![
                 ("AMQP_URL", url.clone()),
                 ("DATABASE_URL", database_url()),
                 ("QUEUE", queue.clone()),
@@ -714,6 +788,12 @@ mod rabbitmq {
                 ("PREFETCH", PREFETCH.to_owned()),
                 ("DEDUP_CRASH_WINDOW_MS", CRASH_WINDOW_MS.to_owned()),
             ];
+            env.extend(
+                variant
+                    .env
+                    .iter()
+                    .map(|(name, value)| (*name, (*value).to_owned())),
+            );
             let tally = {
                 let scale = scale.clone();
                 tokio::task::spawn_blocking(move || {
@@ -723,7 +803,14 @@ mod rabbitmq {
                 .expect("the crash loop")
             };
 
-            let stored = stored(&pool, "rabbitmq_example_effects", "rabbitmq-example", &run).await;
+            let stored = stored_in(
+                &pool,
+                variant.effects_table,
+                variant.dedup_table,
+                variant.consumer,
+                &run,
+            )
+            .await;
             check(&published, &stored, &tally, &scale);
             // The last consumer closed its channels cleanly: anything it had not
             // acknowledged would be back in the queue.
@@ -749,7 +836,7 @@ mod rabbitmq {
                 "the dead-letter queue holds the poison messages, once each, and nothing else"
             );
             report(
-                "RabbitMQ",
+                variant.title,
                 &published,
                 &stored,
                 &tally,
@@ -760,7 +847,14 @@ mod rabbitmq {
             );
         };
         with_cleanup(body, cleanup(&connection, &queue)).await;
-        forget_run(&pool, "rabbitmq_example_effects", "rabbitmq-example", &run).await;
+        forget_run_in(
+            &pool,
+            variant.effects_table,
+            variant.dedup_table,
+            variant.consumer,
+            &run,
+        )
+        .await;
         connection.close(200, "done".into()).await.ok();
     }
 }
