@@ -55,7 +55,8 @@ macro_rules! inbox_suite {
         effect = $effect:literal,
         group = $group:literal,
         state = $state:literal,
-        expire = $expire:literal $(,)?
+        expire = $expire:literal,
+        age = $age:literal $(,)?
     ) => {
         mod $backend {
             use super::*;
@@ -209,6 +210,55 @@ macro_rules! inbox_suite {
                     (0, 0, 2_000, 0)
                 );
                 assert_eq!(stats.oldest_pending, None);
+            }
+
+            /// Retention: processed rows older than the age go, in batches; pending and
+            /// dead rows and younger processed ones stay; an age shorter than the broker's
+            /// redelivery window is refused before anything is deleted. With
+            /// `drop_payloads`, the mark drops the payload at once.
+            #[tokio::test]
+            async fn pruning_keeps_the_redelivery_window_and_never_touches_unfinished_rows() {
+                const DAY: Duration = Duration::from_secs(24 * 60 * 60);
+                let db = $pool;
+                let pool: &sqlx::Pool<$db> = &db;
+                setup(pool).await;
+                let consumer = unique("inbox-prune");
+                let inbox = Inbox::new(pool, &consumer).unwrap().drop_payloads(true);
+                let ids = receive_all(&inbox, 6).await;
+                let handler = Effects::default();
+                *handler.poison.lock().unwrap() = Some(ids[5].clone());
+                let worker = inbox.worker().batch(4).max_attempts(1);
+                worker.process_batch(&handler).await.unwrap(); // 0..=3 processed
+                let (payload, headers, row_state, _) = row(pool, &consumer, &ids[0]).await.unwrap();
+                assert_eq!(
+                    (payload, headers, row_state),
+                    (None, None, 2),
+                    "payload dropped with the mark"
+                );
+                for id in &ids[..2] {
+                    sqlx::query($age)
+                        .bind(&consumer)
+                        .bind(id)
+                        .execute(pool)
+                        .await
+                        .unwrap();
+                }
+                let refused = inbox.prune(DAY, 2 * DAY).await;
+                assert!(
+                    matches!(
+                        refused,
+                        Err(dedup_runtime::PruneError::WindowTooShort { .. })
+                    ),
+                    "{refused:?}"
+                );
+                assert_eq!(rows(pool, &consumer).await, 6, "nothing deleted");
+                worker.process_batch(&handler).await.unwrap(); // 4 processed, 5 dead
+                assert_eq!(inbox.prune(7 * DAY, 2 * DAY).await.unwrap(), 2);
+                assert_eq!(rows(pool, &consumer).await, 4);
+                assert!(row(pool, &consumer, &ids[0]).await.is_none());
+                let stats = inbox.stats().await.unwrap();
+                assert_eq!((stats.processed, stats.dead), (3, 1));
+                assert_eq!(inbox.prune(7 * DAY, 2 * DAY).await.unwrap(), 0);
             }
 
             /// A poison message fails each attempt, with backoff persisted, and is dead
@@ -772,6 +822,8 @@ inbox_suite!(
              WHERE consumer = $1 AND message_id = $2",
     expire = "UPDATE inbox_messages SET lease_until = clock_timestamp() - interval '1 second' \
               WHERE consumer = $1 AND state = 1",
+    age = "UPDATE inbox_messages SET processed_at = clock_timestamp() - interval '10 days' \
+           WHERE consumer = $1 AND message_id = $2",
 );
 inbox_suite!(
     mysql,
@@ -790,6 +842,8 @@ inbox_suite!(
              FROM inbox_messages WHERE consumer = ? AND message_id = ?",
     expire = "UPDATE inbox_messages SET lease_until = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND \
               WHERE consumer = ? AND state = 1",
+    age = "UPDATE inbox_messages SET processed_at = UTC_TIMESTAMP(6) - INTERVAL 10 DAY \
+           WHERE consumer = ? AND message_id = ?",
 );
 inbox_suite!(
     sqlite,
@@ -808,6 +862,8 @@ inbox_suite!(
     expire = "UPDATE inbox_messages \
               SET lease_until = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 seconds') \
               WHERE consumer = ?1 AND state = 1",
+    age = "UPDATE inbox_messages SET processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-10 days') \
+           WHERE consumer = ?1 AND message_id = ?2",
 );
 
 /// No full scans as the inbox grows (PostgreSQL's plans, read with `EXPLAIN`): with

@@ -376,6 +376,17 @@ pub trait InboxOperatorBackend: Database {
         requeue: bool,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 
+    /// Deletes up to `batch` processed rows of `consumer` processed more than `age_us`
+    /// ago (the database's clock); how many.
+    #[doc(hidden)]
+    fn inbox_prune<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        age_us: i64,
+        batch: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
     /// The counts by state, and the age of the oldest pending row.
     #[doc(hidden)]
     fn inbox_stats<'a>(
@@ -426,6 +437,7 @@ pub struct Inbox<'p, DB: Database> {
     table: Table,
     consumer: String,
     max_payload_len: usize,
+    drop_payloads: bool,
 }
 
 impl<DB: Database> Clone for Inbox<'_, DB> {
@@ -435,6 +447,7 @@ impl<DB: Database> Clone for Inbox<'_, DB> {
             table: self.table.clone(),
             consumer: self.consumer.clone(),
             max_payload_len: self.max_payload_len,
+            drop_payloads: self.drop_payloads,
         }
     }
 }
@@ -459,6 +472,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
             table: Table::new(DEFAULT_TABLE).expect("the default table name is valid"),
             consumer: consumer.to_owned(),
             max_payload_len: DEFAULT_MAX_PAYLOAD_LEN,
+            drop_payloads: false,
         })
     }
 
@@ -475,6 +489,55 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
         Inbox {
             max_payload_len: len.min(MAX_PAYLOAD_LEN),
             ..self
+        }
+    }
+
+    /// Whether a worker drops a message's payload and headers when it marks the row
+    /// processed (in the same transaction), to save space: the row stays, as the dedup
+    /// record, until pruned. Off by default.
+    pub fn drop_payloads(self, drop: bool) -> Self {
+        Inbox {
+            drop_payloads: drop,
+            ..self
+        }
+    }
+
+    /// Deletes this consumer's processed rows processed more than `older_than` ago, in
+    /// batches of 2,000 with a rest as long as each batch took, so that receivers and
+    /// workers keep going. Processed rows are the dedup record of the receipt: like
+    /// [`Prune`](crate::Prune), this refuses an age shorter than the broker's
+    /// `redelivery_window` before it touches anything
+    /// ([`PruneError::WindowTooShort`](crate::PruneError::WindowTooShort)). Pending,
+    /// claimed and dead rows are never deleted. Returns how many rows it deleted.
+    pub async fn prune(
+        &self,
+        older_than: std::time::Duration,
+        redelivery_window: std::time::Duration,
+    ) -> Result<u64, crate::PruneError> {
+        crate::Prune::new(older_than, redelivery_window).check()?;
+        let batch = i64::from(crate::DEFAULT_PRUNE_BATCH);
+        let age_us = i64::try_from(older_than.saturating_add(crate::STAMP_AFTER).as_micros())
+            .unwrap_or(i64::MAX);
+        let mut deleted = 0;
+        loop {
+            let started = std::time::Instant::now();
+            let done = DB::inbox_prune(self.pool, &self.table, &self.consumer, age_us, batch)
+                .await
+                .map_err(|error| {
+                    if DB::is_missing_table(&error, &self.table) {
+                        crate::PruneError::MissingTable {
+                            table: self.table.name().to_owned(),
+                            error,
+                        }
+                    } else {
+                        crate::PruneError::Database(error)
+                    }
+                })?;
+            deleted += done;
+            if done < batch as u64 {
+                return Ok(deleted);
+            }
+            tokio::time::sleep(started.elapsed()).await;
         }
     }
 

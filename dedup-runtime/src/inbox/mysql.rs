@@ -271,9 +271,14 @@ impl InboxBackend for MySql {
         row: &'c Claimed<'c>,
     ) -> Result<bool, sqlx::Error> {
         let sql = format!(
-            "UPDATE {} SET state = 2, processed_at = UTC_TIMESTAMP(6), lease_until = NULL \
+            "UPDATE {} SET state = 2, processed_at = UTC_TIMESTAMP(6), lease_until = NULL{} \
              WHERE consumer = ? AND message_id = ? AND owner = ? AND state = 1",
-            row.table.name()
+            row.table.name(),
+            if row.drop_payload {
+                ", payload = NULL, headers = NULL"
+            } else {
+                ""
+            }
         );
         let done = sqlx::query(AssertSqlSafe(sql))
             .bind(row.consumer)
@@ -403,6 +408,26 @@ impl InboxOperatorBackend for MySql {
             .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn inbox_prune<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        age_us: i64,
+        batch: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let name = table.name();
+        let sql = format!(
+            "DELETE FROM {name} WHERE consumer = ? AND state = 2 AND processed_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND ORDER BY processed_at LIMIT ?"
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(age_us)
+            .bind(batch)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     async fn inbox_stats<'a>(

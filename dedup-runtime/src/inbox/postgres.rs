@@ -203,9 +203,14 @@ impl InboxBackend for Postgres {
         row: &'c Claimed<'c>,
     ) -> Result<bool, sqlx::Error> {
         let sql = format!(
-            "UPDATE {} SET state = 2, processed_at = clock_timestamp(), lease_until = NULL \
+            "UPDATE {} SET state = 2, processed_at = clock_timestamp(), lease_until = NULL{} \
              WHERE consumer = $1 AND message_id = $2 AND owner = $3 AND state = 1",
-            row.table.name()
+            row.table.name(),
+            if row.drop_payload {
+                ", payload = NULL, headers = NULL"
+            } else {
+                ""
+            }
         );
         let done = sqlx::query(AssertSqlSafe(sql))
             .bind(row.consumer)
@@ -311,6 +316,26 @@ impl InboxOperatorBackend for Postgres {
             .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn inbox_prune<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        age_us: i64,
+        batch: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let name = table.name();
+        let sql = format!(
+            "DELETE FROM {name} WHERE (consumer, message_id) IN (SELECT consumer, message_id FROM {name} WHERE consumer = $1 AND state = 2 AND processed_at < clock_timestamp() - $2::float8 * interval '1 microsecond' LIMIT $3)"
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(age_us)
+            .bind(batch)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     async fn inbox_stats<'a>(

@@ -185,9 +185,14 @@ impl InboxBackend for Sqlite {
         row: &'c Claimed<'c>,
     ) -> Result<bool, sqlx::Error> {
         let sql = format!(
-            "UPDATE {} SET state = 2, processed_at = {NOW}, lease_until = NULL \
+            "UPDATE {} SET state = 2, processed_at = {NOW}, lease_until = NULL{} \
              WHERE consumer = ?1 AND message_id = ?2 AND owner = ?3 AND state = 1",
-            row.table.name()
+            row.table.name(),
+            if row.drop_payload {
+                ", payload = NULL, headers = NULL"
+            } else {
+                ""
+            }
         );
         let done = sqlx::query(AssertSqlSafe(sql))
             .bind(row.consumer)
@@ -294,6 +299,26 @@ impl InboxOperatorBackend for Sqlite {
             .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn inbox_prune<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        age_us: i64,
+        batch: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let name = table.name();
+        let sql = format!(
+            "DELETE FROM {name} WHERE seq IN (SELECT seq FROM {name} WHERE consumer = ?1 AND state = 2 AND processed_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('-%.6f seconds', ?2 / 1000000.0)) LIMIT ?3)"
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(age_us)
+            .bind(batch)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     async fn inbox_stats<'a>(

@@ -129,6 +129,8 @@ pub struct Claimed<'a> {
     pub(crate) consumer: &'a str,
     pub(crate) id: &'a str,
     pub(crate) owner: &'a Owner,
+    /// The mark drops the payload and headers ([`Inbox::drop_payloads`]).
+    pub(crate) drop_payload: bool,
 }
 
 impl<'p, DB: Backend> Inbox<'p, DB> {
@@ -325,6 +327,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
             consumer: &inbox.consumer,
             id: &message.id,
             owner,
+            drop_payload: inbox.drop_payloads,
         };
         // A deadlock, serialization failure or lock timeout of our own statements (the
         // mark, the check, the commit) rolled everything back: run the transaction again,
