@@ -125,6 +125,7 @@ pub struct Incoming<'a> {
     id: MessageId<'a>,
     payload: &'a [u8],
     headers: Option<&'a [u8]>,
+    ordering_key: Option<&'a str>,
 }
 
 impl<'a> Incoming<'a> {
@@ -134,12 +135,23 @@ impl<'a> Incoming<'a> {
             id: id.message_id(),
             payload,
             headers: None,
+            ordering_key: None,
         }
     }
 
     /// With `headers`, stored as given (encode them as you like: JSON, a protobuf…).
     pub fn headers(mut self, headers: &'a [u8]) -> Self {
         self.headers = Some(headers);
+        self
+    }
+
+    /// With an ordering key: messages of one consumer with the same key are processed one
+    /// at a time, in the order they were received, whatever the number of workers; a
+    /// failing message holds up the later ones of its key only (until it succeeds, or is
+    /// re-queued or discarded once dead). Checked as message ids are (1 to 255 bytes, no
+    /// NUL).
+    pub fn ordering_key(mut self, key: &'a str) -> Self {
+        self.ordering_key = Some(key);
         self
     }
 }
@@ -174,6 +186,8 @@ pub enum Refused {
         /// The inbox's limit ([`Inbox::max_payload_len`]).
         max: usize,
     },
+    /// The ordering key is empty, too long or contains NUL (the message id's rules).
+    InvalidOrderingKey(InvalidMessageId),
     /// The headers are longer than [`MAX_HEADERS_LEN`].
     HeadersTooLarge {
         /// The headers' length in bytes.
@@ -187,6 +201,7 @@ impl fmt::Display for Refused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Refused::InvalidMessageId(error) => error.fmt(f),
+            Refused::InvalidOrderingKey(error) => write!(f, "invalid ordering key: {error}"),
             Refused::PayloadTooLarge { len, max } => write!(
                 f,
                 "the payload is {len} bytes, over the inbox's limit of {max} bytes: it is \
@@ -204,7 +219,7 @@ impl fmt::Display for Refused {
 impl std::error::Error for Refused {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Refused::InvalidMessageId(error) => Some(error),
+            Refused::InvalidMessageId(error) | Refused::InvalidOrderingKey(error) => Some(error),
             _ => None,
         }
     }
@@ -262,6 +277,7 @@ pub struct Row<'a> {
     pub(crate) id: &'a str,
     pub(crate) payload: &'a [u8],
     pub(crate) headers: Option<&'a [u8]>,
+    pub(crate) ordering_key: Option<&'a str>,
 }
 
 /// How one backend stores inbox rows. Part of [`Backend`].
@@ -567,10 +583,16 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
                 max: MAX_HEADERS_LEN,
             });
         }
+        if let Some(key) = message.ordering_key {
+            MessageId::borrowed(key)
+                .validate()
+                .map_err(Refused::InvalidOrderingKey)?;
+        }
         Ok(Row {
             id,
             payload: message.payload,
             headers: message.headers,
+            ordering_key: message.ordering_key,
         })
     }
 
@@ -627,6 +649,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
                             id: row.id,
                             payload: row.payload,
                             headers: row.headers,
+                            ordering_key: row.ordering_key,
                         },
                     )
                 })

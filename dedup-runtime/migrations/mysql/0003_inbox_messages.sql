@@ -7,6 +7,7 @@ CREATE TABLE IF NOT EXISTS inbox_messages (
     message_id      VARBINARY(255) NOT NULL,
     payload         LONGBLOB NULL,
     headers         BLOB NULL,
+    ordering_key    VARBINARY(255) NULL,
     received_at     DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     state           TINYINT NOT NULL DEFAULT 0 CHECK (state IN (0, 1, 2, 3)),
     attempts        INT NOT NULL DEFAULT 0,
@@ -19,5 +20,6 @@ CREATE TABLE IF NOT EXISTS inbox_messages (
     PRIMARY KEY (consumer, message_id),
     UNIQUE KEY seq_key (seq),
     KEY work_idx (consumer, state, next_attempt_at),
+    KEY ordering_idx (consumer, ordering_key, seq),
     KEY processed_idx (state, processed_at)
 ) ENGINE = InnoDB;

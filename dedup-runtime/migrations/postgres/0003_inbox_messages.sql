@@ -7,6 +7,7 @@ CREATE TABLE IF NOT EXISTS inbox_messages (
     seq             bigint GENERATED ALWAYS AS IDENTITY,
     payload         bytea,
     headers         bytea,
+    ordering_key    text COLLATE "C",
     received_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
     state           smallint NOT NULL DEFAULT 0 CHECK (state IN (0, 1, 2, 3)),
     attempts        integer NOT NULL DEFAULT 0,
@@ -18,6 +19,7 @@ CREATE TABLE IF NOT EXISTS inbox_messages (
     PRIMARY KEY (consumer, message_id)
 );
 CREATE INDEX IF NOT EXISTS inbox_messages_pending_idx ON inbox_messages (consumer, next_attempt_at, seq) WHERE state = 0;
+CREATE INDEX IF NOT EXISTS inbox_messages_ordering_idx ON inbox_messages (consumer, ordering_key, seq) WHERE ordering_key IS NOT NULL AND state <> 2;
 CREATE INDEX IF NOT EXISTS inbox_messages_claimed_idx ON inbox_messages (consumer, lease_until) WHERE state = 1;
 CREATE INDEX IF NOT EXISTS inbox_messages_processed_idx ON inbox_messages (processed_at) WHERE state = 2;
 CREATE INDEX IF NOT EXISTS inbox_messages_dead_idx ON inbox_messages (consumer, seq) WHERE state = 3;

@@ -47,6 +47,7 @@ impl InboxBackend for MySql {
              message_id      VARBINARY(255) NOT NULL,\n    \
              payload         LONGBLOB NULL,\n    \
              headers         BLOB NULL,\n    \
+             ordering_key    VARBINARY(255) NULL,\n    \
              received_at     DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),\n    \
              state           TINYINT NOT NULL DEFAULT 0 CHECK (state IN (0, 1, 2, 3)),\n    \
              attempts        INT NOT NULL DEFAULT 0,\n    \
@@ -59,6 +60,7 @@ impl InboxBackend for MySql {
              PRIMARY KEY (consumer, message_id),\n    \
              UNIQUE KEY seq_key (seq),\n    \
              KEY work_idx (consumer, state, next_attempt_at),\n    \
+             KEY ordering_idx (consumer, ordering_key, seq),\n    \
              KEY processed_idx (state, processed_at)\n\
              ) ENGINE = InnoDB",
             name = table.name()
@@ -96,7 +98,8 @@ impl InboxBackend for MySql {
             // One row: a plain insert, whose duplicate-key error (1062: only the primary
             // key can raise it here) is the duplicate.
             let sql = format!(
-                "INSERT INTO {} (consumer, message_id, payload, headers) VALUES (?, ?, ?, ?)",
+                "INSERT INTO {} (consumer, message_id, payload, headers, ordering_key) \
+                 VALUES (?, ?, ?, ?, ?)",
                 table.name()
             );
             let result = sqlx::query(AssertSqlSafe(sql))
@@ -104,6 +107,7 @@ impl InboxBackend for MySql {
                 .bind(row.id)
                 .bind(row.payload)
                 .bind(row.headers)
+                .bind(row.ordering_key)
                 .execute(pool)
                 .await;
             return match result {
@@ -121,14 +125,14 @@ impl InboxBackend for MySql {
         }
         let receipt = crate::lease::new_token();
         let mut sql = format!(
-            "INSERT INTO {} (consumer, message_id, payload, headers, receipt) VALUES ",
+            "INSERT INTO {} (consumer, message_id, payload, headers, ordering_key, receipt) VALUES ",
             table.name()
         );
         for index in 0..rows.len() {
             if index > 0 {
                 sql.push_str(", ");
             }
-            sql.push_str("(?, ?, ?, ?, ?)");
+            sql.push_str("(?, ?, ?, ?, ?, ?)");
         }
         // A no-op update: the existing row stays as it was, receipt included.
         sql.push_str(" ON DUPLICATE KEY UPDATE consumer = consumer");
@@ -139,6 +143,7 @@ impl InboxBackend for MySql {
                 .bind(row.id)
                 .bind(row.payload)
                 .bind(row.headers)
+                .bind(row.ordering_key)
                 .bind(&receipt[..]);
         }
         let mut check = format!(
@@ -213,8 +218,11 @@ impl InboxBackend for MySql {
         let left = limit as usize - ids.len().min(limit as usize);
         if left > 0 {
             let pending = format!(
-                "SELECT CAST(message_id AS CHAR) FROM {name} WHERE consumer = ? AND state = 0 \
+                "SELECT CAST(message_id AS CHAR) FROM {name} AS m WHERE consumer = ? AND state = 0 \
                  AND next_attempt_at <= UTC_TIMESTAMP(6) \
+                 AND (m.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {name} AS e \
+                 WHERE e.consumer = m.consumer AND e.ordering_key = m.ordering_key \
+                 AND e.seq < m.seq AND e.state <> 2)) \
                  ORDER BY next_attempt_at, seq LIMIT ? FOR UPDATE SKIP LOCKED"
             );
             ids.extend(
@@ -244,7 +252,8 @@ impl InboxBackend for MySql {
         }
         query.execute(&mut *tx).await?;
         let select = format!(
-            "SELECT CAST(message_id AS CHAR), payload, headers, attempts FROM {name} \
+            "SELECT CAST(message_id AS CHAR), payload, headers, attempts, \
+             CAST(ordering_key AS CHAR) FROM {name} \
              WHERE consumer = ? AND message_id IN ({})",
             placeholders(ids.len())
         );
@@ -260,6 +269,7 @@ impl InboxBackend for MySql {
                     id: row.try_get(0)?,
                     payload: row.try_get::<Option<Vec<u8>>, _>(1)?.unwrap_or_default(),
                     headers: row.try_get(2)?,
+                    ordering_key: row.try_get(4)?,
                     attempt: row.try_get::<i32, _>(3)?.max(0) as u32,
                 })
             })

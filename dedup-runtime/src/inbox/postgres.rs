@@ -16,6 +16,16 @@ use crate::schema::Table;
 /// The lock `migrate` takes for the dedup table; the inbox's DDL takes the same one.
 const MIGRATE_LOCK: i64 = 0x6465_6475_7000_0001;
 
+/// A pending row `m` is due only if no earlier row of its ordering key is unfinished
+/// (pending, claimed or dead): one at a time per key, in receive order.
+fn head(name: &str) -> String {
+    format!(
+        "(m.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {name} AS e \
+         WHERE e.consumer = m.consumer AND e.ordering_key = m.ordering_key \
+         AND e.seq < m.seq AND e.state <> 2))"
+    )
+}
+
 fn index_name(table: &Table, suffix: &str) -> String {
     format!("{}_{suffix}", table.base())
 }
@@ -31,6 +41,7 @@ impl InboxBackend for Postgres {
                  seq             bigint GENERATED ALWAYS AS IDENTITY,\n    \
                  payload         bytea,\n    \
                  headers         bytea,\n    \
+                 ordering_key    text COLLATE \"C\",\n    \
                  received_at     timestamptz NOT NULL DEFAULT clock_timestamp(),\n    \
                  state           smallint NOT NULL DEFAULT 0 CHECK (state IN (0, 1, 2, 3)),\n    \
                  attempts        integer NOT NULL DEFAULT 0,\n    \
@@ -45,6 +56,11 @@ impl InboxBackend for Postgres {
                 "CREATE INDEX IF NOT EXISTS {} ON {name} (consumer, next_attempt_at, seq) \
                  WHERE state = 0",
                 index_name(table, "pending_idx")
+            ),
+            format!(
+                "CREATE INDEX IF NOT EXISTS {} ON {name} (consumer, ordering_key, seq) \
+                 WHERE ordering_key IS NOT NULL AND state <> 2",
+                index_name(table, "ordering_idx")
             ),
             format!(
                 "CREATE INDEX IF NOT EXISTS {} ON {name} (consumer, lease_until) WHERE state = 1",
@@ -83,8 +99,8 @@ impl InboxBackend for Postgres {
     ) -> Result<Vec<bool>, sqlx::Error> {
         if let [row] = rows {
             let sql = format!(
-                "INSERT INTO {} (consumer, message_id, payload, headers) \
-                 VALUES ($1, $2, $3, $4) ON CONFLICT DO NOTHING",
+                "INSERT INTO {} (consumer, message_id, payload, headers, ordering_key) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
                 table.name()
             );
             let done = sqlx::query(AssertSqlSafe(sql))
@@ -92,25 +108,29 @@ impl InboxBackend for Postgres {
                 .bind(row.id)
                 .bind(row.payload)
                 .bind(row.headers)
+                .bind(row.ordering_key)
                 .execute(pool)
                 .await?;
             return Ok(vec![done.rows_affected() == 1]);
         }
         let sql = format!(
-            "INSERT INTO {} (consumer, message_id, payload, headers) \
-             SELECT $1, id, payload, headers \
-             FROM unnest($2::text[], $3::bytea[], $4::bytea[]) AS m (id, payload, headers) \
+            "INSERT INTO {} (consumer, message_id, payload, headers, ordering_key) \
+             SELECT $1, id, payload, headers, ordering_key \
+             FROM unnest($2::text[], $3::bytea[], $4::bytea[], $5::text[]) \
+             AS m (id, payload, headers, ordering_key) \
              ON CONFLICT DO NOTHING RETURNING message_id",
             table.name()
         );
         let ids: Vec<&str> = rows.iter().map(|row| row.id).collect();
         let payloads: Vec<&[u8]> = rows.iter().map(|row| row.payload).collect();
         let headers: Vec<Option<&[u8]>> = rows.iter().map(|row| row.headers).collect();
+        let keys: Vec<Option<&str>> = rows.iter().map(|row| row.ordering_key).collect();
         let stored: Vec<String> = sqlx::query_scalar(AssertSqlSafe(sql))
             .bind(consumer)
             .bind(ids)
             .bind(payloads)
             .bind(headers)
+            .bind(keys)
             .fetch_all(pool)
             .await?;
         let stored: HashSet<String> = stored.into_iter().collect();
@@ -151,7 +171,7 @@ impl InboxBackend for Postgres {
         let name = table.name();
         let set = "SET state = 1, owner = $2, attempts = attempts + 1, \
                    lease_until = clock_timestamp() + $3::float8 * interval '1 microsecond'";
-        let returning = "RETURNING message_id, payload, headers, attempts";
+        let returning = "RETURNING message_id, payload, headers, attempts, ordering_key";
         // The claims whose lease ended first (their worker stopped), then pending rows
         // that are due, each through its partial index, skipping rows other workers hold.
         let expired = format!(
@@ -160,10 +180,11 @@ impl InboxBackend for Postgres {
              AND lease_until <= clock_timestamp() AND attempts < $5 \
              ORDER BY lease_until LIMIT $4 FOR UPDATE SKIP LOCKED) {returning}"
         );
+        let head = head(name);
         let pending = format!(
             "UPDATE {name} {set} WHERE (consumer, message_id) IN (\
-             SELECT consumer, message_id FROM {name} WHERE consumer = $1 AND state = 0 \
-             AND next_attempt_at <= clock_timestamp() \
+             SELECT consumer, message_id FROM {name} AS m WHERE consumer = $1 AND state = 0 \
+             AND next_attempt_at <= clock_timestamp() AND {head} \
              ORDER BY next_attempt_at, seq LIMIT $4 FOR UPDATE SKIP LOCKED) {returning}"
         );
         let mut rows = sqlx::query(AssertSqlSafe(expired))
@@ -192,6 +213,7 @@ impl InboxBackend for Postgres {
                     id: row.try_get(0)?,
                     payload: row.try_get::<Option<Vec<u8>>, _>(1)?.unwrap_or_default(),
                     headers: row.try_get(2)?,
+                    ordering_key: row.try_get(4)?,
                     attempt: row.try_get::<i32, _>(3)?.max(0) as u32,
                 })
             })

@@ -35,6 +35,7 @@ impl InboxBackend for Sqlite {
                  message_id      TEXT NOT NULL,\n    \
                  payload         BLOB,\n    \
                  headers         BLOB,\n    \
+                 ordering_key    TEXT,\n    \
                  received_at     TEXT NOT NULL DEFAULT ({NOW}),\n    \
                  state           INTEGER NOT NULL DEFAULT 0 CHECK (state IN (0, 1, 2, 3)),\n    \
                  attempts        INTEGER NOT NULL DEFAULT 0,\n    \
@@ -49,6 +50,11 @@ impl InboxBackend for Sqlite {
                 "CREATE INDEX IF NOT EXISTS {} ON {base} (consumer, next_attempt_at, seq) \
                  WHERE state = 0",
                 index_name(table, "pending_idx")
+            ),
+            format!(
+                "CREATE INDEX IF NOT EXISTS {} ON {base} (consumer, ordering_key, seq) \
+                 WHERE ordering_key IS NOT NULL AND state <> 2",
+                index_name(table, "ordering_idx")
             ),
             format!(
                 "CREATE INDEX IF NOT EXISTS {} ON {base} (consumer, lease_until) WHERE state = 1",
@@ -82,7 +88,7 @@ impl InboxBackend for Sqlite {
         rows: &'a [Row<'a>],
     ) -> Result<Vec<bool>, sqlx::Error> {
         let mut sql = format!(
-            "INSERT INTO {} (consumer, message_id, payload, headers) VALUES ",
+            "INSERT INTO {} (consumer, message_id, payload, headers, ordering_key) VALUES ",
             table.name()
         );
         // Numbered parameters only: sqlx counts anonymous ones on their own, from 1.
@@ -90,13 +96,22 @@ impl InboxBackend for Sqlite {
             if index > 0 {
                 sql.push_str(", ");
             }
-            let first = 2 + 3 * index;
-            sql.push_str(&format!("(?1, ?{first}, ?{}, ?{})", first + 1, first + 2));
+            let first = 2 + 4 * index;
+            sql.push_str(&format!(
+                "(?1, ?{first}, ?{}, ?{}, ?{})",
+                first + 1,
+                first + 2,
+                first + 3
+            ));
         }
         sql.push_str(" ON CONFLICT DO NOTHING RETURNING message_id");
         let mut query = sqlx::query_scalar::<_, String>(AssertSqlSafe(sql)).bind(consumer);
         for row in rows {
-            query = query.bind(row.id).bind(row.payload).bind(row.headers);
+            query = query
+                .bind(row.id)
+                .bind(row.payload)
+                .bind(row.headers)
+                .bind(row.ordering_key);
         }
         let stored: HashSet<String> = query.fetch_all(pool).await?.into_iter().collect();
         Ok(rows.iter().map(|row| stored.contains(row.id)).collect())
@@ -136,7 +151,7 @@ impl InboxBackend for Sqlite {
         let set = "SET state = 1, owner = ?2, attempts = attempts + 1, \
                    lease_until = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
                    printf('%+.6f seconds', ?3 / 1000000.0))";
-        let returning = "RETURNING message_id, payload, headers, attempts";
+        let returning = "RETURNING message_id, payload, headers, attempts, ordering_key";
         // One statement each, atomic under SQLite's single writer.
         let expired = format!(
             "UPDATE {name} {set} WHERE seq IN (SELECT seq FROM {name} WHERE consumer = ?1 \
@@ -144,8 +159,11 @@ impl InboxBackend for Sqlite {
              ORDER BY lease_until LIMIT ?4) {returning}"
         );
         let pending = format!(
-            "UPDATE {name} {set} WHERE seq IN (SELECT seq FROM {name} WHERE consumer = ?1 \
+            "UPDATE {name} {set} WHERE seq IN (SELECT seq FROM {name} AS m WHERE consumer = ?1 \
              AND state = 0 AND next_attempt_at <= {NOW} \
+             AND (m.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {name} AS e \
+             WHERE e.consumer = m.consumer AND e.ordering_key = m.ordering_key \
+             AND e.seq < m.seq AND e.state <> 2)) \
              ORDER BY next_attempt_at, seq LIMIT ?4) {returning}"
         );
         let mut rows = sqlx::query(AssertSqlSafe(expired))
@@ -174,6 +192,7 @@ impl InboxBackend for Sqlite {
                     id: row.try_get(0)?,
                     payload: row.try_get::<Option<Vec<u8>>, _>(1)?.unwrap_or_default(),
                     headers: row.try_get(2)?,
+                    ordering_key: row.try_get(4)?,
                     attempt: row.try_get::<i64, _>(3)?.max(0) as u32,
                 })
             })

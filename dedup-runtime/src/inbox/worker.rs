@@ -20,6 +20,7 @@ pub struct InboxMessage {
     pub(crate) id: String,
     pub(crate) payload: Vec<u8>,
     pub(crate) headers: Option<Vec<u8>>,
+    pub(crate) ordering_key: Option<String>,
     pub(crate) attempt: u32,
 }
 
@@ -37,6 +38,11 @@ impl InboxMessage {
     /// The headers, byte for byte as received, if any.
     pub fn headers(&self) -> Option<&[u8]> {
         self.headers.as_deref()
+    }
+
+    /// Its ordering key, if it was received with one.
+    pub fn ordering_key(&self) -> Option<&str> {
+        self.ordering_key.as_deref()
     }
 
     /// Which attempt this is, from 1: counted when the row was claimed, so an attempt
