@@ -154,7 +154,9 @@ async fn receive(
             FieldTable::default(),
         )
         .await?;
-    let inbox = Inbox::new(&pool, CONSUMER)?;
+    // Idle workers are woken at once (PostgreSQL's NOTIFY, coalesced), instead of at
+    // their next poll.
+    let inbox = Inbox::new(&pool, CONSUMER)?.notify_workers(true);
     loop {
         let delivery = tokio::select! {
             delivery = deliveries.next() => delivery,
@@ -215,7 +217,8 @@ async fn receive(
 async fn main() -> Result<(), Error> {
     let config = Arc::new(Config::from_env()?);
     let pool = PgPoolOptions::new()
-        .max_connections(u32::from(config.consumers) + u32::from(config.workers) + 2)
+        // Each worker: one connection for its transactions, one for its LISTEN.
+        .max_connections(u32::from(config.consumers) + 2 * u32::from(config.workers) + 2)
         .acquire_timeout(Duration::from_secs(10))
         .connect(&config.database_url)
         .await

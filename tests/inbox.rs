@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use dedup_runtime::InvalidMessageId;
 use dedup_runtime::inbox::{
-    DEFAULT_MAX_PAYLOAD_LEN, Inbox, InboxError, InboxHandler, InboxMessage, Incoming, MAX_BATCH,
-    Processed, Received, Refused,
+    DEFAULT_MAX_PAYLOAD_LEN, HINT_GAP, Inbox, InboxError, InboxHandler, InboxMessage, Incoming,
+    MAX_BATCH, Processed, Received, Refused,
 };
 use dedup_suite::unique;
 use tokio::sync::Notify;
@@ -1131,4 +1131,117 @@ async fn the_operator_command_lists_requeues_and_discards_dead_messages() {
     assert!(err.contains("no message id given"), "{err}");
     let (code, _, err) = run(&["requeue", ""]);
     assert_eq!(code, Some(2), "an invalid id: {err}");
+}
+
+/// PostgreSQL's hints: a worker whose poll interval is a minute processes a message at
+/// once when the receiving inbox notifies; with its LISTEN connection killed, it still
+/// processes what arrives, by polling (and its listener reconnects).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_workers_wake_on_a_hint_and_survive_a_killed_listener() {
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+    struct Count(Arc<AtomicU32>);
+    impl InboxHandler<sqlx::Postgres> for Count {
+        type Error = String;
+        async fn handle(&self, _: &mut sqlx::PgConnection, _: &InboxMessage) -> Result<(), String> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    let name = unique("dedup-inbox-listen");
+    let options: PgConnectOptions = dedup_suite::postgres_url().parse().unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options.application_name(&name))
+        .await
+        .unwrap();
+    dedup_runtime::inbox::migrate(&pool).await.unwrap();
+    let consumer = unique("inbox-listen");
+    let processed = Arc::new(AtomicU32::new(0));
+    let stop = Arc::new(Notify::new());
+    let worker = tokio::spawn({
+        let (pool, consumer, processed, stop) = (
+            pool.clone(),
+            consumer.clone(),
+            processed.clone(),
+            stop.clone(),
+        );
+        async move {
+            let inbox = Inbox::new(&pool, &consumer).unwrap();
+            // A poll interval of a minute: only a hint makes it look within the test.
+            let worker = inbox.worker().poll_interval(Duration::from_secs(60));
+            worker.run(&Count(processed), stop.notified()).await;
+        }
+    });
+    let observer = dedup_suite::postgres().await;
+    let listening = || async {
+        let listeners: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN%'",
+        )
+        .bind(&name)
+        .fetch_one(&observer)
+        .await
+        .unwrap();
+        listeners
+    };
+    let wait_for = |count: u32| {
+        let processed = processed.clone();
+        async move {
+            timeout(PATIENCE, async {
+                while processed.load(Ordering::SeqCst) < count {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            })
+            .await
+        }
+    };
+    timeout(PATIENCE, async {
+        while listening().await == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the worker listens");
+    // Let the worker go idle first (its first empty claim), then receive with a hint.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let inbox = Inbox::new(&pool, &consumer).unwrap().notify_workers(true);
+    inbox.receive(Incoming::new("evt_1", b"p")).await.unwrap();
+    wait_for(1)
+        .await
+        .expect("woken by the hint, not the one-minute poll");
+
+    // The LISTEN connection dies: the listener reconnects, and the next hint wakes it.
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE application_name = $1 AND query LIKE 'LISTEN%'",
+    )
+    .bind(&name)
+    .fetch_all(&observer)
+    .await
+    .unwrap();
+    assert_eq!(killed, vec![true], "one listener killed");
+    let mut n = 1;
+    let woken = timeout(PATIENCE, async {
+        loop {
+            n += 1;
+            inbox
+                .receive(Incoming::new(format!("evt_{n}").as_str(), b"p"))
+                .await
+                .unwrap();
+            tokio::time::sleep(HINT_GAP * 5).await;
+            if processed.load(Ordering::SeqCst) >= 2 {
+                break;
+            }
+        }
+    })
+    .await;
+    woken.expect("processed again after the listener was killed");
+    stop.notify_one();
+    timeout(PATIENCE, worker)
+        .await
+        .expect("the worker stops")
+        .unwrap();
+    let stats = inbox.stats().await.unwrap();
+    assert_eq!(stats.processed as u32, processed.load(Ordering::SeqCst));
 }

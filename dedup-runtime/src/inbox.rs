@@ -354,6 +354,31 @@ pub trait InboxBackend: Database {
         dead: bool,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 
+    /// What a worker listens on between polls for a hint that rows arrived: PostgreSQL's
+    /// `LISTEN`; nothing on the other backends (`()`: they poll).
+    #[doc(hidden)]
+    type Wakeup: Send;
+
+    /// Starts listening for [`InboxBackend::inbox_notify`]'s hints; `None` when the
+    /// backend has none, or listening failed (the worker polls meanwhile).
+    #[doc(hidden)]
+    fn inbox_listen<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+    ) -> impl Future<Output = Option<Self::Wakeup>> + Send + 'a;
+
+    /// Waits for the next hint; `false` when the listening connection failed (it is
+    /// listened on again at the next idle wait).
+    #[doc(hidden)]
+    fn inbox_wait(wakeup: &mut Self::Wakeup) -> impl Future<Output = bool> + Send + '_;
+
+    /// Sends the hint that rows arrived (PostgreSQL: `pg_notify`); nothing elsewhere.
+    #[doc(hidden)]
+    fn inbox_notify<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
     /// Releases `owner`'s claimed rows unstarted: pending again, their attempt not
     /// counted; how many.
     #[doc(hidden)]
@@ -454,7 +479,22 @@ pub struct Inbox<'p, DB: Database> {
     consumer: String,
     max_payload_len: usize,
     drop_payloads: bool,
+    /// With [`Inbox::notify_workers`]: when the last hint went out, shared by clones.
+    notify: Option<std::sync::Arc<Hints>>,
 }
+
+/// The coalescing of the receivers' hints to workers: at most one per [`HINT_GAP`].
+#[derive(Debug)]
+struct Hints {
+    start: std::time::Instant,
+    /// Milliseconds since `start` of the last hint sent, plus one (0: none yet).
+    last_ms: std::sync::atomic::AtomicU64,
+}
+
+/// The shortest time between two hints from one inbox (and its clones): a burst of
+/// receipts costs one `NOTIFY`, not one per message (a `NOTIFY` takes a lock that
+/// serialises the commits of every session that sends one).
+pub const HINT_GAP: std::time::Duration = std::time::Duration::from_millis(20);
 
 impl<DB: Database> Clone for Inbox<'_, DB> {
     fn clone(&self) -> Self {
@@ -464,6 +504,7 @@ impl<DB: Database> Clone for Inbox<'_, DB> {
             consumer: self.consumer.clone(),
             max_payload_len: self.max_payload_len,
             drop_payloads: self.drop_payloads,
+            notify: self.notify.clone(),
         }
     }
 }
@@ -489,6 +530,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
             consumer: consumer.to_owned(),
             max_payload_len: DEFAULT_MAX_PAYLOAD_LEN,
             drop_payloads: false,
+            notify: None,
         })
     }
 
@@ -505,6 +547,50 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
         Inbox {
             max_payload_len: len.min(MAX_PAYLOAD_LEN),
             ..self
+        }
+    }
+
+    /// Whether receiving wakes idle workers at once (PostgreSQL: a `NOTIFY` after a
+    /// receipt that stored something, at most one per [`HINT_GAP`] from this inbox and
+    /// its clones). A hint only: workers poll all the same, so a lost hint or a dead
+    /// listening connection delays nothing beyond their poll interval. A no-op on SQLite
+    /// and MySQL/MariaDB, whose workers poll. Off by default.
+    pub fn notify_workers(self, notify: bool) -> Self {
+        Inbox {
+            notify: notify.then(|| {
+                std::sync::Arc::new(Hints {
+                    start: std::time::Instant::now(),
+                    last_ms: std::sync::atomic::AtomicU64::new(0),
+                })
+            }),
+            ..self
+        }
+    }
+
+    /// Sends a hint to the workers if one is due; a failure is only logged (the workers
+    /// poll).
+    async fn hint(&self) {
+        let Some(hints) = &self.notify else { return };
+        let now = u64::try_from(hints.start.elapsed().as_millis()).unwrap_or(u64::MAX) + 1;
+        let last = hints.last_ms.load(std::sync::atomic::Ordering::Relaxed);
+        let gap = HINT_GAP.as_millis() as u64;
+        if last != 0 && now.saturating_sub(last) < gap {
+            return;
+        }
+        if hints
+            .last_ms
+            .compare_exchange(
+                last,
+                now,
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+            )
+            .is_err()
+        {
+            return; // another receiver of this inbox sends it
+        }
+        if let Err(error) = DB::inbox_notify(self.pool, &self.table).await {
+            tracing::debug!(%error, "inbox: the hint to the workers failed; they poll");
         }
     }
 
@@ -605,6 +691,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
             .await
             .map_err(|error| self.classify(error))?;
         Ok(if stored.first().copied().unwrap_or(false) {
+            self.hint().await;
             Received::Stored
         } else {
             Received::Duplicate
@@ -665,10 +752,14 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
                 }));
             }
         }
-        Ok(answers
+        let answers: Vec<Result<Received, Refused>> = answers
             .into_iter()
             .map(|answer| answer.expect("every message has its answer"))
-            .collect())
+            .collect();
+        if answers.contains(&Ok(Received::Stored)) {
+            self.hint().await;
+        }
+        Ok(answers)
     }
 
     /// The dead rows, oldest first, at most `limit`: each with its attempts and last error.

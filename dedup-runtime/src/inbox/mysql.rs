@@ -356,6 +356,21 @@ impl InboxBackend for MySql {
         Ok(done.rows_affected() == 1)
     }
 
+    /// No notifications: workers poll.
+    type Wakeup = ();
+
+    async fn inbox_listen<'a>(_: &'a Pool<Self>, _: &'a Table) -> Option<()> {
+        None
+    }
+
+    async fn inbox_wait(_: &mut ()) -> bool {
+        false
+    }
+
+    async fn inbox_notify<'a>(_: &'a Pool<Self>, _: &'a Table) -> Result<(), sqlx::Error> {
+        Ok(())
+    }
+
     async fn inbox_release<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,

@@ -26,6 +26,18 @@ fn head(name: &str) -> String {
     )
 }
 
+/// The channel of an inbox table's hints: `dedup_inbox_` and 16 hex digits of the
+/// table name's SHA-256 (a channel name is at most 63 bytes; a table name may be longer).
+fn channel(table: &Table) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(table.name().as_bytes());
+    let mut name = String::from("dedup_inbox_");
+    for byte in &digest[..8] {
+        name.push_str(&format!("{byte:02x}"));
+    }
+    name
+}
+
 fn index_name(table: &Table, suffix: &str) -> String {
     format!("{}_{suffix}", table.base())
 }
@@ -274,6 +286,45 @@ impl InboxBackend for Postgres {
             .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    type Wakeup = sqlx::postgres::PgListener;
+
+    async fn inbox_listen<'a>(pool: &'a Pool<Self>, table: &'a Table) -> Option<Self::Wakeup> {
+        let mut listener = match sqlx::postgres::PgListener::connect_with(pool).await {
+            Ok(listener) => listener,
+            Err(error) => {
+                tracing::debug!(%error, "inbox: LISTEN failed; the worker polls");
+                return None;
+            }
+        };
+        match listener.listen(&channel(table)).await {
+            Ok(()) => Some(listener),
+            Err(error) => {
+                tracing::debug!(%error, "inbox: LISTEN failed; the worker polls");
+                None
+            }
+        }
+    }
+
+    async fn inbox_wait(wakeup: &mut Self::Wakeup) -> bool {
+        // `try_recv` answers `None` when the connection was lost (it reconnects at the
+        // next call): a hint that something may have been missed, so the worker looks.
+        match wakeup.try_recv().await {
+            Ok(_) => true,
+            Err(error) => {
+                tracing::debug!(%error, "inbox: the LISTEN connection failed; the worker polls");
+                false
+            }
+        }
+    }
+
+    async fn inbox_notify<'a>(pool: &'a Pool<Self>, table: &'a Table) -> Result<(), sqlx::Error> {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(channel(table))
+            .execute(pool)
+            .await
+            .map(drop)
     }
 
     async fn inbox_release<'a>(

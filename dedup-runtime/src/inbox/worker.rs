@@ -122,6 +122,7 @@ pub struct Worker<'p, DB: Backend> {
     base_delay: Duration,
     max_delay: Duration,
     poll: Duration,
+    max_poll: Duration,
 }
 
 /// The row a worker statement is about: the inbox's table and consumer, an id, an owner.
@@ -151,6 +152,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
             base_delay: Duration::from_secs(1),
             max_delay: Duration::from_secs(300),
             poll: Duration::from_secs(1),
+            max_poll: Duration::from_secs(4),
         }
     }
 }
@@ -190,9 +192,26 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         }
     }
 
-    /// How long [`run`](Self::run) waits when there was nothing to claim.
+    /// How long [`run`](Self::run) waits when there was nothing to claim (1 s by default).
+    /// On PostgreSQL it listens for the receivers' hints meanwhile
+    /// ([`Inbox::notify_workers`]) and polls at this interval whatever happens to its
+    /// listening connection; elsewhere the wait doubles while nothing comes, up to
+    /// [`max_poll_interval`](Self::max_poll_interval).
     pub fn poll_interval(self, poll: Duration) -> Self {
-        Worker { poll, ..self }
+        Worker {
+            poll,
+            max_poll: poll.saturating_mul(4),
+            ..self
+        }
+    }
+
+    /// The longest idle wait on backends without hints (4 × the poll interval by
+    /// default).
+    pub fn max_poll_interval(self, max: Duration) -> Self {
+        Worker {
+            max_poll: max,
+            ..self
+        }
     }
 
     /// The delay before attempt `attempt + 1`, after attempt `attempt` failed.
@@ -422,6 +441,9 @@ impl<'p, DB: Backend> Worker<'p, DB> {
             future: std::pin::pin!(shutdown),
             done: false,
         };
+        // PostgreSQL: a LISTEN connection for the receivers' hints (`notify_workers`).
+        let mut wakeup = DB::inbox_listen(self.inbox.pool, &self.inbox.table).await;
+        let mut idle_streak = 0u32;
         loop {
             if shutdown.check() {
                 return;
@@ -433,22 +455,62 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                     true
                 }
             };
-            if idle && !shutdown.done {
-                // Whichever comes first: the poll interval, or the shutdown.
-                let mut sleep = std::pin::pin!(tokio::time::sleep(self.poll));
-                let stopped = std::future::poll_fn(|context| {
+            if !idle {
+                idle_streak = 0;
+                continue;
+            }
+            if shutdown.done {
+                return;
+            }
+            // Idle: until a hint, the poll interval, or the shutdown. Without hints the
+            // wait doubles while nothing comes, up to `max_poll`.
+            let wait = if wakeup.is_some() {
+                self.poll
+            } else {
+                let factor = 1u32 << idle_streak.min(8);
+                self.poll
+                    .saturating_mul(factor)
+                    .min(self.max_poll.max(self.poll))
+            };
+            idle_streak = idle_streak.saturating_add(1);
+            if wakeup.is_none() && idle_streak.is_multiple_of(16) {
+                // Listen again, now and then, after a failure.
+                wakeup = DB::inbox_listen(self.inbox.pool, &self.inbox.table).await;
+            }
+            let mut sleep = std::pin::pin!(tokio::time::sleep(wait));
+            let woken = {
+                let mut hinted = match wakeup.as_mut() {
+                    Some(wakeup) => Box::pin(async move { Some(DB::inbox_wait(wakeup).await) })
+                        as std::pin::Pin<Box<dyn Future<Output = Option<bool>> + Send + '_>>,
+                    None => Box::pin(std::future::pending()),
+                };
+                std::future::poll_fn(|context| {
                     if shutdown.future.as_mut().poll(context).is_ready() {
-                        return std::task::Poll::Ready(true);
+                        return std::task::Poll::Ready(Woken::Shutdown);
                     }
-                    sleep.as_mut().poll(context).map(|()| false)
+                    if let std::task::Poll::Ready(alive) = hinted.as_mut().poll(context) {
+                        return std::task::Poll::Ready(Woken::Hint(alive.unwrap_or(false)));
+                    }
+                    sleep.as_mut().poll(context).map(|()| Woken::Poll)
                 })
-                .await;
-                if stopped {
-                    return;
-                }
+                .await
+            };
+            match woken {
+                Woken::Shutdown => return,
+                Woken::Hint(true) => idle_streak = 0,
+                Woken::Hint(false) => wakeup = None,
+                Woken::Poll => {}
             }
         }
     }
+}
+
+/// What ended an idle wait of [`Worker::run`].
+enum Woken {
+    Shutdown,
+    /// A hint (`true`), or the listening connection failed (`false`).
+    Hint(bool),
+    Poll,
 }
 
 /// The shutdown signal of [`Worker::run`], polled without waiting between messages.
