@@ -157,6 +157,12 @@ macro_rules! inbox_suite {
                 let consumer = unique("inbox-workers");
                 let inbox = Inbox::new(&pool, &consumer).unwrap();
                 let ids = receive_all(&inbox, 2_000).await;
+                assert_eq!(
+                    inbox.backlog(500).await.unwrap(),
+                    500,
+                    "counted up to the limit"
+                );
+                assert_eq!(inbox.backlog(5_000).await.unwrap(), 2_000);
                 let handler = Arc::new(Effects::default());
                 let workers: Vec<_> = (0..4)
                     .map(|_| {
@@ -440,6 +446,11 @@ macro_rules! inbox_suite {
                 );
                 let stats = inbox.stats().await.unwrap();
                 assert_eq!((stats.pending, stats.processed, stats.dead), (0, 9, 1));
+                assert_eq!(
+                    inbox.backlog(100).await.unwrap(),
+                    0,
+                    "dead rows are no backlog"
+                );
 
                 // Fixed: re-queued, processed once, never taken for a duplicate of itself.
                 *handler.poison.lock().unwrap() = None;

@@ -473,3 +473,90 @@ mod leases {
         );
     }
 }
+
+/// The inbox's counters and gauges (SQLite): receipts by outcome, workers' ends by
+/// outcome, and the row counts of `stats`, each matching the rows.
+mod inbox {
+    use super::*;
+    use dedup_runtime::inbox::{Inbox, InboxHandler, InboxMessage, Incoming};
+
+    struct Fails(&'static str);
+
+    impl InboxHandler<sqlx::Sqlite> for Fails {
+        type Error = String;
+        async fn handle(
+            &self,
+            _: &mut sqlx::SqliteConnection,
+            message: &InboxMessage,
+        ) -> Result<(), String> {
+            if message.id() == self.0 {
+                Err("poison".into())
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    #[test]
+    fn receipts_ends_and_rows_are_counted() {
+        let metrics = recorded(async {
+            let db = dedup_suite::sqlite().await;
+            let pool: &sqlx::SqlitePool = &db;
+            dedup_runtime::inbox::migrate(pool).await.unwrap();
+            let inbox = Inbox::new(pool, "metrics-inbox").unwrap();
+            inbox.receive(Incoming::new("a", b"1")).await.unwrap();
+            inbox.receive(Incoming::new("a", b"1")).await.unwrap();
+            inbox.receive(Incoming::new("", b"1")).await.unwrap_err();
+            let answers = inbox
+                .receive_batch(&[
+                    Incoming::new("b", b"2"),
+                    Incoming::new("c", b"3"),
+                    Incoming::new("b", b"2"),
+                ])
+                .await
+                .unwrap();
+            assert_eq!(answers.len(), 3);
+            let batch = inbox
+                .worker()
+                .max_attempts(1)
+                .process_batch(&Fails("c"))
+                .await
+                .unwrap();
+            assert_eq!((batch.processed, batch.dead), (2, 1));
+            let stats = inbox.stats().await.unwrap();
+            assert_eq!((stats.pending, stats.processed, stats.dead), (0, 2, 1));
+            assert_eq!(inbox.backlog(10).await.unwrap(), 0);
+        });
+        let labels = |outcome| [("consumer", "metrics-inbox"), ("outcome", outcome)];
+        assert_eq!(
+            metrics.counter("dedup_inbox_received_total", &labels("stored")),
+            3
+        );
+        assert_eq!(
+            metrics.counter("dedup_inbox_received_total", &labels("duplicate")),
+            2
+        );
+        assert_eq!(
+            metrics.counter("dedup_inbox_received_total", &labels("refused")),
+            1
+        );
+        assert_eq!(
+            metrics.counter("dedup_inbox_processed_total", &labels("processed")),
+            2
+        );
+        assert_eq!(
+            metrics.counter("dedup_inbox_processed_total", &labels("dead")),
+            1
+        );
+        let rows = |state| [("consumer", "metrics-inbox"), ("state", state)];
+        assert!(
+            matches!(metrics.find("dedup_inbox_rows", &rows("processed")), Some(DebugValue::Gauge(value)) if value.0 == 2.0)
+        );
+        assert!(
+            matches!(metrics.find("dedup_inbox_rows", &rows("dead")), Some(DebugValue::Gauge(value)) if value.0 == 1.0)
+        );
+        assert!(
+            matches!(metrics.find("dedup_inbox_rows", &rows("pending")), Some(DebugValue::Gauge(value)) if value.0 == 0.0)
+        );
+    }
+}

@@ -428,6 +428,15 @@ pub trait InboxOperatorBackend: Database {
         batch: i64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
+    /// Pending and claimed rows of `consumer`, counted up to `limit`.
+    #[doc(hidden)]
+    fn inbox_backlog<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        limit: i64,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
+
     /// The counts by state, and the age of the oldest pending row.
     #[doc(hidden)]
     fn inbox_stats<'a>(
@@ -686,14 +695,18 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
     /// broker once this returns `Ok`; on `Err(InboxError::Refused(_))` dead-letter it; on
     /// another error, nothing is known to be stored: let the broker redeliver.
     pub async fn receive(&self, message: Incoming<'_>) -> Result<Received, InboxError> {
-        let row = self.check(&message)?;
+        let row = self
+            .check(&message)
+            .inspect_err(|_| self.count_received("refused", 1))?;
         let stored = DB::inbox_insert(self.pool, &self.table, &self.consumer, &[row])
             .await
             .map_err(|error| self.classify(error))?;
         Ok(if stored.first().copied().unwrap_or(false) {
+            self.count_received("stored", 1);
             self.hint().await;
             Received::Stored
         } else {
+            self.count_received("duplicate", 1);
             Received::Duplicate
         })
     }
@@ -756,7 +769,22 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
             .into_iter()
             .map(|answer| answer.expect("every message has its answer"))
             .collect();
-        if answers.contains(&Ok(Received::Stored)) {
+        let count = |wanted: fn(&Result<Received, Refused>) -> bool| {
+            answers.iter().filter(|answer| wanted(answer)).count() as u64
+        };
+        let stored = count(|answer| *answer == Ok(Received::Stored));
+        self.count_received("stored", stored);
+        self.count_received(
+            "duplicate",
+            count(|answer| {
+                matches!(
+                    answer,
+                    Ok(Received::Duplicate | Received::DuplicateInBatch { .. })
+                )
+            }),
+        );
+        self.count_received("refused", count(Result::is_err));
+        if stored > 0 {
             self.hint().await;
         }
         Ok(answers)
@@ -819,6 +847,36 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
         Ok(done)
     }
 
+    /// The rows waiting for a worker (pending or claimed), counted up to `limit` and no
+    /// further, through the workers' index: cheap enough to ask every few deliveries.
+    ///
+    /// Back-pressure: when it reaches your bound, stop taking deliveries from the broker
+    /// (RabbitMQ: cancel the consumer, or stop acknowledging so that the prefetch window
+    /// fills; JetStream: stop fetching) and resume once it is below again — the broker
+    /// keeps the messages meanwhile, and the inbox does not grow without bound.
+    ///
+    /// ```
+    /// # use dedup_runtime::inbox::{Inbox, Incoming};
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+    /// # dedup_runtime::inbox::migrate(&pool).await?;
+    /// let inbox = Inbox::new(&pool, "billing")?;
+    /// const BOUND: u64 = 10_000;
+    /// # inbox.receive(Incoming::new("evt_1", b"p")).await?;
+    /// if inbox.backlog(BOUND).await? >= BOUND {
+    ///     // pause the broker consumer; look again in a second
+    /// }
+    /// assert_eq!(inbox.backlog(BOUND).await?, 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn backlog(&self, limit: u64) -> Result<u64, InboxError> {
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let count = DB::inbox_backlog(self.pool, &self.table, &self.consumer, limit)
+            .await
+            .map_err(|error| self.classify(error))?;
+        Ok(count.max(0) as u64)
+    }
+
     /// The counts by state and the age of the oldest pending row. Reads every row of the
     /// consumer (processed ones included): an operator's call, not one per message.
     pub async fn stats(&self) -> Result<InboxStats, InboxError> {
@@ -827,6 +885,25 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
                 .await
                 .map_err(|error| self.classify(error))?;
         let count = |n: i64| n.max(0) as u64;
+        for (state, n) in [
+            ("pending", pending),
+            ("claimed", claimed),
+            ("processed", processed),
+            ("dead", dead),
+        ] {
+            crate::metrics::inbox_gauge(
+                "dedup_inbox_rows",
+                &self.consumer,
+                Some(("state", state)),
+                count(n) as f64,
+            );
+        }
+        crate::metrics::inbox_gauge(
+            "dedup_inbox_oldest_pending_seconds",
+            &self.consumer,
+            None,
+            oldest.map_or(0.0, |us| count(us) as f64 / 1e6),
+        );
         Ok(InboxStats {
             pending: count(pending),
             claimed: count(claimed),
@@ -834,6 +911,15 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
             dead: count(dead),
             oldest_pending: oldest.map(|us| std::time::Duration::from_micros(count(us))),
         })
+    }
+
+    fn count_received(&self, outcome: &'static str, count: u64) {
+        crate::metrics::inbox_count(
+            "dedup_inbox_received_total",
+            &self.consumer,
+            ("outcome", outcome),
+            count,
+        );
     }
 
     fn classify(&self, error: sqlx::Error) -> InboxError {

@@ -20,6 +20,15 @@
 //! error), `lease_lost` (a leased call's completion refused: another delivery took its
 //! lease over, see [`LeaseLost`](crate::LeaseLost)).
 //!
+//! The inbox ([`inbox`](crate::inbox)) records, with the label `consumer`:
+//!
+//! | name | kind | more labels | counts |
+//! | --- | --- | --- | --- |
+//! | `dedup_inbox_received_total` | counter | `outcome`: `stored`, `duplicate`, `refused` | messages received |
+//! | `dedup_inbox_processed_total` | counter | `outcome`: `processed`, `failed`, `dead`, `lost`, `released` | messages a worker ended, as [`Processed`](crate::inbox::Processed) says (`dead` includes rows buried after their worker stopped) |
+//! | `dedup_inbox_rows` | gauge | `state`: `pending`, `claimed`, `processed`, `dead` | rows, at each [`Inbox::stats`](crate::inbox::Inbox::stats) |
+//! | `dedup_inbox_oldest_pending_seconds` | gauge | | the oldest pending row's age, at each `stats` (0 when none) |
+//!
 //! Capabilities added later record theirs here, under the same prefix and labels.
 
 #[cfg(feature = "metrics")]
@@ -214,5 +223,45 @@ pub(crate) fn retried(metrics: &HandlerMetrics, handler: &'static str, consumer:
     {
         let key = &metrics.keys(handler, consumer).retries;
         metrics::with_recorder(|recorder| recorder.register_counter(key, &METADATA).increment(1));
+    }
+}
+
+/// Adds `count` to the inbox counter `name` of `consumer`, with one more label.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn inbox_count(
+    name: &'static str,
+    consumer: &str,
+    label: (&'static str, &'static str),
+    count: u64,
+) {
+    #[cfg(feature = "metrics")]
+    if count > 0 {
+        let key = metrics::Key::from_parts(
+            name,
+            vec![
+                metrics::Label::new("consumer", consumer.to_owned()),
+                metrics::Label::from_static_parts(label.0, label.1),
+            ],
+        );
+        metrics::with_recorder(|recorder| {
+            recorder.register_counter(&key, &METADATA).increment(count);
+        });
+    }
+}
+
+/// Sets the inbox gauge `name` of `consumer` (with one more label, if any).
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn inbox_gauge(
+    name: &'static str,
+    consumer: &str,
+    label: Option<(&'static str, &'static str)>,
+    value: f64,
+) {
+    #[cfg(feature = "metrics")]
+    {
+        let mut labels = vec![metrics::Label::new("consumer", consumer.to_owned())];
+        labels.extend(label.map(|(key, value)| metrics::Label::from_static_parts(key, value)));
+        let key = metrics::Key::from_parts(name, labels);
+        metrics::with_recorder(|recorder| recorder.register_gauge(&key, &METADATA).set(value));
     }
 }

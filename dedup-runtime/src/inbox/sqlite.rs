@@ -355,6 +355,23 @@ impl InboxOperatorBackend for Sqlite {
         Ok(done.rows_affected())
     }
 
+    async fn inbox_backlog<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        limit: i64,
+    ) -> Result<i64, sqlx::Error> {
+        let sql = format!(
+            "SELECT COUNT(*) FROM (SELECT 1 FROM {} WHERE consumer = ?1 AND state IN (0, 1) LIMIT ?2)",
+            table.name()
+        );
+        sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(limit)
+            .fetch_one(pool)
+            .await
+    }
+
     async fn inbox_stats<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,

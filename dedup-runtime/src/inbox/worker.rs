@@ -266,6 +266,21 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                 Processed::Lost => batch.lost += 1,
             }
         }
+        let consumer = &self.inbox.consumer;
+        for (outcome, count) in [
+            ("processed", batch.processed),
+            ("failed", batch.failed),
+            ("dead", batch.dead),
+            ("lost", batch.lost),
+            ("released", batch.released),
+        ] {
+            crate::metrics::inbox_count(
+                "dedup_inbox_processed_total",
+                consumer,
+                ("outcome", outcome),
+                count as u64,
+            );
+        }
         Ok(batch)
     }
 
