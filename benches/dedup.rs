@@ -60,6 +60,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use dedup_runtime::Backend;
+use dedup_runtime::inbox::{Inbox, InboxHandler, Incoming, Received};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{AssertSqlSafe, Pool};
@@ -309,6 +311,14 @@ trait Target: Send + Sync + 'static {
         pool: &'a Pool<Self::Db>,
         id: &'a str,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// The inbox workers' handler: the same work as the handlers above.
+    type Handler: InboxHandler<Self::Db> + Default + 'static;
+
+    /// Empties the inbox table and the effects.
+    fn inbox_reset(
+        pool: &Pool<Self::Db>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -375,6 +385,22 @@ mod pg {
         tx.commit().await?;
         Ok(true)
     }
+
+    /// The inbox workers' handler: the same work.
+    #[derive(Default)]
+    pub struct InboxBody;
+
+    impl dedup_runtime::inbox::InboxHandler<sqlx::Postgres> for InboxBody {
+        type Error = sqlx::Error;
+
+        async fn handle(
+            &self,
+            tx: &mut PgConnection,
+            message: &dedup_runtime::inbox::InboxMessage,
+        ) -> Result<(), sqlx::Error> {
+            body(tx, message.id()).await
+        }
+    }
 }
 
 struct Postgres;
@@ -401,6 +427,16 @@ impl Target for Postgres {
 
     async fn consume(pool: &Pool<sqlx::Postgres>, id: &str) -> Result<bool, sqlx::Error> {
         Ok(pg::consume(pool, id).await?.is_processed())
+    }
+
+    type Handler = pg::InboxBody;
+
+    async fn inbox_reset(pool: &Pool<sqlx::Postgres>) -> Result<(), sqlx::Error> {
+        execute(
+            pool,
+            &[&format!("TRUNCATE {INBOX_TABLE}, dedup_bench_effects")],
+        )
+        .await
     }
 }
 
@@ -469,6 +505,22 @@ mod lite {
         tx.commit().await?;
         Ok(true)
     }
+
+    /// The inbox workers' handler: the same work.
+    #[derive(Default)]
+    pub struct InboxBody;
+
+    impl dedup_runtime::inbox::InboxHandler<sqlx::Sqlite> for InboxBody {
+        type Error = sqlx::Error;
+
+        async fn handle(
+            &self,
+            tx: &mut SqliteConnection,
+            message: &dedup_runtime::inbox::InboxMessage,
+        ) -> Result<(), sqlx::Error> {
+            body(tx, message.id()).await
+        }
+    }
 }
 
 struct Sqlite;
@@ -495,6 +547,20 @@ impl Target for Sqlite {
 
     async fn consume(pool: &Pool<sqlx::Sqlite>, id: &str) -> Result<bool, sqlx::Error> {
         Ok(lite::consume(pool, id).await?.is_processed())
+    }
+
+    type Handler = lite::InboxBody;
+
+    async fn inbox_reset(pool: &Pool<sqlx::Sqlite>) -> Result<(), sqlx::Error> {
+        execute(
+            pool,
+            &[
+                &format!("DELETE FROM {INBOX_TABLE}"),
+                "DELETE FROM dedup_bench_effects",
+                "PRAGMA wal_checkpoint(TRUNCATE)",
+            ],
+        )
+        .await
     }
 }
 
@@ -643,6 +709,252 @@ async fn measure_pair<T: Target>(
         all_b.extend(lat_b);
     }
     Ok((all_a, all_b))
+}
+
+// ---------------------------------------------------------------------------------------
+// The inbox
+// ---------------------------------------------------------------------------------------
+
+/// The inbox table of the benchmark.
+const INBOX_TABLE: &str = "dedup_bench_inbox";
+
+/// Messages per `receive_batch` in the batched receive figure.
+const INBOX_BATCH: usize = 100;
+
+/// One round of inbox figures for one backend, in messages per second.
+struct InboxSample {
+    backend: BackendName,
+    /// Single receives, at 1 and 4 tasks.
+    receive: [f64; 2],
+    /// Batched receives (100 per statement), at 1 and 4 tasks.
+    batched: [f64; 2],
+    /// Processing by 1 and 4 workers.
+    workers: [f64; 2],
+    /// PostgreSQL: 8 receivers without and with `notify_workers`.
+    notify: Option<[f64; 2]>,
+}
+
+/// Receives `ids` on `tasks` tasks, one by one or in batches; messages per second.
+async fn measure_receive<DB: Backend>(
+    pool: &Pool<DB>,
+    tasks: usize,
+    batched: bool,
+    notify: bool,
+    ids: Arc<Vec<String>>,
+) -> Result<f64, Error> {
+    let per_task = ids.len() / tasks;
+    let start = Arc::new(tokio::sync::Barrier::new(tasks + 1));
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let (pool, ids, start) = (pool.clone(), ids.clone(), start.clone());
+            tokio::spawn(async move {
+                let inbox = Inbox::new(&pool, "bench-inbox")?
+                    .with_table(INBOX_TABLE)?
+                    .notify_workers(notify);
+                let mine = &ids[task * per_task..(task + 1) * per_task];
+                start.wait().await;
+                let mut stored = 0;
+                if batched {
+                    for chunk in mine.chunks(INBOX_BATCH) {
+                        let batch: Vec<Incoming<'_>> = chunk
+                            .iter()
+                            .map(|id| Incoming::new(id.as_str(), b"payload"))
+                            .collect();
+                        let answers = inbox.receive_batch(&batch).await?;
+                        stored += answers
+                            .iter()
+                            .filter(|a| **a == Ok(Received::Stored))
+                            .count();
+                    }
+                } else {
+                    for id in mine {
+                        if inbox
+                            .receive(Incoming::new(id.as_str(), b"payload"))
+                            .await?
+                            == Received::Stored
+                        {
+                            stored += 1;
+                        }
+                    }
+                }
+                Ok::<usize, Error>(stored)
+            })
+        })
+        .collect();
+    start.wait().await;
+    let began = Instant::now();
+    let mut stored = 0;
+    for handle in handles {
+        stored += handle.await??;
+    }
+    let seconds = began.elapsed().as_secs_f64();
+    if stored != per_task * tasks {
+        return Err(format!("inbox: {stored} of {} messages stored", per_task * tasks).into());
+    }
+    Ok(stored as f64 / seconds)
+}
+
+/// Stores `ids` (untimed), then processes them with `workers` workers; messages per
+/// second, checked against the effects.
+async fn measure_workers<T: Target>(
+    pool: &Pool<T::Db>,
+    workers: usize,
+    ids: &[String],
+) -> Result<f64, Error> {
+    let inbox = Inbox::new(pool, "bench-inbox")?.with_table(INBOX_TABLE)?;
+    for chunk in ids.chunks(1_000) {
+        let batch: Vec<Incoming<'_>> = chunk
+            .iter()
+            .map(|id| Incoming::new(id.as_str(), b"payload"))
+            .collect();
+        inbox.receive_batch(&batch).await?;
+    }
+    let start = Arc::new(tokio::sync::Barrier::new(workers + 1));
+    let handles: Vec<_> = (0..workers)
+        .map(|_| {
+            let (pool, start) = (pool.clone(), start.clone());
+            tokio::spawn(async move {
+                let inbox = Inbox::new(&pool, "bench-inbox")?.with_table(INBOX_TABLE)?;
+                let worker = inbox.worker().batch(16);
+                let handler = T::Handler::default();
+                start.wait().await;
+                let mut processed = 0;
+                loop {
+                    let batch = worker.process_batch(&handler).await?;
+                    processed += batch.processed;
+                    if batch.claimed == 0 {
+                        return Ok::<usize, Error>(processed);
+                    }
+                }
+            })
+        })
+        .collect();
+    start.wait().await;
+    let began = Instant::now();
+    let mut processed = 0;
+    for handle in handles {
+        processed += handle.await??;
+    }
+    let seconds = began.elapsed().as_secs_f64();
+    if processed != ids.len() {
+        return Err(format!("inbox: {processed} of {} messages processed", ids.len()).into());
+    }
+    Ok(processed as f64 / seconds)
+}
+
+/// One round of the inbox's figures on one backend, each run on an empty inbox.
+async fn measure_inbox<T: Target>(
+    backend: BackendName,
+    pool: &Pool<T::Db>,
+    config: &Config,
+    seed: &mut u64,
+) -> Result<InboxSample, Error> {
+    let ops = config.ops;
+    let figure = |rate: f64, what: &str, backend: BackendName| {
+        eprintln!(
+            "           {:<10} inbox {what:<28} {rate:>8.0} messages/s",
+            backend.name()
+        );
+        rate
+    };
+    let mut sample = InboxSample {
+        backend,
+        receive: [0.0; 2],
+        batched: [0.0; 2],
+        workers: [0.0; 2],
+        notify: None,
+    };
+    for (slot, tasks) in [1, 4].into_iter().enumerate() {
+        T::inbox_reset(pool).await?;
+        let ids = Arc::new(random_ids(ops, seed));
+        let rate = measure_receive(pool, tasks, false, false, ids).await?;
+        sample.receive[slot] = figure(rate, &format!("receive, {tasks} task(s)"), backend);
+        T::inbox_reset(pool).await?;
+        let ids = Arc::new(random_ids(10 * ops, seed));
+        let rate = measure_receive(pool, tasks, true, false, ids).await?;
+        sample.batched[slot] = figure(rate, &format!("receive x100, {tasks} task(s)"), backend);
+    }
+    for (slot, workers) in [1, 4].into_iter().enumerate() {
+        T::inbox_reset(pool).await?;
+        let ids = random_ids(ops, seed);
+        let rate = measure_workers::<T>(pool, workers, &ids).await?;
+        sample.workers[slot] = figure(rate, &format!("process, {workers} worker(s)"), backend);
+    }
+    if backend == BackendName::Postgres {
+        let mut rates = [0.0; 2];
+        for (slot, notify) in [false, true].into_iter().enumerate() {
+            T::inbox_reset(pool).await?;
+            let ids = Arc::new(random_ids(ops, seed));
+            rates[slot] = measure_receive(pool, 8, false, notify, ids).await?;
+            let what = if notify {
+                "receive, 8 tasks, NOTIFY"
+            } else {
+                "receive, 8 tasks"
+            };
+            figure(rates[slot], what, backend);
+        }
+        sample.notify = Some(rates);
+    }
+    Ok(sample)
+}
+
+/// The inbox's figures: medians over the rounds, and the ratios the issue asks for.
+fn print_inbox(samples: &[InboxSample], summary: &Summary) {
+    println!(
+        "\nthe inbox: medians over the rounds, messages per second (the same body as the handlers)"
+    );
+    for backend in [BackendName::Postgres, BackendName::Sqlite] {
+        let mine: Vec<&InboxSample> = samples.iter().filter(|s| s.backend == backend).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let med = |f: &dyn Fn(&InboxSample) -> f64| median(mine.iter().map(|s| f(s)).collect());
+        let receive = [med(&|s| s.receive[0]), med(&|s| s.receive[1])];
+        let batched = [med(&|s| s.batched[0]), med(&|s| s.batched[1])];
+        let workers = [med(&|s| s.workers[0]), med(&|s| s.workers[1])];
+        println!("{}", backend.name());
+        println!(
+            "  receive, one statement per message   1 task: {:>8.0}   4 tasks: {:>8.0}",
+            receive[0], receive[1]
+        );
+        println!(
+            "  receive, 100 per statement           1 task: {:>8.0}   4 tasks: {:>8.0}",
+            batched[0], batched[1]
+        );
+        println!(
+            "  process                            1 worker: {:>8.0} 4 workers: {:>8.0}",
+            workers[0], workers[1]
+        );
+        println!(
+            "  ratios: batched / single {:.1} / {:.1} (1 / 4 tasks); 4 workers / 1 worker {:.2}",
+            batched[0] / receive[0],
+            batched[1] / receive[1],
+            workers[1] / workers[0]
+        );
+        if let Some(direct) = summary.rate.get(&(backend, 4, Variant::Generated)) {
+            println!(
+                "          4 workers / the direct #[idempotent] handler at 4 tasks: {:.2}",
+                workers[1] / direct
+            );
+        }
+        for tasks in [1, 4] {
+            if let Some(pgbench) = summary.rate.get(&(backend, tasks, Variant::Pgbench)) {
+                let slot = usize::from(tasks == 4);
+                println!(
+                    "          single receive / pgbench ({tasks} task(s)): {:.2}",
+                    receive[slot] / pgbench
+                );
+            }
+        }
+        if mine.iter().all(|s| s.notify.is_some()) {
+            let off = med(&|s| s.notify.map_or(0.0, |n| n[0]));
+            let on = med(&|s| s.notify.map_or(0.0, |n| n[1]));
+            println!(
+                "          8 receivers, NOTIFY on / off: {on:.0} / {off:.0} = {:.2}",
+                on / off
+            );
+        }
+    }
 }
 
 /// Statements per call of each variant (after a first call has prepared them), counted
@@ -1395,6 +1707,8 @@ async fn run(config: Config) -> Result<(), Error> {
         .await?;
     postgres_setup(&pg, &config).await?;
     sqlite_setup(&lite, &config).await?;
+    dedup_runtime::inbox::migrate_table(&pg, INBOX_TABLE).await?;
+    dedup_runtime::inbox::migrate_table(&lite, INBOX_TABLE).await?;
 
     let mut seed = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -1438,8 +1752,24 @@ async fn run(config: Config) -> Result<(), Error> {
 
     let mut samples = Vec::new();
     let mut pair_samples = Vec::new();
+    let mut inbox_samples = Vec::new();
     for round in 0..config.rounds {
         for backend in [BackendName::Postgres, BackendName::Sqlite] {
+            // The inbox's figures, interleaved with the handlers' in every round.
+            eprintln!(
+                "round {}/{} {:<10} the inbox",
+                round + 1,
+                config.rounds,
+                backend.name()
+            );
+            inbox_samples.push(match backend {
+                BackendName::Postgres => {
+                    measure_inbox::<Postgres>(backend, &pg, &config, &mut seed).await?
+                }
+                BackendName::Sqlite => {
+                    measure_inbox::<Sqlite>(backend, &lite, &config, &mut seed).await?
+                }
+            });
             for tasks in TASKS {
                 match backend {
                     BackendName::Postgres => postgres_reset(&pg).await?,
@@ -1617,6 +1947,7 @@ async fn run(config: Config) -> Result<(), Error> {
         std::fs::write(manifest.join("docs/bench.svg"), &plot)?;
     }
     print_report(&summary, &config, &backends);
+    print_inbox(&inbox_samples, &summary);
     print_prune(&prunes);
     println!(
         "\nqueries per call, as sqlx logs them (its transaction manager sends BEGIN unlogged, \
