@@ -291,40 +291,27 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     /// what you will not process.
     pub async fn claim(&self) -> Result<Claims, InboxError> {
         let inbox = &self.inbox;
-        let mut attempt = 0;
         // A deadlock or serialization failure between claiming workers changed nothing:
         // claim again, a few times, after a jittered pause.
-        let (buried, owner, messages) = loop {
-            attempt += 1;
+        let (buried, owner, messages) = retry_transient::<DB, _, _>(move || async move {
             let owner = new_token();
-            let claimed = async {
-                let buried =
-                    DB::inbox_bury(inbox.pool, &inbox.table, &inbox.consumer, self.max_attempts)
-                        .await?;
-                let messages = DB::inbox_claim(
-                    inbox.pool,
-                    &inbox.table,
-                    &inbox.consumer,
-                    &owner,
-                    micros(self.lease),
-                    self.batch,
-                    self.max_attempts,
-                )
-                .await?;
-                Ok::<_, sqlx::Error>((buried, messages))
-            }
-            .await;
-            match claimed {
-                Ok((buried, messages)) => break (buried, owner, messages),
-                Err(error)
-                    if attempt < crate::retry::MAX_ATTEMPTS
-                        && crate::classify::is_transient::<DB>(&error) =>
-                {
-                    tokio::time::sleep(crate::retry::backoff(attempt)).await;
-                }
-                Err(error) => return Err(self.classify(error)),
-            }
-        };
+            let buried =
+                DB::inbox_bury(inbox.pool, &inbox.table, &inbox.consumer, self.max_attempts)
+                    .await?;
+            let messages = DB::inbox_claim(
+                inbox.pool,
+                &inbox.table,
+                &inbox.consumer,
+                &owner,
+                micros(self.lease),
+                self.batch,
+                self.max_attempts,
+            )
+            .await?;
+            Ok((buried, owner, messages))
+        })
+        .await
+        .map_err(|error| self.classify(error))?;
         Ok(Claims {
             owner,
             messages,
@@ -402,20 +389,12 @@ impl<'p, DB: Backend> Worker<'p, DB> {
             Err(text) => {
                 let dead = message.attempt >= self.max_attempts;
                 let delay = micros(self.delay(message.attempt));
-                let mut attempt = 0;
-                let failed = loop {
-                    attempt += 1;
-                    match DB::inbox_fail(inbox.pool, &row, &text, delay, dead).await {
-                        Ok(failed) => break failed,
-                        Err(error)
-                            if attempt < crate::retry::MAX_ATTEMPTS
-                                && crate::classify::is_transient::<DB>(&error) =>
-                        {
-                            tokio::time::sleep(crate::retry::backoff(attempt)).await;
-                        }
-                        Err(error) => return Err(self.classify(error)),
-                    }
-                };
+                let (row, text) = (&row, text.as_str());
+                let failed = retry_transient::<DB, _, _>(move || {
+                    DB::inbox_fail(inbox.pool, row, text, delay, dead)
+                })
+                .await
+                .map_err(|error| self.classify(error))?;
                 if !failed {
                     return Ok(Processed::Lost);
                 }
@@ -649,6 +628,28 @@ impl Claims {
     /// Rows the claim found dead first (their worker stopped during their last attempt).
     pub fn buried(&self) -> usize {
         self.buried
+    }
+}
+
+/// Runs `operation` again after a jittered pause while it fails with a transient error
+/// (a deadlock, a serialization failure, a lock timeout), up to
+/// [`MAX_ATTEMPTS`](crate::MAX_ATTEMPTS) times: for statements that changed nothing when
+/// they failed.
+async fn retry_transient<DB: Backend, T, F: Future<Output = Result<T, sqlx::Error>>>(
+    mut operation: impl FnMut() -> F,
+) -> Result<T, sqlx::Error> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match operation().await {
+            Err(error)
+                if attempt < crate::retry::MAX_ATTEMPTS
+                    && crate::classify::is_transient::<DB>(&error) =>
+            {
+                tokio::time::sleep(crate::retry::backoff(attempt)).await;
+            }
+            result => return result,
+        }
     }
 }
 
