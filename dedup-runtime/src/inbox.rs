@@ -809,39 +809,31 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
     /// worker processes it once (its row is its own, never taken for a duplicate of
     /// itself). `false` when `id` is not dead.
     pub async fn requeue(&self, id: impl MessageKey) -> Result<bool, InboxError> {
-        let key = id.message_id();
-        let id = key
-            .validate()
-            .map_err(|error| InboxError::Refused(Refused::InvalidMessageId(error)))?;
-        let done = DB::inbox_resolve(self.pool, &self.table, &self.consumer, id, true)
-            .await
-            .map_err(|error| self.classify(error))?;
-        if done {
-            tracing::info!(
-                consumer = self.consumer,
-                message_id = id,
-                "dead inbox message re-queued"
-            );
-        }
-        Ok(done)
+        self.resolve_dead(id, true).await
     }
 
     /// Discards the dead row `id`: recorded as processed without running (so that a
     /// redelivery is still a duplicate), its last error kept. `false` when `id` is not
     /// dead.
     pub async fn discard(&self, id: impl MessageKey) -> Result<bool, InboxError> {
+        self.resolve_dead(id, false).await
+    }
+
+    /// [`requeue`](Self::requeue) (`requeue`) or [`discard`](Self::discard) the dead row `id`.
+    async fn resolve_dead(&self, id: impl MessageKey, requeue: bool) -> Result<bool, InboxError> {
         let key = id.message_id();
         let id = key
             .validate()
             .map_err(|error| InboxError::Refused(Refused::InvalidMessageId(error)))?;
-        let done = DB::inbox_resolve(self.pool, &self.table, &self.consumer, id, false)
+        let done = DB::inbox_resolve(self.pool, &self.table, &self.consumer, id, requeue)
             .await
             .map_err(|error| self.classify(error))?;
         if done {
+            let what = if requeue { "re-queued" } else { "discarded" };
             tracing::info!(
                 consumer = self.consumer,
                 message_id = id,
-                "dead inbox message discarded"
+                "dead inbox message {what}"
             );
         }
         Ok(done)
