@@ -1,11 +1,11 @@
 //! MySQL and MariaDB: a plain insert whose duplicate-key error is the duplicate, a
 //! transaction out of autocommit mode, and a checked commit.
 
-use sqlx::mysql::{MySqlConnection, MySqlDatabaseError};
+use sqlx::mysql::MySqlConnection;
 use sqlx::{Connection, MySql, Transaction};
 
 use super::{ClaimBackend, Claimed, Statements, Tx};
-use crate::classify::mysql::{ENGLISH, ER_DUP_ENTRY};
+use crate::classify::mysql::{ENGLISH, ER_DUP_ENTRY, error_number};
 use crate::rolled_back::RolledBack;
 
 /// The handler's own transactions run out of autocommit mode. InnoDB rolls the whole
@@ -42,13 +42,7 @@ impl ClaimBackend for MySql {
         let result = super::execute_keyed::<Self>(conn, sql, consumer, id).await;
         match result {
             Ok(_) => Ok(true),
-            Err(sqlx::Error::Database(error))
-                if error
-                    .try_downcast_ref::<MySqlDatabaseError>()
-                    .is_some_and(|error| error.number() == ER_DUP_ENTRY) =>
-            {
-                Ok(false)
-            }
+            Err(error) if error_number(&error) == Some(ER_DUP_ENTRY) => Ok(false),
             Err(error) => Err(error),
         }
     }
@@ -99,10 +93,7 @@ impl ClaimBackend for MySql {
                 Ok(())
             }
             Err(error) => {
-                let gone = error
-                    .as_database_error()
-                    .and_then(|error| error.try_downcast_ref::<MySqlDatabaseError>())
-                    .is_some_and(|error| error.number() == CLAIM_GONE);
+                let gone = error_number(&error) == Some(CLAIM_GONE);
                 if sqlx::raw_sql(RESTORE_ROLLBACK)
                     .execute(&mut *tx)
                     .await

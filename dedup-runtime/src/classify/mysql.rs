@@ -9,6 +9,14 @@ use sqlx::mysql::{MySqlConnection, MySqlDatabaseError};
 use super::{ClassifyBackend, Violation};
 use crate::schema::Table;
 
+/// The MySQL/MariaDB error number of `error`, when it is the server's.
+pub(crate) fn error_number(error: &sqlx::Error) -> Option<u16> {
+    error
+        .as_database_error()
+        .and_then(|error| error.try_downcast_ref::<MySqlDatabaseError>())
+        .map(MySqlDatabaseError::number)
+}
+
 /// ER_DUP_ENTRY: a unique key, or for the claim statement the dedup table's primary key.
 pub(crate) const ER_DUP_ENTRY: u16 = 1062;
 
@@ -106,10 +114,7 @@ impl ClassifyBackend for MySql {
     /// up (the rare path: one query, on the failed transaction's connection) and
     /// [`resolve`] decides.
     fn is_missing_table(error: &sqlx::Error, _: &Table) -> bool {
-        error
-            .as_database_error()
-            .and_then(|error| error.try_downcast_ref::<MySqlDatabaseError>())
-            .is_some_and(|error| error.number() == ER_NO_SUCH_TABLE)
+        error_number(error) == Some(ER_NO_SUCH_TABLE)
     }
 
     async fn matching(

@@ -7,7 +7,6 @@
 
 use std::collections::HashSet;
 
-use sqlx::mysql::MySqlDatabaseError;
 use sqlx::{AssertSqlSafe, MySql, Pool};
 
 use sqlx::Row as _;
@@ -31,7 +30,7 @@ fn placeholders(count: usize) -> String {
     }
     list
 }
-use crate::classify::mysql::ER_DUP_ENTRY;
+use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
 use crate::schema::Table;
 
 /// The named lock `migrate` takes; the inbox's DDL takes the same one.
@@ -112,14 +111,7 @@ impl InboxBackend for MySql {
                 .await;
             return match result {
                 Ok(_) => Ok(vec![true]),
-                Err(error)
-                    if error
-                        .as_database_error()
-                        .and_then(|error| error.try_downcast_ref::<MySqlDatabaseError>())
-                        .is_some_and(|error| error.number() == ER_DUP_ENTRY) =>
-                {
-                    Ok(vec![false])
-                }
+                Err(error) if error_number(&error) == Some(ER_DUP_ENTRY) => Ok(vec![false]),
                 Err(error) => Err(error),
             };
         }
@@ -319,12 +311,7 @@ impl InboxBackend for MySql {
             .await
         {
             Ok(_) => Ok(()),
-            Err(error)
-                if error
-                    .as_database_error()
-                    .and_then(|error| error.try_downcast_ref::<MySqlDatabaseError>())
-                    .is_some_and(|error| error.number() == MARK_GONE) =>
-            {
+            Err(error) if error_number(&error) == Some(MARK_GONE) => {
                 Err(RolledBack::error("MySQL", Some(error)))
             }
             Err(error) => Err(error),

@@ -4,11 +4,11 @@
 //! commit checks first that the mark is still in it (InnoDB ends a transaction by itself
 //! on a deadlock: the body's later writes would go into a new one).
 
-use sqlx::mysql::{MySqlConnection, MySqlDatabaseError};
+use sqlx::mysql::MySqlConnection;
 use sqlx::{MySql, Row};
 
 use super::{Found, LeaseBackend, LeaseKey, LeaseSql, LeaseStatements};
-use crate::classify::mysql::ER_DUP_ENTRY;
+use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
 use crate::rolled_back::RolledBack;
 
 const BEGIN: &str = "SET autocommit = 0; BEGIN";
@@ -16,13 +16,6 @@ const COMMIT: &str = "COMMIT; SET autocommit = 1";
 const ROLLBACK: &str = "ROLLBACK; SET autocommit = 1";
 /// ER_SUBQUERY_NO_1_ROW: the check found the mark gone.
 const MARK_GONE: u16 = 1242;
-
-fn number(error: &sqlx::Error) -> Option<u16> {
-    error
-        .as_database_error()
-        .and_then(|error| error.try_downcast_ref::<MySqlDatabaseError>())
-        .map(MySqlDatabaseError::number)
-}
 
 impl LeaseBackend for MySql {
     fn lease_sql(statements: &LeaseStatements) -> &LeaseSql {
@@ -46,7 +39,7 @@ impl LeaseBackend for MySql {
             .await;
         match result {
             Ok(_) => Ok(true),
-            Err(error) if number(&error) == Some(ER_DUP_ENTRY) => Ok(false),
+            Err(error) if error_number(&error) == Some(ER_DUP_ENTRY) => Ok(false),
             Err(error) => Err(error),
         }
     }
@@ -124,7 +117,7 @@ impl LeaseBackend for MySql {
         match checked {
             Ok(()) => Ok(()),
             Err(error) => {
-                let gone = number(&error) == Some(MARK_GONE);
+                let gone = error_number(&error) == Some(MARK_GONE);
                 let _ = sqlx::raw_sql(ROLLBACK).execute(&mut *conn).await;
                 Err(if gone {
                     RolledBack::error("MySQL", Some(error))
