@@ -16,8 +16,8 @@ use std::time::Duration;
 
 use dedup_runtime::InvalidMessageId;
 use dedup_runtime::inbox::{
-    DEFAULT_MAX_PAYLOAD_LEN, HINT_GAP, Inbox, InboxError, InboxHandler, InboxMessage, Incoming,
-    MAX_BATCH, Processed, Received, Refused,
+    Batch, DEFAULT_MAX_PAYLOAD_LEN, HINT_GAP, Inbox, InboxError, InboxHandler, InboxMessage,
+    Incoming, MAX_BATCH, Processed, Received, Refused, Worker,
 };
 use dedup_suite::unique;
 use tokio::sync::Notify;
@@ -25,6 +25,10 @@ use tokio::time::timeout;
 
 /// How long any single wait may take before the test fails instead of hanging.
 const PATIENCE: Duration = Duration::from_secs(15);
+
+/// The lease of the heartbeat tests, and their heartbeat.
+const LEASE: Duration = Duration::from_millis(250);
+const BEAT: Duration = Duration::from_millis(50);
 
 /// Holds a handler: `entered` once it got there, released by `go`.
 #[derive(Debug, Default)]
@@ -56,7 +60,9 @@ macro_rules! inbox_suite {
         group = $group:literal,
         state = $state:literal,
         expire = $expire:literal,
-        age = $age:literal $(,)?
+        age = $age:literal,
+        url = |$db_ident:ident| $url:expr,
+        $(takeover_mid_handler = $takeover:literal,)?
     ) => {
         mod $backend {
             use super::*;
@@ -148,6 +154,25 @@ macro_rules! inbox_suite {
                 ids
             }
 
+            /// A worker's `process_batch` in a task of its own, `configure`d, its handler
+            /// stopping at `hold` before each effect.
+            fn held_worker(
+                pool: &sqlx::Pool<$db>,
+                consumer: &str,
+                hold: &Arc<Hold>,
+                configure: fn(Worker<'_, $db>) -> Worker<'_, $db>,
+            ) -> tokio::task::JoinHandle<Result<Batch, InboxError>> {
+                let (pool, consumer, hold) = (pool.clone(), consumer.to_owned(), hold.clone());
+                tokio::spawn(async move {
+                    let inbox = Inbox::new(&pool, &consumer).unwrap();
+                    let handler = Effects {
+                        hold: Some(hold),
+                        ..Effects::default()
+                    };
+                    configure(inbox.worker()).process_batch(&handler).await
+                })
+            }
+
             /// 4 workers, 2,000 messages: each processed exactly once, effects and marks.
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn four_workers_process_each_message_exactly_once() {
@@ -192,11 +217,11 @@ macro_rules! inbox_suite {
                     total += worker.await.unwrap();
                 }
                 assert_eq!(total, 2_000);
-                assert_eq!(
-                    handler.runs.load(Ordering::SeqCst),
-                    2_000,
-                    "one run per message"
-                );
+                // A transaction the database ended (a deadlock) runs again: its handler too,
+                // its first run rolled back.
+                let runs = handler.runs.load(Ordering::SeqCst);
+                assert!(runs >= 2_000, "{runs} runs");
+                println!("handler runs: {runs} for 2000 messages");
                 let effects = effects(&pool, &consumer).await;
                 assert_eq!(effects.len(), 2_000);
                 assert!(
@@ -490,17 +515,7 @@ macro_rules! inbox_suite {
                 let ids = receive_all(&inbox, 1).await;
                 for attempt in 1..=2 {
                     let hold = Arc::new(Hold::default());
-                    let task = tokio::spawn({
-                        let (pool, consumer, hold) = (pool.clone(), consumer.clone(), hold.clone());
-                        async move {
-                            let inbox = Inbox::new(&pool, &consumer).unwrap();
-                            let handler = Effects {
-                                hold: Some(hold),
-                                ..Effects::default()
-                            };
-                            inbox.worker().max_attempts(2).process_batch(&handler).await
-                        }
-                    });
+                    let task = held_worker(&pool, &consumer, &hold, |worker| worker.max_attempts(2));
                     timeout(PATIENCE, hold.entered.notified())
                         .await
                         .expect("in the handler");
@@ -624,6 +639,344 @@ macro_rules! inbox_suite {
                     .unwrap();
                 assert_eq!(batch.processed, 3);
             }
+
+            /// Sleeps `first` in its first run, then writes its effect.
+            struct Slow {
+                first: Duration,
+                runs: AtomicU32,
+                entered: Notify,
+            }
+
+            impl InboxHandler<$db> for Slow {
+                type Error = sqlx::Error;
+
+                async fn handle(
+                    &self,
+                    tx: &mut $conn,
+                    message: &InboxMessage,
+                ) -> Result<(), sqlx::Error> {
+                    if self.runs.fetch_add(1, Ordering::SeqCst) == 0 {
+                        self.entered.notify_one();
+                        tokio::time::sleep(self.first).await;
+                    }
+                    sqlx::query($effect).bind(message.id()).execute(&mut *tx).await?;
+                    Ok(())
+                }
+            }
+
+            /// A handler that runs longer than the lease keeps its claim: the heartbeat
+            /// renews the lease of the rows not finished, so a second worker trying after
+            /// four leases gets nothing, and the first processes both messages.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_heartbeat_keeps_a_long_handler_s_claim_past_its_lease() {
+                let db = $pool;
+                let pool: sqlx::Pool<$db> = (*db).clone();
+                setup(&pool).await;
+                let consumer = unique("inbox-heartbeat");
+                let inbox = Inbox::new(&pool, &consumer).unwrap();
+                let ids = receive_all(&inbox, 2).await;
+                let lease = LEASE;
+                let slow = Arc::new(Slow {
+                    first: 5 * lease,
+                    runs: AtomicU32::new(0),
+                    entered: Notify::new(),
+                });
+                let task = tokio::spawn({
+                    let (pool, consumer, slow) = (pool.clone(), consumer.clone(), slow.clone());
+                    async move {
+                        let inbox = Inbox::new(&pool, &consumer).unwrap();
+                        let worker = inbox
+                            .worker()
+                            .lease(lease)
+                            .heartbeat(BEAT)
+                            .batch(2);
+                        worker.process_batch(&*slow).await
+                    }
+                });
+                timeout(PATIENCE, slow.entered.notified())
+                    .await
+                    .expect("in the handler");
+                tokio::time::sleep(4 * lease).await;
+                // (SQLite: waits for the first transaction's commit, its only writer.)
+                let other = inbox
+                    .worker()
+                    .lease(lease)
+                    .process_batch(&Effects::default())
+                    .await
+                    .unwrap();
+                assert_eq!(other.claimed, 0, "both rows still leased to the first worker");
+                let batch = timeout(PATIENCE, task).await.unwrap().unwrap().unwrap();
+                assert_eq!(
+                    (batch.claimed, batch.processed, batch.lost),
+                    (2, 2, 0),
+                    "{batch:?}"
+                );
+                let effects = effects(&pool, &consumer).await;
+                for id in &ids {
+                    assert_eq!(effects.get(id), Some(&1), "{id}");
+                    assert_eq!(state(&pool, &consumer, id).await, (2, 1, None), "{id}");
+                }
+            }
+
+            /// A worker stopped mid-handler (its task aborted: a killed process, for the
+            /// database) stops renewing: its row is taken over a lease after its last
+            /// heartbeat, and processed once.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_claim_is_taken_over_once_its_heartbeat_stops() {
+                let db = $pool;
+                let pool: sqlx::Pool<$db> = (*db).clone();
+                setup(&pool).await;
+                let consumer = unique("inbox-heartbeat-stops");
+                let inbox = Inbox::new(&pool, &consumer).unwrap();
+                let ids = receive_all(&inbox, 1).await;
+                let hold = Arc::new(Hold::default());
+                let task = held_worker(&pool, &consumer, &hold, |worker| {
+                    worker.lease(LEASE).heartbeat(BEAT)
+                });
+                let lease = LEASE;
+                timeout(PATIENCE, hold.entered.notified())
+                    .await
+                    .expect("in the handler");
+                tokio::time::sleep(3 * lease).await;
+                task.abort();
+                assert!(task.await.unwrap_err().is_cancelled());
+                let stopped = std::time::Instant::now();
+                let worker = inbox.worker().lease(lease);
+                let handler = Effects::default();
+                let taken = timeout(PATIENCE, async {
+                    loop {
+                        let batch = worker.process_batch(&handler).await.unwrap();
+                        if batch.claimed > 0 {
+                            return batch;
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                })
+                .await
+                .expect("taken over");
+                println!(
+                    "taken over {} ms after the worker stopped (lease {} ms)",
+                    stopped.elapsed().as_millis(),
+                    lease.as_millis()
+                );
+                assert_eq!((taken.claimed, taken.processed), (1, 1));
+                assert_eq!(effects(&pool, &consumer).await.get(&ids[0]), Some(&1));
+                assert_eq!(state(&pool, &consumer, &ids[0]).await, (2, 2, None));
+            }
+
+            /// Shutdown while a handler hangs: past the shutdown deadline it is cancelled,
+            /// its transaction rolled back, and its row released with the unstarted one;
+            /// another worker processes both at once.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_handler_still_running_at_the_shutdown_deadline_is_rolled_back_and_released()
+            {
+                let db = $pool;
+                let pool: sqlx::Pool<$db> = (*db).clone();
+                setup(&pool).await;
+                let consumer = unique("inbox-deadline");
+                let inbox = Inbox::new(&pool, &consumer).unwrap();
+                let ids = receive_all(&inbox, 2).await;
+                let hold = Arc::new(Hold::default());
+                let stop = Arc::new(tokio::sync::Notify::new());
+                let task = tokio::spawn({
+                    let (pool, consumer, hold, stop) =
+                        (pool.clone(), consumer.clone(), hold.clone(), stop.clone());
+                    async move {
+                        let inbox = Inbox::new(&pool, &consumer).unwrap();
+                        let handler = Effects {
+                            hold: Some(hold),
+                            ..Effects::default()
+                        };
+                        inbox
+                            .worker()
+                            .batch(2)
+                            .shutdown_deadline(Duration::from_millis(200))
+                            .run(&handler, stop.notified())
+                            .await;
+                        handler.runs.load(Ordering::SeqCst)
+                    }
+                });
+                timeout(PATIENCE, hold.entered.notified())
+                    .await
+                    .expect("the first message in hand");
+                stop.notify_one(); // and the handler never finishes
+                let runs = timeout(PATIENCE, task).await.expect("run returns").unwrap();
+                assert_eq!(runs, 1);
+                assert!(effects(&pool, &consumer).await.is_empty(), "rolled back");
+                for id in &ids {
+                    assert_eq!(
+                        state(&pool, &consumer, id).await,
+                        (0, 0, None),
+                        "{id}: released, attempt not counted"
+                    );
+                }
+                let batch = inbox
+                    .worker()
+                    .process_batch(&Effects::default())
+                    .await
+                    .unwrap();
+                assert_eq!(batch.processed, 2);
+                let effects = effects(&pool, &consumer).await;
+                assert!(ids.iter().all(|id| effects.get(id) == Some(&1)), "{effects:?}");
+            }
+
+            /// A handler that ends the transaction itself (a `ROLLBACK` of its own) and
+            /// returns `Ok`: its effect is gone, and so the mark never commits — the
+            /// attempt is a failure, the message pending for the next.
+            #[tokio::test]
+            async fn a_handler_that_rolls_its_transaction_back_gets_no_mark() {
+                struct RollsBack;
+
+                impl InboxHandler<$db> for RollsBack {
+                    type Error = sqlx::Error;
+
+                    async fn handle(
+                        &self,
+                        tx: &mut $conn,
+                        message: &InboxMessage,
+                    ) -> Result<(), sqlx::Error> {
+                        sqlx::query($effect).bind(message.id()).execute(&mut *tx).await?;
+                        sqlx::raw_sql("ROLLBACK").execute(&mut *tx).await?;
+                        Ok(())
+                    }
+                }
+
+                let db = $pool;
+                let pool: &sqlx::Pool<$db> = &db;
+                setup(pool).await;
+                let consumer = unique("inbox-rolls-back");
+                let inbox = Inbox::new(pool, &consumer).unwrap();
+                let ids = receive_all(&inbox, 1).await;
+                let batch = inbox
+                    .worker()
+                    .backoff(Duration::ZERO, Duration::ZERO)
+                    .process_batch(&RollsBack)
+                    .await
+                    .unwrap();
+                assert_eq!((batch.claimed, batch.processed, batch.failed), (1, 0, 1));
+                assert!(effects(pool, &consumer).await.is_empty());
+                let (row_state, attempts, last_error) = state(pool, &consumer, &ids[0]).await;
+                assert_eq!((row_state, attempts), (0, 1), "pending, one attempt used");
+                let last_error = last_error.unwrap();
+                assert!(last_error.contains("transaction back"), "{last_error}");
+                // The next attempt, by a handler that does not, processes it once.
+                let batch = inbox
+                    .worker()
+                    .process_batch(&Effects::default())
+                    .await
+                    .unwrap();
+                assert_eq!(batch.processed, 1);
+                assert_eq!(effects(pool, &consumer).await.get(&ids[0]), Some(&1));
+            }
+
+            /// A handler that kills its process every time (`examples/inbox_worker.rs`, a
+            /// child process that SIGKILLs itself mid-transaction on one message): started
+            /// again after each death, the worker buries that message after its 3
+            /// attempts — counted at the claim — and every other message is processed,
+            /// each once, none dead.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_handler_that_kills_its_process_every_time_is_dead_after_its_attempts() {
+                let db = $pool;
+                let pool: &sqlx::Pool<$db> = &db;
+                setup(pool).await;
+                let consumer = unique("inbox-kills");
+                let inbox = Inbox::new(pool, &consumer).unwrap();
+                let ids: Vec<String> = (0..40).map(|n| format!("{consumer}/{n}")).collect();
+                let poison = &ids[5];
+                let incoming: Vec<Incoming<'_>> = ids
+                    .iter()
+                    .map(|id| {
+                        let payload: &[u8] = if id == poison { b"kill" } else { b"p" };
+                        Incoming::new(id.as_str(), payload)
+                    })
+                    .collect();
+                for answer in inbox.receive_batch(&incoming).await.unwrap() {
+                    assert_eq!(answer, Ok(Received::Stored));
+                }
+                let program = examples("inbox_worker").await;
+                let url: String = {
+                    let $db_ident = &db;
+                    let _ = $db_ident;
+                    $url
+                };
+                let (mut kills, mut runs) = (0, 0);
+                loop {
+                    runs += 1;
+                    assert!(runs <= 8, "still not done after {runs} runs");
+                    let mut child = tokio::process::Command::new(&program)
+                        .env("DATABASE_URL", &url)
+                        .env("DEDUP_INBOX_CONSUMER", &consumer)
+                        .stdout(std::process::Stdio::null())
+                        .kill_on_drop(true)
+                        .spawn()
+                        .expect("start the worker");
+                    let status = timeout(PATIENCE, child.wait())
+                        .await
+                        .expect("the worker ends")
+                        .unwrap();
+                    if status.success() {
+                        break;
+                    }
+                    use std::os::unix::process::ExitStatusExt as _;
+                    assert_eq!(status.signal(), Some(9), "killed by its handler: {status}");
+                    kills += 1;
+                }
+                println!("worker runs: {runs}, killed by the handler: {kills}");
+                assert_eq!(kills, 3, "one death per attempt, then dead");
+                let (row_state, attempts, last_error) = state(pool, &consumer, poison).await;
+                assert_eq!((row_state, attempts), (3, 3), "dead after its 3 attempts");
+                assert!(last_error.unwrap().contains("the worker stopped"));
+                let effects = effects(pool, &consumer).await;
+                assert_eq!(effects.get(poison), None, "its effect rolled back each time");
+                for id in ids.iter().filter(|id| *id != poison) {
+                    assert_eq!(effects.get(id), Some(&1), "{id}: processed once");
+                    let (row_state, attempts, _) = state(pool, &consumer, id).await;
+                    assert_eq!(row_state, 2, "{id}: processed");
+                    assert!(attempts <= 2, "{id}: {attempts} attempts");
+                }
+                let stats = inbox.stats().await.unwrap();
+                assert_eq!((stats.processed, stats.dead, stats.pending, stats.claimed), (39, 1, 0, 0));
+            }
+
+            $(
+            /// A worker paused mid-handler past its lease (no heartbeat: a paused process,
+            /// for the database) loses the row to another, which processes it; resumed,
+            /// its mark is refused and its effect rolled back: the message processed once.
+            #[doc = $takeover]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_worker_paused_mid_handler_loses_the_row_and_its_effect_rolls_back() {
+                let db = $pool;
+                let pool: sqlx::Pool<$db> = (*db).clone();
+                setup(&pool).await;
+                let consumer = unique("inbox-paused-mid");
+                let inbox = Inbox::new(&pool, &consumer).unwrap();
+                let ids = receive_all(&inbox, 1).await;
+                let hold = Arc::new(Hold::default());
+                // No heartbeat while it is paused.
+                let task = held_worker(&pool, &consumer, &hold, |worker| {
+                    worker.heartbeat(Duration::from_secs(3600))
+                });
+                timeout(PATIENCE, hold.entered.notified())
+                    .await
+                    .expect("in the handler");
+                expire(&pool, &consumer).await; // paused past its lease
+                let batch = inbox
+                    .worker()
+                    .process_batch(&Effects::default())
+                    .await
+                    .unwrap();
+                assert_eq!((batch.claimed, batch.processed), (1, 1), "taken over");
+                hold.go.notify_one(); // resumed: writes its effect, then marks
+                let late = timeout(PATIENCE, task).await.unwrap().unwrap().unwrap();
+                assert_eq!((late.processed, late.lost), (0, 1), "{late:?}");
+                assert_eq!(
+                    effects(&pool, &consumer).await.get(&ids[0]),
+                    Some(&1),
+                    "the late effect rolled back"
+                );
+                assert_eq!(state(&pool, &consumer, &ids[0]).await, (2, 2, None));
+            }
+            )?
 
             async fn row(pool: &sqlx::Pool<$db>, consumer: &str, id: &str) -> Option<Stored> {
                 sqlx::query_as($row)
@@ -961,6 +1314,8 @@ inbox_suite!(
               WHERE consumer = $1 AND state = 1",
     age = "UPDATE inbox_messages SET processed_at = clock_timestamp() - interval '10 days' \
            WHERE consumer = $1 AND message_id = $2",
+    url = |db| dedup_suite::postgres_url(),
+    takeover_mid_handler = "PostgreSQL: the handler's transaction holds no lock on the row.",
 );
 inbox_suite!(
     mysql,
@@ -981,6 +1336,8 @@ inbox_suite!(
               WHERE consumer = ? AND state = 1",
     age = "UPDATE inbox_messages SET processed_at = UTC_TIMESTAMP(6) - INTERVAL 10 DAY \
            WHERE consumer = ? AND message_id = ?",
+    url = |db| dedup_suite::mysql_url(),
+    takeover_mid_handler = "MariaDB: the handler's transaction holds no lock on the row.",
 );
 inbox_suite!(
     sqlite,
@@ -1001,7 +1358,18 @@ inbox_suite!(
               WHERE consumer = ?1 AND state = 1",
     age = "UPDATE inbox_messages SET processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-10 days') \
            WHERE consumer = ?1 AND message_id = ?2",
+    url = |db| format!("sqlite:{}", db.path().display()),
 );
+
+/// This file's example programs, built once: the operator's command and the worker the
+/// process-killing test starts.
+async fn examples(name: &'static str) -> std::path::PathBuf {
+    tokio::task::spawn_blocking(move || {
+        dedup_suite::example_binary("", &["inbox", "inbox_worker"], name)
+    })
+    .await
+    .unwrap()
+}
 
 /// No full scans as the inbox grows (PostgreSQL's plans, read with `EXPLAIN`): with
 /// 20,000 processed rows and a few pending ones, the claim of pending rows, the takeover
@@ -1042,7 +1410,7 @@ async fn postgres_claims_use_the_partial_indexes() {
         ),
         (
             "SELECT consumer, message_id FROM inbox_messages WHERE consumer = $1 AND state = 1 \
-             AND lease_until <= clock_timestamp() AND attempts < 5 ORDER BY lease_until LIMIT 16 \
+             AND lease_until <= clock_timestamp() AND attempts < 5 ORDER BY lease_until, seq LIMIT 1 \
              FOR UPDATE SKIP LOCKED",
             "inbox_messages_claimed_idx",
         ),
@@ -1084,10 +1452,7 @@ async fn the_operator_command_lists_requeues_and_discards_dead_messages() {
     .execute(&*db)
     .await
     .unwrap();
-    let program =
-        tokio::task::spawn_blocking(|| dedup_suite::example_binary("", &["inbox"], "inbox"))
-            .await
-            .unwrap();
+    let program = examples("inbox").await;
     let url = format!("sqlite:{}", db.path().display());
     let run = |args: &[&str]| {
         let output = std::process::Command::new(&program)

@@ -85,3 +85,10 @@ mod invalid_id_reads_as_an_encoding_error;
 // this fixture ("AckPolicy: a lost lease is retried, never dead-lettered").
 #[path = "regressions/lease_lost_dead_lettered.rs"]
 mod lease_lost_dead_lettered;
+
+// The inbox: a message whose handler killed its worker took the rows claimed with it to
+// the dead state (each death counted an attempt of all of them, taken over together).
+// Fixed in the commit that renews an inbox worker's lease by a heartbeat ("Inbox workers:
+// heartbeat, mark at the end, shutdown deadline, one takeover per claim").
+#[path = "regressions/inbox_killer_buried_its_claim.rs"]
+mod inbox_killer_buried_its_claim;

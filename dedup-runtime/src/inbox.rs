@@ -44,11 +44,19 @@
 //! that names the limit, never truncated.
 //!
 //! **Processing** is a [`Worker`]'s ([`Inbox::worker`]): it claims due rows under an owner
-//! token (the attempt counted at the claim), runs an [`InboxHandler`] on each in a
-//! transaction whose first statement marks the row processed — owner-checked, so that a
-//! worker that lost its claim runs nothing — and persists a failure as the next attempt's
-//! time and the error's text; after the last attempt the row is dead, for an operator
-//! ([`Inbox::dead`], [`Inbox::requeue`], [`Inbox::discard`], [`Inbox::stats`]).
+//! token and a lease (the attempt counted at the claim), renews the lease by a heartbeat
+//! while it works through them, runs an [`InboxHandler`] on each in a transaction that
+//! ends with the row's "processed" mark — owner-checked, so that a worker that lost its
+//! claim (paused past its lease, then resumed) commits nothing: its handler's effects
+//! roll back — and persists a failure as the next attempt's time and the error's text;
+//! after the last attempt the row is dead, for an operator ([`Inbox::dead`],
+//! [`Inbox::requeue`], [`Inbox::discard`], [`Inbox::stats`]).
+//!
+//! On PostgreSQL and MariaDB the handler's transaction holds no lock on the row until its
+//! mark, so that a worker stopped mid-handler (a pause, a dead network) loses the row to
+//! another a lease after its last heartbeat. On SQLite the transaction holds the
+//! database's only write lock from its start: no other worker claims anything meanwhile,
+//! and the transaction renews the claim's other rows before it commits.
 //!
 //! The table, `inbox_messages` by default, comes from [`migrate`] (or [`migrate_table`]),
 //! or from the shipped `0003_inbox_messages.sql` of your backend ([`schema_sql`] prints
@@ -271,6 +279,14 @@ impl From<Refused> for InboxError {
     }
 }
 
+/// How many rows whose claim's lease ended one claim takes over, first in its batch: one.
+/// A stopped worker's rows were claimed together, and the attempt of each counted; had
+/// the message in hand killed its process, the next worker to take them all would die
+/// with the same rows claimed again. One at a time, a message that kills its process is
+/// alone when it does again, and costs each row claimed with it one attempt at most.
+#[doc(hidden)]
+pub const TAKEOVER: u32 = 1;
+
 /// One row to insert, validated.
 #[doc(hidden)]
 pub struct Row<'a> {
@@ -313,8 +329,9 @@ pub trait InboxBackend: Database {
         max_attempts: u32,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
-    /// Claims up to `limit` rows for `owner` — first those whose claim's lease ended
-    /// (with attempts left), then pending ones that are due — counting the attempt.
+    /// Claims up to `limit` rows for `owner` — first at most [`TAKEOVER`] whose claim's
+    /// lease ended (with attempts left), then pending ones that are due — counting the
+    /// attempt; in that order.
     #[doc(hidden)]
     fn inbox_claim<'a>(
         pool: &'a Pool<Self>,
@@ -326,22 +343,38 @@ pub trait InboxBackend: Database {
         max_attempts: u32,
     ) -> impl Future<Output = Result<Vec<InboxMessage>, sqlx::Error>> + Send + 'a;
 
-    /// In the processing transaction, first: marks the claimed row processed if it is
-    /// still `row.owner`'s; whether it was.
+    /// First in the processing transaction: whether the claimed row is still
+    /// `row.owner`'s. It leaves what [`InboxBackend::inbox_finish`] checks the transaction
+    /// by — PostgreSQL a transaction-local setting, MySQL a savepoint — and takes no lock
+    /// on the row, so that a worker paused mid-handler past its lease loses the row to
+    /// another. SQLite, whose writer excludes every other, marks the row here.
     #[doc(hidden)]
-    fn inbox_mark<'c>(
+    fn inbox_start<'c>(
         conn: &'c mut Self::Connection,
         row: &'c Claimed<'c>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
 
-    /// Before the processing transaction's commit: fails ([`RolledBack`](crate::RolledBack))
-    /// if the database rolled the mark back by itself meanwhile (MySQL's deadlock
-    /// rollback); a no-op where the commit itself tells.
+    /// After the handler, before the commit: marks the row processed if it is still
+    /// `row.owner`'s (`false`: the claim was lost, roll back). Fails with
+    /// [`RolledBack`](crate::RolledBack) if the transaction that
+    /// [`InboxBackend::inbox_start`] began is gone — a deadlock rollback the handler
+    /// swallowed, a `ROLLBACK` it sent — so that a mark never commits without the
+    /// handler's effects.
     #[doc(hidden)]
-    fn inbox_check<'c>(
+    fn inbox_finish<'c>(
         conn: &'c mut Self::Connection,
         row: &'c Claimed<'c>,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// The heartbeat: `owner`'s claimed rows get a lease of `lease_us` from now; how many.
+    #[doc(hidden)]
+    fn inbox_renew<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+        lease_us: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
     /// After a failed attempt: the row back to pending after `delay_us` (or dead), with
     /// `error` as its last error, if it is still `row.owner`'s; whether it was.

@@ -14,14 +14,19 @@ use sqlx::mysql::MySqlConnection;
 
 use super::{
     Claimed, InboxBackend, InboxMessage, InboxOperatorBackend, Owner, Row, STOPPED, StatsRow,
+    TAKEOVER,
 };
 use crate::rolled_back::RolledBack;
 
 /// The claim's transaction.
 const CLAIM_BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 
-/// ER_SUBQUERY_NO_1_ROW: the check found the mark gone.
-const MARK_GONE: u16 = 1242;
+/// The savepoint that tells the finishing mark its transaction is the one the owner check
+/// began.
+const SAVEPOINT: &str = "dedup_inbox_claim";
+
+/// ER_SP_DOES_NOT_EXIST: the savepoint is gone with the transaction it was set in.
+const SAVEPOINT_GONE: u16 = 1305;
 
 fn placeholders(count: usize) -> String {
     let mut list = String::with_capacity(3 * count);
@@ -172,12 +177,17 @@ impl InboxBackend for MySql {
              AND attempts >= ?",
             table.name()
         );
+        // READ COMMITTED, as the claim: no next-key locks on the claimed rows' index range,
+        // which a worker's mark (it moves its row out of that range) would deadlock on,
+        // and rows other workers hold are passed over, not waited for.
+        let mut tx = pool.begin_with(CLAIM_BEGIN).await?;
         let done = sqlx::query(AssertSqlSafe(sql))
             .bind(STOPPED)
             .bind(consumer)
             .bind(max_attempts)
-            .execute(pool)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(done.rows_affected())
     }
 
@@ -199,12 +209,12 @@ impl InboxBackend for MySql {
         let expired = format!(
             "SELECT CAST(message_id AS CHAR) FROM {name} WHERE consumer = ? AND state = 1 \
              AND lease_until <= UTC_TIMESTAMP(6) AND attempts < ? \
-             ORDER BY lease_until LIMIT ? FOR UPDATE SKIP LOCKED"
+             ORDER BY lease_until, seq LIMIT ? FOR UPDATE SKIP LOCKED"
         );
         let mut ids: Vec<String> = sqlx::query_scalar(AssertSqlSafe(expired))
             .bind(consumer)
             .bind(max_attempts)
-            .bind(limit)
+            .bind(TAKEOVER)
             .fetch_all(&mut *tx)
             .await?;
         let left = limit as usize - ids.len().min(limit as usize);
@@ -255,7 +265,8 @@ impl InboxBackend for MySql {
         }
         let rows = query.fetch_all(&mut *tx).await?;
         tx.commit().await?;
-        rows.into_iter()
+        let mut messages = rows
+            .into_iter()
             .map(|row| {
                 Ok(InboxMessage {
                     id: row.try_get(0)?,
@@ -265,13 +276,51 @@ impl InboxBackend for MySql {
                     attempt: row.try_get::<i32, _>(3)?.max(0) as u32,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        // In the claim's order (the taken-over row first), not the key's.
+        messages.sort_by_key(|message| ids.iter().position(|id| *id == message.id));
+        Ok(messages)
     }
 
-    async fn inbox_mark<'c>(
+    /// A savepoint, then the claim's owner check (no lock on the row). InnoDB ends a
+    /// transaction by itself on a deadlock, and a handler that swallowed the error goes on
+    /// in a new one: the savepoint is gone with the old one, and the finish tells.
+    async fn inbox_start<'c>(
         conn: &'c mut MySqlConnection,
         row: &'c Claimed<'c>,
     ) -> Result<bool, sqlx::Error> {
+        sqlx::raw_sql(AssertSqlSafe(format!("SAVEPOINT {SAVEPOINT}")))
+            .execute(&mut *conn)
+            .await?;
+        let sql = format!(
+            "SELECT 1 FROM {} WHERE consumer = ? AND message_id = ? AND owner = ? AND state = 1",
+            row.table.name()
+        );
+        let found = sqlx::query(AssertSqlSafe(sql))
+            .bind(row.consumer)
+            .bind(row.id)
+            .bind(&row.owner[..])
+            .fetch_optional(conn)
+            .await?;
+        Ok(found.is_some())
+    }
+
+    /// The savepoint released ([`RolledBack`] if it is gone with its transaction), then
+    /// the owner-checked mark.
+    async fn inbox_finish<'c>(
+        conn: &'c mut MySqlConnection,
+        row: &'c Claimed<'c>,
+    ) -> Result<bool, sqlx::Error> {
+        match sqlx::raw_sql(AssertSqlSafe(format!("RELEASE SAVEPOINT {SAVEPOINT}")))
+            .execute(&mut *conn)
+            .await
+        {
+            Ok(_) => {}
+            Err(error) if error_number(&error) == Some(SAVEPOINT_GONE) => {
+                return Err(RolledBack::error("MySQL", Some(error)));
+            }
+            Err(error) => return Err(error),
+        }
         let sql = format!(
             "UPDATE {} SET state = 2, processed_at = UTC_TIMESTAMP(6), lease_until = NULL{} \
              WHERE consumer = ? AND message_id = ? AND owner = ? AND state = 1",
@@ -291,31 +340,28 @@ impl InboxBackend for MySql {
         Ok(done.rows_affected() == 1)
     }
 
-    /// InnoDB ends a transaction by itself on a deadlock; a handler that swallowed the
-    /// error goes on in a new one, without the mark. Before `COMMIT`: the mark must be
-    /// there, or the transaction is refused ([`RolledBack`]).
-    async fn inbox_check<'c>(
-        conn: &'c mut MySqlConnection,
-        row: &'c Claimed<'c>,
-    ) -> Result<(), sqlx::Error> {
+    async fn inbox_renew<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+        lease_us: i64,
+    ) -> Result<u64, sqlx::Error> {
+        // READ COMMITTED, as the claim: no gap locks on the index range it scans.
+        let mut tx = pool.begin_with(CLAIM_BEGIN).await?;
         let sql = format!(
-            "SELECT (SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE NOT EXISTS (SELECT 1 FROM {} \
-             WHERE consumer = ? AND message_id = ? AND owner = ? AND state = 2))",
-            row.table.name()
+            "UPDATE {} SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+             WHERE consumer = ? AND state = 1 AND owner = ?",
+            table.name()
         );
-        match sqlx::query(AssertSqlSafe(sql))
-            .bind(row.consumer)
-            .bind(row.id)
-            .bind(&row.owner[..])
-            .execute(conn)
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(error) if error_number(&error) == Some(MARK_GONE) => {
-                Err(RolledBack::error("MySQL", Some(error)))
-            }
-            Err(error) => Err(error),
-        }
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(lease_us)
+            .bind(consumer)
+            .bind(&owner[..])
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected())
     }
 
     async fn inbox_fail<'a>(

@@ -10,8 +10,17 @@ use sqlx::postgres::PgConnection;
 
 use super::{
     Claimed, InboxBackend, InboxMessage, InboxOperatorBackend, Owner, Row, STOPPED, StatsRow,
+    TAKEOVER,
 };
+use crate::rolled_back::RolledBack;
 use crate::schema::Table;
+
+/// The transaction-local setting that tells the finishing mark its transaction is the one
+/// the owner check began.
+const CLAIM_SETTING: &str = "dedup.inbox_claim";
+
+/// in_failed_sql_transaction: a statement in a transaction a failed statement aborted.
+const IN_FAILED_TRANSACTION: &str = "25P02";
 
 /// The lock `migrate` takes for the dedup table; the inbox's DDL takes the same one.
 const MIGRATE_LOCK: i64 = 0x6465_6475_7000_0001;
@@ -184,13 +193,13 @@ impl InboxBackend for Postgres {
         let set = "SET state = 1, owner = $2, attempts = attempts + 1, \
                    lease_until = clock_timestamp() + $3::float8 * interval '1 microsecond'";
         let returning = "RETURNING message_id, payload, headers, attempts, ordering_key";
-        // The claims whose lease ended first (their worker stopped), then pending rows
+        // One row whose claim's lease ended (its worker stopped) first, then pending rows
         // that are due, each through its partial index, skipping rows other workers hold.
         let expired = format!(
             "UPDATE {name} {set} WHERE (consumer, message_id) IN (\
              SELECT consumer, message_id FROM {name} WHERE consumer = $1 AND state = 1 \
              AND lease_until <= clock_timestamp() AND attempts < $5 \
-             ORDER BY lease_until LIMIT $4 FOR UPDATE SKIP LOCKED) {returning}"
+             ORDER BY lease_until, seq LIMIT $4 FOR UPDATE SKIP LOCKED) {returning}"
         );
         let head = head(name);
         let pending = format!(
@@ -203,7 +212,7 @@ impl InboxBackend for Postgres {
             .bind(consumer)
             .bind(&owner[..])
             .bind(lease_us)
-            .bind(i64::from(limit))
+            .bind(i64::from(TAKEOVER))
             .bind(max_attempts as i32)
             .fetch_all(pool)
             .await?;
@@ -232,13 +241,40 @@ impl InboxBackend for Postgres {
             .collect()
     }
 
-    async fn inbox_mark<'c>(
+    /// The claim's owner check, which also sets a transaction-local setting to the owner
+    /// token: gone once the transaction is (a `ROLLBACK` the handler sent), and the
+    /// finishing mark requires it.
+    async fn inbox_start<'c>(
         conn: &'c mut PgConnection,
         row: &'c Claimed<'c>,
     ) -> Result<bool, sqlx::Error> {
         let sql = format!(
-            "UPDATE {} SET state = 2, processed_at = clock_timestamp(), lease_until = NULL{} \
+            "SELECT set_config('{CLAIM_SETTING}', encode($3, 'hex'), true) FROM {} \
              WHERE consumer = $1 AND message_id = $2 AND owner = $3 AND state = 1",
+            row.table.name()
+        );
+        let found = sqlx::query(AssertSqlSafe(sql))
+            .bind(row.consumer)
+            .bind(row.id)
+            .bind(&row.owner[..])
+            .fetch_optional(conn)
+            .await?;
+        Ok(found.is_some())
+    }
+
+    /// The owner-checked mark and the transaction's check in one statement. In a
+    /// transaction a failed statement aborted, it fails with `25P02`.
+    async fn inbox_finish<'c>(
+        conn: &'c mut PgConnection,
+        row: &'c Claimed<'c>,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "WITH marked AS (UPDATE {} SET state = 2, processed_at = clock_timestamp(), \
+             lease_until = NULL{} \
+             WHERE consumer = $1 AND message_id = $2 AND owner = $3 AND state = 1 \
+             AND current_setting('{CLAIM_SETTING}', true) = encode($3, 'hex') RETURNING 1) \
+             SELECT current_setting('{CLAIM_SETTING}', true) IS NOT DISTINCT FROM encode($3, 'hex'), \
+             (SELECT COUNT(*) FROM marked)",
             row.table.name(),
             if row.drop_payload {
                 ", payload = NULL, headers = NULL"
@@ -246,21 +282,48 @@ impl InboxBackend for Postgres {
                 ""
             }
         );
-        let done = sqlx::query(AssertSqlSafe(sql))
+        let (intact, marked): (bool, i64) = sqlx::query_as(AssertSqlSafe(sql))
             .bind(row.consumer)
             .bind(row.id)
             .bind(&row.owner[..])
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
+            .fetch_one(conn)
+            .await
+            .map_err(|error| {
+                if error
+                    .as_database_error()
+                    .and_then(|error| error.code())
+                    .is_some_and(|code| code == IN_FAILED_TRANSACTION)
+                {
+                    RolledBack::error("PostgreSQL", Some(error))
+                } else {
+                    error
+                }
+            })?;
+        if !intact {
+            return Err(RolledBack::error("PostgreSQL", None));
+        }
+        Ok(marked == 1)
     }
 
-    /// The checked commit (a `SET LOCAL` in front of `COMMIT`) tells an aborted transaction.
-    async fn inbox_check<'c>(
-        _: &'c mut PgConnection,
-        _: &'c Claimed<'c>,
-    ) -> Result<(), sqlx::Error> {
-        Ok(())
+    async fn inbox_renew<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+        lease_us: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET lease_until = clock_timestamp() + $3::float8 * interval '1 microsecond' \
+             WHERE consumer = $1 AND owner = $2 AND state = 1",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(&owner[..])
+            .bind(lease_us)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     async fn inbox_fail<'a>(

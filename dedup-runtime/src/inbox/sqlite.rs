@@ -10,6 +10,7 @@ use sqlx::sqlite::SqliteConnection;
 
 use super::{
     Claimed, InboxBackend, InboxMessage, InboxOperatorBackend, Owner, Row, STOPPED, StatsRow,
+    TAKEOVER,
 };
 use crate::claim::sqlite::BEGIN;
 use crate::schema::Table;
@@ -21,6 +22,16 @@ fn index_name(table: &Table, suffix: &str) -> String {
         Some(schema) => format!("{schema}.{}_{suffix}", table.base()),
         None => format!("{}_{suffix}", table.base()),
     }
+}
+
+/// `owner`'s (`?2`) claimed rows get a lease of `?3` microseconds from now.
+fn renew_sql(table: &Table) -> String {
+    format!(
+        "UPDATE {} SET lease_until = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
+         printf('%+.6f seconds', ?3 / 1000000.0)) \
+         WHERE consumer = ?1 AND owner = ?2 AND state = 1",
+        table.name()
+    )
 }
 
 impl InboxBackend for Sqlite {
@@ -156,7 +167,7 @@ impl InboxBackend for Sqlite {
         let expired = format!(
             "UPDATE {name} {set} WHERE seq IN (SELECT seq FROM {name} WHERE consumer = ?1 \
              AND state = 1 AND lease_until <= {NOW} AND attempts < ?5 \
-             ORDER BY lease_until LIMIT ?4) {returning}"
+             ORDER BY lease_until, seq LIMIT ?4) {returning}"
         );
         let pending = format!(
             "UPDATE {name} {set} WHERE seq IN (SELECT seq FROM {name} AS m WHERE consumer = ?1 \
@@ -170,7 +181,7 @@ impl InboxBackend for Sqlite {
             .bind(consumer)
             .bind(&owner[..])
             .bind(lease_us)
-            .bind(i64::from(limit))
+            .bind(i64::from(TAKEOVER))
             .bind(i64::from(max_attempts))
             .fetch_all(pool)
             .await?;
@@ -199,7 +210,10 @@ impl InboxBackend for Sqlite {
             .collect()
     }
 
-    async fn inbox_mark<'c>(
+    /// The mark itself, owner-checked: the transaction holds SQLite's only write lock
+    /// from its `BEGIN IMMEDIATE`, so no other worker can take the row meanwhile, and a
+    /// transaction SQLite rolled back by itself fails its `COMMIT`.
+    async fn inbox_start<'c>(
         conn: &'c mut SqliteConnection,
         row: &'c Claimed<'c>,
     ) -> Result<bool, sqlx::Error> {
@@ -222,12 +236,37 @@ impl InboxBackend for Sqlite {
         Ok(done.rows_affected() == 1)
     }
 
-    /// A transaction SQLite rolled back by itself fails its `COMMIT`.
-    async fn inbox_check<'c>(
-        _: &'c mut SqliteConnection,
-        _: &'c Claimed<'c>,
-    ) -> Result<(), sqlx::Error> {
-        Ok(())
+    /// Marked at the start; renews the claim's other rows, which the heartbeat cannot
+    /// reach while this transaction holds the write lock, so that they are not taken over
+    /// between two of the worker's transactions.
+    async fn inbox_finish<'c>(
+        conn: &'c mut SqliteConnection,
+        row: &'c Claimed<'c>,
+    ) -> Result<bool, sqlx::Error> {
+        sqlx::query(AssertSqlSafe(renew_sql(row.table)))
+            .bind(row.consumer)
+            .bind(&row.owner[..])
+            .bind(row.lease_us)
+            .execute(conn)
+            .await?;
+        Ok(true)
+    }
+
+    async fn inbox_renew<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+        lease_us: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = renew_sql(table);
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(&owner[..])
+            .bind(lease_us)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     async fn inbox_fail<'a>(

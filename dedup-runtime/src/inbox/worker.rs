@@ -5,7 +5,9 @@
 
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::AtomicBool;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::backend::Backend;
@@ -107,7 +109,9 @@ pub struct Batch {
     /// Claims this worker had lost (its lease ended and another worker took the row):
     /// skipped, nothing of them committed.
     pub lost: usize,
-    /// Claimed rows released unstarted at shutdown, their attempt not counted.
+    /// Claimed rows released at shutdown, their attempt not counted: those not started,
+    /// and the one in hand if its handler was still running at the shutdown deadline
+    /// ([`Worker::shutdown_deadline`]).
     pub released: usize,
 }
 
@@ -117,6 +121,9 @@ pub struct Batch {
 pub struct Worker<'p, DB: Backend> {
     inbox: Inbox<'p, DB>,
     lease: Duration,
+    /// `None`: a third of the lease.
+    heartbeat: Option<Duration>,
+    shutdown_deadline: Duration,
     max_attempts: u32,
     batch: u32,
     base_delay: Duration,
@@ -138,15 +145,21 @@ pub struct Claimed<'a> {
     pub(crate) owner: &'a Owner,
     /// The mark drops the payload and headers ([`Inbox::drop_payloads`]).
     pub(crate) drop_payload: bool,
+    /// The worker's lease, for a backend that renews the claim's other rows in the
+    /// processing transaction (SQLite).
+    pub(crate) lease_us: i64,
 }
 
 impl<'p, DB: Backend> Inbox<'p, DB> {
-    /// A worker for this inbox: a 30 s lease, 5 attempts, 16 rows per claim, a backoff from
-    /// 1 s doubling to 5 min with full jitter, and a 1 s poll when idle.
+    /// A worker for this inbox: a 30 s lease renewed every 10 s, 5 attempts, 16 rows per
+    /// claim, a backoff from 1 s doubling to 5 min with full jitter, a 1 s poll when idle,
+    /// and 30 s at shutdown for the message in hand.
     pub fn worker(&self) -> Worker<'p, DB> {
         Worker {
             inbox: self.clone(),
             lease: Duration::from_secs(30),
+            heartbeat: None,
+            shutdown_deadline: Duration::from_secs(30),
             max_attempts: 5,
             batch: 16,
             base_delay: Duration::from_secs(1),
@@ -158,13 +171,46 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
 }
 
 impl<'p, DB: Backend> Worker<'p, DB> {
-    /// How long a claim holds a row before another worker may take it (the handler must
-    /// finish within it). At least 1 ms.
+    /// How long a claim holds its rows past the last heartbeat before another worker may
+    /// take them (at least 1 ms). While [`process_batch`](Self::process_batch) or
+    /// [`run`](Self::run) works through a claim, a heartbeat renews the lease of the rows
+    /// not finished yet ([`heartbeat`](Self::heartbeat)): a handler may run for longer
+    /// than the lease, and liveness counts from the last heartbeat, never from the claim.
+    /// A worker that stops (a crash, a pause) stops renewing: its rows are taken over
+    /// within the lease and a poll interval of its last heartbeat. All on the database's
+    /// clock.
     pub fn lease(self, lease: Duration) -> Self {
         Worker {
             lease: lease.max(Duration::from_millis(1)),
             ..self
         }
+    }
+
+    /// How often the heartbeat renews the lease of the claimed rows (a third of the lease
+    /// by default; at least 1 ms). Keep it well under the lease: a renewal is a statement
+    /// on a connection of its own, and may wait behind a busy database.
+    pub fn heartbeat(self, interval: Duration) -> Self {
+        Worker {
+            heartbeat: Some(interval.max(Duration::from_millis(1))),
+            ..self
+        }
+    }
+
+    /// How long [`run`](Self::run), once its shutdown signal has completed, lets the
+    /// handler of the message in hand finish (30 s by default). Past it, the handler is
+    /// cancelled, its transaction rolled back, and its row released with the others for
+    /// another worker to take at once.
+    pub fn shutdown_deadline(self, deadline: Duration) -> Self {
+        Worker {
+            shutdown_deadline: deadline,
+            ..self
+        }
+    }
+
+    fn heartbeat_interval(&self) -> Duration {
+        self.heartbeat
+            .unwrap_or(self.lease / 3)
+            .max(Duration::from_millis(1))
     }
 
     /// Attempts per message before its row is dead (at least 1).
@@ -233,20 +279,24 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     /// Claims up to [`batch`](Self::batch) rows and processes them one after the other,
     /// each in its own transaction. First buries the rows whose last attempt ended with
     /// their worker gone. Returns what it did; `claimed == 0` when nothing was due.
+    ///
+    /// While it works through the claim, a heartbeat renews the lease of the rows not
+    /// finished yet ([`heartbeat`](Self::heartbeat)).
     pub async fn process_batch<H: InboxHandler<DB>>(
         &self,
         handler: &H,
     ) -> Result<Batch, InboxError> {
-        self.process_until(handler, &mut || false).await
+        self.process_until(handler, None).await
     }
 
-    /// [`process_batch`](Self::process_batch), asking `stop` before each message: once it
-    /// says so, the rows not started yet are released at once (their attempt not counted),
-    /// for another worker to take without waiting for the lease.
+    /// [`process_batch`](Self::process_batch), watching `stop`: once its signal has
+    /// completed, the rows not started yet are released at once (their attempt not
+    /// counted), for another worker to take without waiting for the lease; the message in
+    /// hand is given the shutdown deadline to finish, then cancelled and released too.
     async fn process_until<H: InboxHandler<DB>>(
         &self,
         handler: &H,
-        stop: &mut (dyn FnMut() -> bool + Send),
+        mut stop: Option<&mut Shutdown<'_>>,
     ) -> Result<Batch, InboxError> {
         let claims = self.claim().await?;
         let mut batch = Batch {
@@ -254,17 +304,31 @@ impl<'p, DB: Backend> Worker<'p, DB> {
             dead: claims.buried,
             ..Batch::default()
         };
-        for message in &claims.messages {
-            if stop() {
-                batch.released += self.release(&claims).await?;
-                break;
-            }
-            match self.process(&claims, message, handler).await? {
-                Processed::Processed => batch.processed += 1,
-                Processed::Failed => batch.failed += 1,
-                Processed::Dead => batch.dead += 1,
-                Processed::Lost => batch.lost += 1,
-            }
+        if !claims.messages.is_empty() {
+            let work = async {
+                for message in &claims.messages {
+                    if stop.as_mut().is_some_and(|stop| stop.check()) {
+                        batch.released += self.release(&claims).await?;
+                        break;
+                    }
+                    let outcome = self
+                        .process_one(handler, &claims.owner, message, stop.as_deref_mut())
+                        .await?;
+                    match outcome {
+                        Some(Processed::Processed) => batch.processed += 1,
+                        Some(Processed::Failed) => batch.failed += 1,
+                        Some(Processed::Dead) => batch.dead += 1,
+                        Some(Processed::Lost) => batch.lost += 1,
+                        None => {
+                            // Cancelled at the shutdown deadline: this row and the rest.
+                            batch.released += self.release(&claims).await?;
+                            break;
+                        }
+                    }
+                }
+                Ok::<(), InboxError>(())
+            };
+            self.renewing(&claims.owner, work).await?;
         }
         let consumer = &self.inbox.consumer;
         for (outcome, count) in [
@@ -287,8 +351,9 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     /// The first half of [`process_batch`](Self::process_batch), for a loop of your own:
     /// buries the rows whose last attempt ended with their worker gone, then claims up to
     /// [`batch`](Self::batch) due rows under one new owner token, counting their attempt.
-    /// Process each with [`process`](Self::process) within the lease; [`release`](Self::release)
-    /// what you will not process.
+    /// Process each with [`process`](Self::process), keeping the claim with
+    /// [`renew`](Self::renew) more often than the lease runs out;
+    /// [`release`](Self::release) what you will not process.
     pub async fn claim(&self) -> Result<Claims, InboxError> {
         let inbox = &self.inbox;
         // A deadlock or serialization failure between claiming workers changed nothing:
@@ -320,16 +385,78 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     }
 
     /// Runs `handler` on one claimed message, its row marked processed in the same
-    /// transaction — after checking that the claim is still `claims`' own: a claim lost
-    /// (its lease ended, another worker took the row) is [`Processed::Lost`], and nothing
-    /// runs.
+    /// transaction. The claim is checked first, and again by the mark itself, which
+    /// requires the row to be still `claims`' own: a claim lost (its lease ended, another
+    /// worker took the row) is [`Processed::Lost`], with nothing run when it was lost
+    /// before, and the handler's effects rolled back when it was lost meanwhile.
     pub async fn process<H: InboxHandler<DB>>(
         &self,
         claims: &Claims,
         message: &InboxMessage,
         handler: &H,
     ) -> Result<Processed, InboxError> {
-        self.process_one(handler, &claims.owner, message).await
+        let processed = self
+            .process_one(handler, &claims.owner, message, None)
+            .await?;
+        Ok(processed.expect("only a shutdown deadline cancels"))
+    }
+
+    /// Renews the lease of `claims`' rows not finished yet, from now on the database's
+    /// clock; how many. The heartbeat of a loop of your own
+    /// ([`claim`](Self::claim), [`process`](Self::process)): call it more often than the
+    /// lease runs out, from another task while a handler runs. (`process_batch` and `run`
+    /// renew by themselves.)
+    pub async fn renew(&self, claims: &Claims) -> Result<usize, InboxError> {
+        let inbox = &self.inbox;
+        let renewed = DB::inbox_renew(
+            inbox.pool,
+            &inbox.table,
+            &inbox.consumer,
+            &claims.owner,
+            micros(self.lease),
+        )
+        .await
+        .map_err(|error| self.classify(error))?;
+        Ok(renewed as usize)
+    }
+
+    /// Runs `work` with the heartbeat: every heartbeat interval, `owner`'s rows not
+    /// finished get a new lease. A renewal in flight when `work` ends is finished, not
+    /// dropped; a failed one is logged and tried again at the next beat.
+    async fn renewing<T>(&self, owner: &Owner, work: impl Future<Output = T>) -> T {
+        let inbox = &self.inbox;
+        let interval = self.heartbeat_interval();
+        let lease = micros(self.lease);
+        let renew = || DB::inbox_renew(inbox.pool, &inbox.table, &inbox.consumer, owner, lease);
+        let mut work = std::pin::pin!(work);
+        let mut beat = Box::pin(tokio::time::sleep(interval));
+        let mut renewal = none_from(&renew);
+        let done = std::future::poll_fn(|context| {
+            if let Poll::Ready(done) = work.as_mut().poll(context) {
+                return Poll::Ready(done);
+            }
+            loop {
+                if let Some(pending) = renewal.as_mut() {
+                    match pending.as_mut().poll(context) {
+                        Poll::Ready(result) => {
+                            log_renewal::<DB>(result);
+                            renewal = None;
+                            beat.as_mut().reset(tokio::time::Instant::now() + interval);
+                        }
+                        Poll::Pending => return Poll::Pending,
+                    }
+                }
+                match beat.as_mut().poll(context) {
+                    Poll::Ready(()) => renewal = Some(Box::pin(renew())),
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+        })
+        .await;
+        if let Some(pending) = renewal {
+            log_renewal::<DB>(pending.await);
+        }
+        done
     }
 
     /// Releases the claimed rows of `claims` not processed yet: pending again at once,
@@ -342,12 +469,15 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         Ok(released as usize)
     }
 
+    /// One message; `None` when `stop`'s deadline cancelled its handler (the row is still
+    /// claimed: the caller releases it).
     async fn process_one<H: InboxHandler<DB>>(
         &self,
         handler: &H,
         owner: &Owner,
         message: &InboxMessage,
-    ) -> Result<Processed, InboxError> {
+        mut stop: Option<&mut Shutdown<'_>>,
+    ) -> Result<Option<Processed>, InboxError> {
         let inbox = &self.inbox;
         let row = Claimed {
             table: &inbox.table,
@@ -355,6 +485,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
             id: &message.id,
             owner,
             drop_payload: inbox.drop_payloads,
+            lease_us: micros(self.lease),
         };
         // A deadlock, serialization failure or lock timeout of our own statements (the
         // mark, the check, the commit) rolled everything back: run the transaction again,
@@ -362,7 +493,34 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         let mut attempt = 0;
         let outcome = loop {
             attempt += 1;
-            match self.transaction(handler, &row, message).await {
+            let transaction = self.transaction(handler, &row, message);
+            let ended = match stop.as_deref_mut() {
+                None => transaction.await,
+                Some(stop) => {
+                    let mut transaction = std::pin::pin!(transaction);
+                    let ended = std::future::poll_fn(|context| {
+                        if let Poll::Ready(ended) = transaction.as_mut().poll(context) {
+                            return Poll::Ready(Some(ended));
+                        }
+                        stop.poll_deadline(context).map(|()| None)
+                    })
+                    .await;
+                    match ended {
+                        Some(ended) => ended,
+                        None => {
+                            // Dropped: its connection is closed, not pooled, and the
+                            // database rolls its transaction back.
+                            tracing::warn!(
+                                consumer = inbox.consumer,
+                                message_id = message.id,
+                                "inbox handler cancelled at the shutdown deadline; its row is released"
+                            );
+                            return Ok(None);
+                        }
+                    }
+                }
+            };
+            match ended {
                 Attempt::Transient(error)
                     if attempt < crate::retry::MAX_ATTEMPTS
                         && crate::classify::is_transient::<DB>(&error) =>
@@ -375,9 +533,10 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                     tracing::warn!(
                         consumer = inbox.consumer,
                         message_id = message.id,
-                        "the claim was lost (its lease ended and another worker took the row): skipped"
+                        "the claim was lost (its lease ended and another worker took the row): \
+                         nothing of this attempt committed"
                     );
-                    return Ok(Processed::Lost);
+                    return Ok(Some(Processed::Lost));
                 }
                 Attempt::Error(error) => return Err(self.classify(error)),
                 Attempt::Committed => break Ok(()),
@@ -385,7 +544,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
             }
         };
         match outcome {
-            Ok(()) => Ok(Processed::Processed),
+            Ok(()) => Ok(Some(Processed::Processed)),
             Err(text) => {
                 let dead = message.attempt >= self.max_attempts;
                 let delay = micros(self.delay(message.attempt));
@@ -396,7 +555,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                 .await
                 .map_err(|error| self.classify(error))?;
                 if !failed {
-                    return Ok(Processed::Lost);
+                    return Ok(Some(Processed::Lost));
                 }
                 if dead {
                     tracing::warn!(
@@ -406,7 +565,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                         error = text,
                         "inbox message dead after its last attempt"
                     );
-                    Ok(Processed::Dead)
+                    Ok(Some(Processed::Dead))
                 } else {
                     tracing::debug!(
                         consumer = inbox.consumer,
@@ -415,17 +574,19 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                         error = text,
                         "inbox message failed; retried later"
                     );
-                    Ok(Processed::Failed)
+                    Ok(Some(Processed::Failed))
                 }
             }
         }
     }
 
     /// Processes batches until `shutdown` completes, waiting the poll interval whenever
-    /// nothing was due. Graceful: once `shutdown` has completed, the message in hand is
-    /// finished (its handler is never cancelled), the claimed rows not started yet are
-    /// released at once for other workers, and `run` returns. A database failure is logged
-    /// and retried after the poll interval, so that a worker outlives an outage.
+    /// nothing was due. Graceful: once `shutdown` has completed, it claims nothing more,
+    /// releases the claimed rows not started yet at once for other workers, gives the
+    /// message in hand up to the [`shutdown_deadline`](Self::shutdown_deadline) to finish
+    /// (then cancels its handler, rolls it back and releases its row too), and returns. A
+    /// database failure is logged and retried after the poll interval, so that a worker
+    /// outlives an outage.
     pub async fn run<H: InboxHandler<DB>>(
         &self,
         handler: &H,
@@ -434,6 +595,8 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         let mut shutdown = Shutdown {
             future: std::pin::pin!(shutdown),
             done: false,
+            deadline: self.shutdown_deadline,
+            cutoff: None,
         };
         // PostgreSQL: a LISTEN connection for the receivers' hints (`notify_workers`).
         let mut wakeup = DB::inbox_listen(self.inbox.pool, &self.inbox.table).await;
@@ -442,7 +605,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
             if shutdown.check() {
                 return;
             }
-            let idle = match self.process_until(handler, &mut || shutdown.check()).await {
+            let idle = match self.process_until(handler, Some(&mut shutdown)).await {
                 Ok(batch) => batch.claimed == 0,
                 Err(error) => {
                     tracing::warn!(%error, "inbox worker: claiming or marking failed; trying again");
@@ -507,20 +670,58 @@ enum Woken {
     Poll,
 }
 
-/// The shutdown signal of [`Worker::run`], polled without waiting between messages.
-struct Shutdown<'a, F: Future<Output = ()>> {
-    future: std::pin::Pin<&'a mut F>,
+/// The shutdown signal of [`Worker::run`], and the deadline it gives the message in hand.
+struct Shutdown<'a> {
+    future: Pin<&'a mut (dyn Future<Output = ()> + Send)>,
     /// It has completed: never poll it again.
     done: bool,
+    deadline: Duration,
+    /// The deadline's timer, from when the signal was first seen complete.
+    cutoff: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-impl<F: Future<Output = ()>> Shutdown<'_, F> {
+impl Shutdown<'_> {
+    /// Whether the signal has completed, without waiting (between messages).
     fn check(&mut self) -> bool {
         if !self.done {
-            let mut context = std::task::Context::from_waker(std::task::Waker::noop());
+            let mut context = Context::from_waker(std::task::Waker::noop());
             self.done = self.future.as_mut().poll(&mut context).is_ready();
         }
         self.done
+    }
+
+    /// Ready once the signal has completed and the deadline after it has passed.
+    fn poll_deadline(&mut self, context: &mut Context<'_>) -> Poll<()> {
+        if !self.done {
+            if self.future.as_mut().poll(context).is_pending() {
+                return Poll::Pending;
+            }
+            self.done = true;
+        }
+        let deadline = self.deadline;
+        self.cutoff
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(deadline)))
+            .as_mut()
+            .poll(context)
+    }
+}
+
+/// `None`, typed as a boxed future of the closure's (a type without a name).
+fn none_from<F: Future>(_: &impl Fn() -> F) -> Option<Pin<Box<F>>> {
+    None
+}
+
+fn log_renewal<DB: Backend>(result: Result<u64, sqlx::Error>) {
+    match result {
+        Ok(renewed) => tracing::trace!(renewed, "inbox worker: lease renewed"),
+        // SQLite's writer excludes the heartbeat while a handler's transaction runs (and
+        // renews the claim's rows at each commit instead).
+        Err(error) if crate::classify::is_transient::<DB>(&error) => {
+            tracing::debug!(%error, "inbox worker: renewing the lease waited too long; trying again at the next heartbeat")
+        }
+        Err(error) => {
+            tracing::warn!(%error, "inbox worker: renewing the lease failed; trying again at the next heartbeat")
+        }
     }
 }
 
@@ -546,14 +747,17 @@ impl<DB: Backend> Worker<'_, DB> {
                 Ok(tx) => tx,
                 Err(error) => return Attempt::Transient(error),
             };
-            // The mark first, owner-checked: it fails at once for a claim that was lost,
-            // and holds the row's lock until the commit.
-            let marked = DB::inbox_mark(&mut *tx, row).await;
-            let wrote = matches!(marked, Ok(true));
-            let ended = match marked {
+            // The claim checked first (nothing runs for a claim already lost), without a
+            // lock on the row: a worker that pauses mid-handler past its lease loses the
+            // row to another. The mark after the handler is owner-checked again, and
+            // requires the transaction the check began.
+            let started = DB::inbox_start(&mut *tx, row).await;
+            let wrote = matches!(started, Ok(true));
+            let ended = match started {
                 Ok(true) => match handler.handle(&mut *tx, message).await {
-                    Ok(()) => match DB::inbox_check(&mut *tx, row).await {
-                        Ok(()) => None,
+                    Ok(()) => match DB::inbox_finish(&mut *tx, row).await {
+                        Ok(true) => None,
+                        Ok(false) => Some(Attempt::Lost),
                         Err(error) => Some(Attempt::Transient(error)),
                     },
                     Err(error) => Some(Attempt::Failed(error.to_string())),
@@ -588,7 +792,7 @@ enum Attempt {
     Committed,
     /// The handler failed, with this text.
     Failed(String),
-    /// The claim was lost: nothing ran.
+    /// The claim was lost: nothing of the attempt committed.
     Lost,
     /// A failure of ours inside the transaction: retried when transient.
     Transient(sqlx::Error),
@@ -606,8 +810,9 @@ pub enum Processed {
     Failed,
     /// The handler failed on the last attempt: rolled back, the row dead.
     Dead,
-    /// The claim was lost before the mark (the lease ended and another worker took the
-    /// row): nothing ran, nothing changed.
+    /// The claim was lost (its lease ended and another worker took the row): before the
+    /// handler, which did not run, or while it ran, and its effects were rolled back.
+    /// Nothing of this attempt committed.
     Lost,
 }
 
