@@ -550,7 +550,7 @@ macro_rules! inbox_suite {
             }
 
             /// A worker paused past its lease resumes after another took the row over: its
-            /// mark is refused, nothing of it runs, the message is processed once.
+            /// mark is refused, nothing of it commits, the message is processed once.
             #[tokio::test]
             async fn a_paused_worker_loses_its_claim_and_changes_nothing() {
                 let db = $pool;
@@ -573,12 +573,14 @@ macro_rules! inbox_suite {
                     .await
                     .unwrap();
                 assert_eq!(late, Processed::Lost);
+                // (Its handler ran on PostgreSQL and MariaDB, not on SQLite, which marks
+                // first.)
+                assert!(handler.runs.load(Ordering::SeqCst) <= 2);
                 assert_eq!(
-                    handler.runs.load(Ordering::SeqCst),
-                    1,
-                    "the stale claim ran nothing"
+                    effects(pool, &consumer).await.get(&ids[0]),
+                    Some(&1),
+                    "the stale claim committed nothing"
                 );
-                assert_eq!(effects(pool, &consumer).await.get(&ids[0]), Some(&1));
                 assert_eq!(state(pool, &consumer, &ids[0]).await.0, 2);
                 assert_eq!(
                     paused.release(&claims).await.unwrap(),

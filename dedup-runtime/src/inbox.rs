@@ -343,21 +343,23 @@ pub trait InboxBackend: Database {
         max_attempts: u32,
     ) -> impl Future<Output = Result<Vec<InboxMessage>, sqlx::Error>> + Send + 'a;
 
-    /// First in the processing transaction: whether the claimed row is still
-    /// `row.owner`'s. It leaves what [`InboxBackend::inbox_finish`] checks the transaction
-    /// by — PostgreSQL a transaction-local setting, MySQL a savepoint — and takes no lock
-    /// on the row, so that a worker paused mid-handler past its lease loses the row to
-    /// another. SQLite, whose writer excludes every other, marks the row here.
+    /// Begins the processing transaction, in the round trip of its `BEGIN`, with what
+    /// [`InboxBackend::inbox_finish`] checks the transaction by: PostgreSQL a
+    /// transaction-local setting, MySQL a savepoint. Neither checks the claim nor takes a
+    /// lock on the row, so that a worker paused mid-handler past its lease loses the row to
+    /// another (the finishing mark refuses it). SQLite, whose writer excludes every other,
+    /// marks the row here. The `bool`: whether the claim may still be ours (`false`: it
+    /// was lost, run nothing).
     #[doc(hidden)]
-    fn inbox_start<'c>(
+    fn inbox_begin<'c>(
         conn: &'c mut Self::Connection,
         row: &'c Claimed<'c>,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+    ) -> impl Future<Output = Result<(sqlx::Transaction<'c, Self>, bool), sqlx::Error>> + Send + 'c;
 
     /// After the handler, before the commit: marks the row processed if it is still
     /// `row.owner`'s (`false`: the claim was lost, roll back). Fails with
     /// [`RolledBack`](crate::RolledBack) if the transaction that
-    /// [`InboxBackend::inbox_start`] began is gone — a deadlock rollback the handler
+    /// [`InboxBackend::inbox_begin`] began is gone — a deadlock rollback the handler
     /// swallowed, a `ROLLBACK` it sent — so that a mark never commits without the
     /// handler's effects.
     #[doc(hidden)]

@@ -11,6 +11,7 @@ use sqlx::{AssertSqlSafe, MySql, Pool};
 
 use sqlx::Row as _;
 use sqlx::mysql::MySqlConnection;
+use sqlx::{Connection, Transaction};
 
 use super::{
     Claimed, InboxBackend, InboxMessage, InboxOperatorBackend, Owner, Row, STOPPED, StatsRow,
@@ -282,27 +283,17 @@ impl InboxBackend for MySql {
         Ok(messages)
     }
 
-    /// A savepoint, then the claim's owner check (no lock on the row). InnoDB ends a
-    /// transaction by itself on a deadlock, and a handler that swallowed the error goes on
-    /// in a new one: the savepoint is gone with the old one, and the finish tells.
-    async fn inbox_start<'c>(
+    /// The worker's `BEGIN` (the session out of autocommit) and a savepoint, in one round
+    /// trip. InnoDB ends a transaction by itself on a deadlock, and a handler that
+    /// swallowed the error goes on in a new one: the savepoint is gone with the old one,
+    /// and the finish tells.
+    async fn inbox_begin<'c>(
         conn: &'c mut MySqlConnection,
-        row: &'c Claimed<'c>,
-    ) -> Result<bool, sqlx::Error> {
-        sqlx::raw_sql(AssertSqlSafe(format!("SAVEPOINT {SAVEPOINT}")))
-            .execute(&mut *conn)
-            .await?;
-        let sql = format!(
-            "SELECT 1 FROM {} WHERE consumer = ? AND message_id = ? AND owner = ? AND state = 1",
-            row.table.name()
-        );
-        let found = sqlx::query(AssertSqlSafe(sql))
-            .bind(row.consumer)
-            .bind(row.id)
-            .bind(&row.owner[..])
-            .fetch_optional(conn)
-            .await?;
-        Ok(found.is_some())
+        _: &'c Claimed<'c>,
+    ) -> Result<(Transaction<'c, Self>, bool), sqlx::Error> {
+        let begin = format!("SET autocommit = 0; BEGIN; SAVEPOINT {SAVEPOINT}");
+        let tx = conn.begin_with(AssertSqlSafe(begin)).await?;
+        Ok((tx, true))
     }
 
     /// The savepoint released ([`RolledBack`] if it is gone with its transaction), then

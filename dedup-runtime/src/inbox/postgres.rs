@@ -7,6 +7,7 @@ use sqlx::{AssertSqlSafe, Pool, Postgres};
 
 use sqlx::Row as _;
 use sqlx::postgres::PgConnection;
+use sqlx::{Connection, Transaction};
 
 use super::{
     Claimed, InboxBackend, InboxMessage, InboxOperatorBackend, Owner, Row, STOPPED, StatsRow,
@@ -45,6 +46,12 @@ fn channel(table: &Table) -> String {
         name.push_str(&format!("{byte:02x}"));
     }
     name
+}
+
+/// An owner token in lowercase hex digits, as `encode(owner, 'hex')` gives it: safe in a
+/// statement's text.
+fn hex(owner: &[u8]) -> String {
+    owner.iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
 fn index_name(table: &Table, suffix: &str) -> String {
@@ -241,25 +248,16 @@ impl InboxBackend for Postgres {
             .collect()
     }
 
-    /// The claim's owner check, which also sets a transaction-local setting to the owner
-    /// token: gone once the transaction is (a `ROLLBACK` the handler sent), and the
-    /// finishing mark requires it.
-    async fn inbox_start<'c>(
+    /// `BEGIN` and a transaction-local setting of the owner token, in one round trip:
+    /// gone once the transaction is (a `ROLLBACK` the handler sent), and the finishing
+    /// mark requires it.
+    async fn inbox_begin<'c>(
         conn: &'c mut PgConnection,
         row: &'c Claimed<'c>,
-    ) -> Result<bool, sqlx::Error> {
-        let sql = format!(
-            "SELECT set_config('{CLAIM_SETTING}', encode($3, 'hex'), true) FROM {} \
-             WHERE consumer = $1 AND message_id = $2 AND owner = $3 AND state = 1",
-            row.table.name()
-        );
-        let found = sqlx::query(AssertSqlSafe(sql))
-            .bind(row.consumer)
-            .bind(row.id)
-            .bind(&row.owner[..])
-            .fetch_optional(conn)
-            .await?;
-        Ok(found.is_some())
+    ) -> Result<(Transaction<'c, Self>, bool), sqlx::Error> {
+        let begin = format!("BEGIN; SET LOCAL {CLAIM_SETTING} = '{}'", hex(row.owner));
+        let tx = conn.begin_with(AssertSqlSafe(begin)).await?;
+        Ok((tx, true))
     }
 
     /// The owner-checked mark and the transaction's check in one statement. In a
@@ -273,7 +271,8 @@ impl InboxBackend for Postgres {
              lease_until = NULL{} \
              WHERE consumer = $1 AND message_id = $2 AND owner = $3 AND state = 1 \
              AND current_setting('{CLAIM_SETTING}', true) = encode($3, 'hex') RETURNING 1) \
-             SELECT current_setting('{CLAIM_SETTING}', true) IS NOT DISTINCT FROM encode($3, 'hex'), \
+             SELECT current_setting('{CLAIM_SETTING}', true) IS NOT DISTINCT FROM \
+             encode($3, 'hex'), \
              (SELECT COUNT(*) FROM marked)",
             row.table.name(),
             if row.drop_payload {

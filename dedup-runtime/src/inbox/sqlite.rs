@@ -7,6 +7,7 @@ use sqlx::{AssertSqlSafe, Pool, Sqlite};
 
 use sqlx::Row as _;
 use sqlx::sqlite::SqliteConnection;
+use sqlx::{Connection, Transaction};
 
 use super::{
     Claimed, InboxBackend, InboxMessage, InboxOperatorBackend, Owner, Row, STOPPED, StatsRow,
@@ -210,13 +211,14 @@ impl InboxBackend for Sqlite {
             .collect()
     }
 
-    /// The mark itself, owner-checked: the transaction holds SQLite's only write lock
-    /// from its `BEGIN IMMEDIATE`, so no other worker can take the row meanwhile, and a
-    /// transaction SQLite rolled back by itself fails its `COMMIT`.
-    async fn inbox_start<'c>(
+    /// `BEGIN IMMEDIATE`, then the mark itself, owner-checked: the transaction holds
+    /// SQLite's only write lock from its start, so no other worker can take the row
+    /// meanwhile, and a transaction SQLite rolled back by itself fails its `COMMIT`.
+    async fn inbox_begin<'c>(
         conn: &'c mut SqliteConnection,
         row: &'c Claimed<'c>,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<(Transaction<'c, Self>, bool), sqlx::Error> {
+        let mut tx = conn.begin_with(BEGIN).await?;
         let sql = format!(
             "UPDATE {} SET state = 2, processed_at = {NOW}, lease_until = NULL{} \
              WHERE consumer = ?1 AND message_id = ?2 AND owner = ?3 AND state = 1",
@@ -231,9 +233,9 @@ impl InboxBackend for Sqlite {
             .bind(row.consumer)
             .bind(row.id)
             .bind(&row.owner[..])
-            .execute(conn)
+            .execute(&mut *tx)
             .await?;
-        Ok(done.rows_affected() == 1)
+        Ok((tx, done.rows_affected() == 1))
     }
 
     /// Marked at the start; renews the claim's other rows, which the heartbeat cannot

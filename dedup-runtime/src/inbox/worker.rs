@@ -147,6 +147,7 @@ pub struct Claimed<'a> {
     pub(crate) drop_payload: bool,
     /// The worker's lease, for a backend that renews the claim's other rows in the
     /// processing transaction (SQLite).
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) lease_us: i64,
 }
 
@@ -385,10 +386,10 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     }
 
     /// Runs `handler` on one claimed message, its row marked processed in the same
-    /// transaction. The claim is checked first, and again by the mark itself, which
-    /// requires the row to be still `claims`' own: a claim lost (its lease ended, another
-    /// worker took the row) is [`Processed::Lost`], with nothing run when it was lost
-    /// before, and the handler's effects rolled back when it was lost meanwhile.
+    /// transaction by a mark that requires the row to be still `claims`' own: a claim
+    /// lost (its lease ended, another worker took the row) is [`Processed::Lost`], the
+    /// handler's effects rolled back. (On SQLite the mark comes first, and the handler of
+    /// a claim lost before it does not run.)
     pub async fn process<H: InboxHandler<DB>>(
         &self,
         claims: &Claims,
@@ -743,27 +744,26 @@ impl<DB: Backend> Worker<'_, DB> {
         };
         let unclean = AtomicBool::new(DB::CHANGES_SESSION);
         let attempt = {
-            let mut tx = match DB::begin_owned(&mut conn, false).await {
-                Ok(tx) => tx,
+            // No check of the claim and no lock on the row before the handler (SQLite, whose
+            // writer excludes every other, marks it here): a worker that pauses mid-handler
+            // past its lease loses the row to another. The mark after the handler is
+            // owner-checked, and requires the transaction this began.
+            let (mut tx, ours) = match DB::inbox_begin(&mut conn, row).await {
+                Ok(begun) => begun,
                 Err(error) => return Attempt::Transient(error),
             };
-            // The claim checked first (nothing runs for a claim already lost), without a
-            // lock on the row: a worker that pauses mid-handler past its lease loses the
-            // row to another. The mark after the handler is owner-checked again, and
-            // requires the transaction the check began.
-            let started = DB::inbox_start(&mut *tx, row).await;
-            let wrote = matches!(started, Ok(true));
-            let ended = match started {
-                Ok(true) => match handler.handle(&mut *tx, message).await {
+            let wrote = ours;
+            let ended = if ours {
+                match handler.handle(&mut *tx, message).await {
                     Ok(()) => match DB::inbox_finish(&mut *tx, row).await {
                         Ok(true) => None,
                         Ok(false) => Some(Attempt::Lost),
                         Err(error) => Some(Attempt::Transient(error)),
                     },
                     Err(error) => Some(Attempt::Failed(error.to_string())),
-                },
-                Ok(false) => Some(Attempt::Lost),
-                Err(error) => Some(Attempt::Transient(error)),
+                }
+            } else {
+                Some(Attempt::Lost)
             };
             let tx = Tx {
                 tx,
@@ -810,9 +810,9 @@ pub enum Processed {
     Failed,
     /// The handler failed on the last attempt: rolled back, the row dead.
     Dead,
-    /// The claim was lost (its lease ended and another worker took the row): before the
-    /// handler, which did not run, or while it ran, and its effects were rolled back.
-    /// Nothing of this attempt committed.
+    /// The claim was lost (its lease ended and another worker took the row): the mark
+    /// found the row another's, and the handler's effects were rolled back. Nothing of
+    /// this attempt committed.
     Lost,
 }
 
