@@ -1,6 +1,7 @@
 //! The SQL files shipped for users' own migration tools: `0001` is the 0.1 table exactly as
 //! 0.1 shipped it (users may have applied it: it never changes), `0002` is exactly the
-//! upgrade `upgrade_sql` prints, and `schema_sql` creates the complete current table.
+//! upgrade `upgrade_sql` prints, and `schema_sql` creates the complete current table;
+//! `0003` and `0004` are the inbox's and the outbox's tables.
 //! After changing the upgrade's DDL, regenerate `0002` with
 //! `DEDUP_BLESS=1 cargo test --test schema`.
 
@@ -196,5 +197,34 @@ fn shipped_0003_matches_the_inbox_schema_sql() {
         );
         let expected = format!("{HEADER_0003}{sql}");
         check(backend, "0003_inbox_messages.sql", &expected, true);
+    }
+}
+
+const HEADER_0004: &str = "-- The outbox table of dedup-runtime (0.2): what `dedup_runtime::outbox::migrate`\n\
+                           -- creates. Copy it into your own migrations; it is safe to run more than once.\n\n";
+
+#[test]
+fn shipped_0004_matches_the_outbox_schema_sql() {
+    use dedup_runtime::outbox::schema_sql;
+    for (backend, sql) in [
+        (
+            "postgres",
+            schema_sql::<sqlx::Postgres>("outbox_messages").unwrap(),
+        ),
+        (
+            "mysql",
+            schema_sql::<sqlx::MySql>("outbox_messages").unwrap(),
+        ),
+        (
+            "sqlite",
+            schema_sql::<sqlx::Sqlite>("outbox_messages").unwrap(),
+        ),
+    ] {
+        assert!(
+            sql.starts_with("CREATE TABLE IF NOT EXISTS outbox_messages ("),
+            "{sql}"
+        );
+        let expected = format!("{HEADER_0004}{sql}");
+        check(backend, "0004_outbox_messages.sql", &expected, true);
     }
 }

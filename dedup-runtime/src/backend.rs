@@ -11,6 +11,7 @@
 //! | the inbox: receive, claim, process | [`InboxBackend`](crate::inbox::InboxBackend) | `inbox.rs`, `inbox/worker.rs`, `inbox/<db>.rs` |
 //! | the inbox's operator calls | [`InboxOperatorBackend`](crate::inbox::InboxOperatorBackend) | `inbox.rs`, `inbox/<db>.rs` |
 //! | leases: mark-first, send-first with a lease | [`LeaseBackend`](crate::lease::LeaseBackend) | `lease.rs`, `lease/<db>.rs` |
+//! | the outbox: enqueue | [`OutboxBackend`](crate::outbox::OutboxBackend) | `outbox.rs`, `outbox/<db>.rs` |
 //!
 //! A new backend implements each of them in a new file per concern, and gets one line
 //! here; a new capability adds a concern (its trait, its files) and a supertrait.
@@ -22,6 +23,7 @@ use crate::classify::ClassifyBackend;
 use crate::inbox::{InboxBackend, InboxOperatorBackend};
 use crate::lease::LeaseBackend;
 use crate::ledger::LedgerBackend;
+use crate::outbox::OutboxBackend;
 use crate::schema::SchemaBackend;
 
 /// A database `dedup` supports: `sqlx::Postgres` (feature `postgres`), `sqlx::Sqlite`
@@ -52,6 +54,7 @@ pub trait Backend:
     + LeaseBackend
     + InboxBackend
     + InboxOperatorBackend
+    + OutboxBackend
     + Sealed
 {
 }

@@ -196,6 +196,7 @@ mod lease;
 mod ledger;
 mod metrics;
 mod migrate;
+pub mod outbox;
 mod outcome;
 mod probe;
 mod prune;

@@ -7,11 +7,11 @@ use std::future::Future;
 use sqlx::{Database, Pool};
 
 #[cfg(feature = "mysql")]
-mod mysql;
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
-mod postgres;
+pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
-mod sqlite;
+pub(crate) mod sqlite;
 
 /// How one backend creates the dedup table, and upgrades one that an earlier version
 /// created.

@@ -39,10 +39,6 @@ fn placeholders(count: usize) -> String {
 use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
 use crate::schema::Table;
 
-/// The named lock `migrate` takes; the inbox's DDL takes the same one.
-const MIGRATE_LOCK: &str = "dedup_runtime.migrate";
-const MIGRATE_LOCK_WAIT: i32 = 120;
-
 impl InboxBackend for MySql {
     fn inbox_ddl(table: &Table) -> Vec<String> {
         vec![format!(
@@ -73,24 +69,7 @@ impl InboxBackend for MySql {
     }
 
     async fn inbox_create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
-        let mut conn = pool.acquire().await?.detach();
-        let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
-            .bind(MIGRATE_LOCK)
-            .bind(MIGRATE_LOCK_WAIT)
-            .fetch_one(&mut conn)
-            .await?;
-        if locked != Some(1) {
-            return Err(sqlx::Error::Protocol(format!(
-                "migrate: another `migrate` held the lock `{MIGRATE_LOCK}` for over \
-                 {MIGRATE_LOCK_WAIT} s"
-            )));
-        }
-        for statement in Self::inbox_ddl(table) {
-            sqlx::raw_sql(AssertSqlSafe(statement))
-                .execute(&mut conn)
-                .await?;
-        }
-        sqlx::Connection::close(conn).await
+        crate::schema::mysql::create_locked(pool, Self::inbox_ddl(table)).await
     }
 
     async fn inbox_insert<'a>(

@@ -23,9 +23,6 @@ const CLAIM_SETTING: &str = "dedup.inbox_claim";
 /// in_failed_sql_transaction: a statement in a transaction a failed statement aborted.
 const IN_FAILED_TRANSACTION: &str = "25P02";
 
-/// The lock `migrate` takes for the dedup table; the inbox's DDL takes the same one.
-const MIGRATE_LOCK: i64 = 0x6465_6475_7000_0001;
-
 /// A pending row `m` is due only if no earlier row of its ordering key is unfinished
 /// (pending, claimed or dead): one at a time per key, in receive order.
 fn head(name: &str) -> String {
@@ -106,17 +103,7 @@ impl InboxBackend for Postgres {
     }
 
     async fn inbox_create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
-        let mut tx = pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(MIGRATE_LOCK)
-            .execute(&mut *tx)
-            .await?;
-        for statement in Self::inbox_ddl(table) {
-            sqlx::raw_sql(AssertSqlSafe(statement))
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await
+        crate::schema::postgres::create_locked(pool, Self::inbox_ddl(table)).await
     }
 
     async fn inbox_insert<'a>(

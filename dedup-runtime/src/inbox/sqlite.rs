@@ -84,13 +84,7 @@ impl InboxBackend for Sqlite {
     }
 
     async fn inbox_create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
-        let mut tx = pool.begin_with(BEGIN).await?;
-        for statement in Self::inbox_ddl(table) {
-            sqlx::raw_sql(AssertSqlSafe(statement))
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await
+        crate::schema::sqlite::create_locked(pool, Self::inbox_ddl(table)).await
     }
 
     async fn inbox_insert<'a>(

@@ -118,3 +118,30 @@ impl SchemaBackend for MySql {
         conn.close().await
     }
 }
+
+/// Runs `statements` under the named lock `migrate` takes (MySQL DDL commits implicitly:
+/// there is no transaction to hold), on a connection of its own that closing releases:
+/// the DDL of the tables beside the dedup table (the inbox's, the outbox's).
+pub(crate) async fn create_locked(
+    pool: &Pool<MySql>,
+    statements: Vec<String>,
+) -> Result<(), sqlx::Error> {
+    let mut conn = pool.acquire().await?.detach();
+    let locked: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
+        .bind(MIGRATE_LOCK)
+        .bind(MIGRATE_LOCK_WAIT)
+        .fetch_one(&mut conn)
+        .await?;
+    if locked != Some(1) {
+        return Err(sqlx::Error::Protocol(format!(
+            "migrate: another `migrate` held the lock `{MIGRATE_LOCK}` for over \
+             {MIGRATE_LOCK_WAIT} s"
+        )));
+    }
+    for statement in statements {
+        sqlx::raw_sql(AssertSqlSafe(statement))
+            .execute(&mut conn)
+            .await?;
+    }
+    conn.close().await
+}

@@ -124,3 +124,23 @@ impl SchemaBackend for Postgres {
         tx.commit().await
     }
 }
+
+/// Runs `statements` in one transaction under the advisory lock `migrate` takes: the DDL
+/// of the tables beside the dedup table (the inbox's, the outbox's). A concurrent
+/// migration waits, then finds everything in place.
+pub(crate) async fn create_locked(
+    pool: &Pool<Postgres>,
+    statements: Vec<String>,
+) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(MIGRATE_LOCK)
+        .execute(&mut *tx)
+        .await?;
+    for statement in statements {
+        sqlx::raw_sql(AssertSqlSafe(statement))
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await
+}

@@ -118,3 +118,19 @@ impl SchemaBackend for Sqlite {
         tx.commit().await
     }
 }
+
+/// Runs `statements` in one `BEGIN IMMEDIATE` transaction (a concurrent migration waits
+/// for the write lock, then finds everything in place): the DDL of the tables beside the
+/// dedup table (the inbox's, the outbox's).
+pub(crate) async fn create_locked(
+    pool: &Pool<Sqlite>,
+    statements: Vec<String>,
+) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin_with(BEGIN).await?;
+    for statement in statements {
+        sqlx::raw_sql(AssertSqlSafe(statement))
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await
+}

@@ -1,0 +1,756 @@
+//! The outbox, the inbox's mirror image: a handler that publishes writes its outgoing
+//! messages to an outbox table **in its own transaction**, with its effects and its dedup
+//! record, and a relay publishes them after the commit.
+//!
+//! Without it, a consumer that publishes after its commit has a hole that deduplication
+//! makes permanent: killed between the commit and the publish, it gets the message again,
+//! recognises it as a duplicate, skips it — and the event is never published. With the
+//! outbox, the outgoing message commits with the effect or not at all.
+//!
+//! **Outgoing ids are derived from the cause**: [`Cause::id`] is a UUIDv5 of the consumer,
+//! the incoming message's id and a slot the handler names (or the index of the message
+//! among those it sends, [`Cause::nth_id`]). A handler that runs twice for one message —
+//! after a commit whose outcome was lost, a replay after the dedup window, a copy without
+//! the outbox in front — sends the same ids again, and a deduplicating consumer
+//! downstream (`#[idempotent(key = …)]` on the outgoing id) collapses them. Every hop
+//! dedups at its own endpoint, with ids that cooperate.
+//!
+//! ```
+//! use dedup_runtime::outbox::{Cause, Enqueued, Outbox};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1)
+//! #     .connect("sqlite::memory:").await?;
+//! dedup_runtime::outbox::migrate(&pool).await?; // creates `outbox_messages`
+//! let outbox = Outbox::new();
+//!
+//! // In the handler of the incoming message `evt_91c2`, on its transaction:
+//! let mut tx = pool.begin().await?;
+//! let cause = Cause::new("billing", "evt_91c2")?;
+//! let invoice = cause.outgoing("invoice-created", "invoices", br#"{"cents": 4200}"#)?;
+//! assert_eq!(invoice.id().to_string(), "d52783e3-eaa0-5242-b33a-713ba7314074");
+//! assert_eq!(outbox.enqueue(&mut *tx, &invoice).await?, Enqueued::Stored);
+//! // The same message again (the handler ran twice): nothing new.
+//! assert_eq!(outbox.enqueue(&mut *tx, &invoice).await?, Enqueued::Duplicate);
+//! tx.commit().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! The table, `outbox_messages` by default, comes from [`migrate`] (or [`migrate_table`]),
+//! or from the shipped `0004_outbox_messages.sql` of your backend ([`schema_sql`] prints
+//! it). Its rows: `state` 0 unsent, 1 claimed by a relay (`owner`, `lease_until`), 2 sent,
+//! 3 dead; `attempts`, `next_attempt_at` and `last_error` for the relay's retries; the
+//! cause (`consumer`, `cause_id`, `slot`) each message was derived from.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+
+use sqlx::{Database, Pool};
+use uuid::Uuid;
+
+use crate::backend::Backend;
+use crate::key::{InvalidMessageId, MessageId, MessageKey};
+use crate::ledger::{InvalidConsumer, check_consumer};
+use crate::schema::{InvalidTableName, Table};
+
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+/// The default outbox table.
+pub const DEFAULT_TABLE: &str = "outbox_messages";
+
+/// The payload limit of an [`Outbox`] unless [`Outbox::max_payload_len`] sets another: 1 MiB.
+pub const DEFAULT_MAX_PAYLOAD_LEN: usize = 1 << 20;
+
+/// The largest payload limit an outbox accepts: 8 MiB (see
+/// [`inbox::MAX_PAYLOAD_LEN`](crate::inbox::MAX_PAYLOAD_LEN)).
+pub const MAX_PAYLOAD_LEN: usize = 8 << 20;
+
+/// The headers' limit: 64 KiB.
+pub const MAX_HEADERS_LEN: usize = 64 << 10;
+
+/// The longest destination, slot or ordering key, in bytes.
+pub const MAX_NAME_LEN: usize = 255;
+
+/// The namespace of every outgoing id: the UUIDv5 of the URL
+/// `https://github.com/dedup-rs/dedup/outbox` in the URL namespace,
+/// `f05ab860-2a3e-578c-897a-484e8894600b`.
+pub const NAMESPACE: Uuid = Uuid::from_u128(0xf05a_b860_2a3e_578c_897a_484e_8894_600b);
+
+/// Creates the outbox table `outbox_messages` and its indexes if they do not exist.
+/// Idempotent; safe to run from several processes at once.
+pub async fn migrate<DB: Backend>(pool: &Pool<DB>) -> Result<(), sqlx::Error> {
+    migrate_table(pool, DEFAULT_TABLE).await
+}
+
+/// [`migrate`] for an outbox table of another name (`schema.name` allowed).
+pub async fn migrate_table<DB: Backend>(pool: &Pool<DB>, table: &str) -> Result<(), sqlx::Error> {
+    let table = Table::new(table).map_err(sqlx::Error::config)?;
+    DB::outbox_create(pool, &table).await
+}
+
+/// The statements [`migrate_table`] runs, for your own migration tool: the shipped
+/// `migrations/<backend>/0004_outbox_messages.sql` is this for `outbox_messages`.
+pub fn schema_sql<DB: Backend>(table: &str) -> Result<String, InvalidTableName> {
+    let table = Table::new(table)?;
+    Ok(DB::outbox_ddl(&table)
+        .into_iter()
+        .map(|statement| statement + ";\n")
+        .collect())
+}
+
+/// An outgoing message's id: a UUIDv5 in [`NAMESPACE`] of its cause — the consumer, the
+/// incoming message's id and the slot, joined by NUL bytes (none of them may contain one):
+/// `uuid5(NAMESPACE, consumer + "\0" + incoming id + "\0" + slot)`. The incoming id is
+/// the text [`MessageKey`] gives, as `#[idempotent]` keys on it (an integer's decimal
+/// digits, a UUID's hyphenated form). The scheme never changes between versions; any
+/// language's UUID library computes the same id — Python's, for a producer without this
+/// library:
+///
+/// ```text
+/// >>> uuid.uuid5(uuid.UUID("f05ab860-2a3e-578c-897a-484e8894600b"),
+/// ...            "billing\0evt_91c2\0invoice-created")
+/// UUID('d52783e3-eaa0-5242-b33a-713ba7314074')
+/// ```
+///
+/// Its text is the hyphenated lowercase form, which the relay sends as the broker's
+/// message id (AMQP `message-id`, JetStream `Nats-Msg-Id`). Downstream it is a
+/// [`MessageKey`]: `#[idempotent(key = …)]` dedups on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OutgoingId(Uuid);
+
+impl OutgoingId {
+    /// The id of the outgoing message in `slot` of the cause (`consumer`, `incoming`):
+    /// [`Cause::id`] without the [`Cause`].
+    pub fn derive(
+        consumer: &str,
+        incoming: impl MessageKey,
+        slot: &str,
+    ) -> Result<OutgoingId, InvalidCause> {
+        Cause::new(consumer, incoming)?.id(slot)
+    }
+
+    /// The id as a UUID.
+    pub fn as_uuid(&self) -> Uuid {
+        self.0
+    }
+
+    /// The id of a UUID read back (from a broker's message id, say).
+    pub fn from_uuid(uuid: Uuid) -> OutgoingId {
+        OutgoingId(uuid)
+    }
+}
+
+impl fmt::Display for OutgoingId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.hyphenated().fmt(f)
+    }
+}
+
+impl MessageKey for OutgoingId {
+    fn message_id(&self) -> MessageId<'_> {
+        MessageId::owned(self.to_string())
+    }
+}
+
+/// What an outgoing id is derived from: the consumer and the incoming message's id.
+///
+/// ```
+/// use dedup_runtime::outbox::{Cause, OutgoingId};
+///
+/// let cause = Cause::new("billing", "evt_91c2")?;
+/// let id = cause.id("invoice-created")?;
+/// assert_eq!(id, OutgoingId::derive("billing", "evt_91c2", "invoice-created")?);
+/// // By index: the n-th message the handler sends is the slot named n.
+/// assert_eq!(cause.nth_id(0), cause.id("0")?);
+/// // Another consumer of the same message derives other ids.
+/// assert_ne!(Cause::new("audit", "evt_91c2")?.id("invoice-created")?, id);
+/// # Ok::<(), dedup_runtime::outbox::InvalidCause>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cause {
+    consumer: String,
+    incoming: String,
+}
+
+impl Cause {
+    /// The cause of a handler's outgoing messages: its consumer (as in `#[idempotent]`)
+    /// and the incoming message's id, checked as `#[idempotent]` checks them.
+    pub fn new(consumer: &str, incoming: impl MessageKey) -> Result<Cause, InvalidCause> {
+        check_consumer(consumer).map_err(InvalidCause::Consumer)?;
+        let id = incoming.message_id();
+        let incoming = id.validate().map_err(InvalidCause::MessageId)?.to_owned();
+        Ok(Cause {
+            consumer: consumer.to_owned(),
+            incoming,
+        })
+    }
+
+    /// The consumer.
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    /// The incoming message's id.
+    pub fn incoming(&self) -> &str {
+        &self.incoming
+    }
+
+    /// The id of the outgoing message in `slot`: a name the handler gives it (1 to 255
+    /// bytes, no NUL), the same on every run.
+    pub fn id(&self, slot: &str) -> Result<OutgoingId, InvalidCause> {
+        check_slot(slot)?;
+        Ok(self.derive(slot))
+    }
+
+    /// The id of the handler's `index`-th outgoing message (from 0): the slot named by the
+    /// index's decimal digits. Only as stable as the order in which the handler sends:
+    /// prefer named slots where that order may change between versions.
+    pub fn nth_id(&self, index: u32) -> OutgoingId {
+        self.derive(&index.to_string())
+    }
+
+    /// The outgoing message in `slot` ([`id`](Self::id)), to `destination`, with
+    /// `payload`; headers and an ordering key are added with [`Outgoing::headers`] and
+    /// [`Outgoing::ordering_key`].
+    pub fn outgoing<'a>(
+        &'a self,
+        slot: &'a str,
+        destination: &'a str,
+        payload: &'a [u8],
+    ) -> Result<Outgoing<'a>, InvalidCause> {
+        let id = self.id(slot)?;
+        Ok(Outgoing::new(
+            self,
+            id,
+            Cow::Borrowed(slot),
+            destination,
+            payload,
+        ))
+    }
+
+    /// The handler's `index`-th outgoing message ([`nth_id`](Self::nth_id)).
+    pub fn nth_outgoing<'a>(
+        &'a self,
+        index: u32,
+        destination: &'a str,
+        payload: &'a [u8],
+    ) -> Outgoing<'a> {
+        let id = self.nth_id(index);
+        Outgoing::new(
+            self,
+            id,
+            Cow::Owned(index.to_string()),
+            destination,
+            payload,
+        )
+    }
+
+    fn derive(&self, slot: &str) -> OutgoingId {
+        let mut name =
+            Vec::with_capacity(self.consumer.len() + self.incoming.len() + slot.len() + 2);
+        name.extend_from_slice(self.consumer.as_bytes());
+        name.push(0);
+        name.extend_from_slice(self.incoming.as_bytes());
+        name.push(0);
+        name.extend_from_slice(slot.as_bytes());
+        OutgoingId(Uuid::new_v5(&NAMESPACE, &name))
+    }
+}
+
+fn check_slot(slot: &str) -> Result<(), InvalidCause> {
+    if slot.is_empty() {
+        return Err(InvalidCause::EmptySlot);
+    }
+    if slot.len() > MAX_NAME_LEN {
+        return Err(InvalidCause::SlotTooLong {
+            len: slot.len(),
+            max: MAX_NAME_LEN,
+        });
+    }
+    if let Some(position) = slot.bytes().position(|byte| byte == 0) {
+        return Err(InvalidCause::SlotContainsNul { position });
+    }
+    Ok(())
+}
+
+/// Why a [`Cause`] or an outgoing id could not be made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidCause {
+    /// The consumer is empty, too long or contains NUL.
+    Consumer(InvalidConsumer),
+    /// The incoming message id is empty, too long or contains NUL.
+    MessageId(InvalidMessageId),
+    /// The slot is empty.
+    EmptySlot,
+    /// The slot is longer than [`MAX_NAME_LEN`] bytes.
+    SlotTooLong {
+        /// Its length in bytes.
+        len: usize,
+        /// [`MAX_NAME_LEN`].
+        max: usize,
+    },
+    /// The slot contains a NUL byte (the separator of the id's name).
+    SlotContainsNul {
+        /// The byte offset of the first NUL.
+        position: usize,
+    },
+}
+
+impl fmt::Display for InvalidCause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InvalidCause::Consumer(error) => error.fmt(f),
+            InvalidCause::MessageId(error) => error.fmt(f),
+            InvalidCause::EmptySlot => f.write_str("invalid outgoing slot: it is empty"),
+            InvalidCause::SlotTooLong { len, max } => write!(
+                f,
+                "invalid outgoing slot: it is {len} bytes, over the limit of {max}"
+            ),
+            InvalidCause::SlotContainsNul { position } => write!(
+                f,
+                "invalid outgoing slot: it contains a NUL byte at {position}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for InvalidCause {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            InvalidCause::Consumer(error) => Some(error),
+            InvalidCause::MessageId(error) => Some(error),
+            _ => None,
+        }
+    }
+}
+
+/// For a handler whose error type is built `From<sqlx::Error>`: a
+/// `sqlx::Error::InvalidArgument` with this error's text, as an invalid message id is.
+impl From<InvalidCause> for sqlx::Error {
+    fn from(error: InvalidCause) -> sqlx::Error {
+        sqlx::Error::InvalidArgument(error.to_string())
+    }
+}
+
+/// One outgoing message, made by [`Cause::outgoing`] or [`Cause::nth_outgoing`].
+#[derive(Debug, Clone)]
+pub struct Outgoing<'a> {
+    id: OutgoingId,
+    cause: &'a Cause,
+    slot: Cow<'a, str>,
+    destination: &'a str,
+    payload: &'a [u8],
+    headers: Option<&'a [u8]>,
+    ordering_key: Option<&'a str>,
+}
+
+impl<'a> Outgoing<'a> {
+    fn new(
+        cause: &'a Cause,
+        id: OutgoingId,
+        slot: Cow<'a, str>,
+        destination: &'a str,
+        payload: &'a [u8],
+    ) -> Self {
+        Outgoing {
+            id,
+            cause,
+            slot,
+            destination,
+            payload,
+            headers: None,
+            ordering_key: None,
+        }
+    }
+
+    /// Headers for the broker, as bytes in an encoding of yours (JSON, say); the relay
+    /// hands them to its publisher.
+    pub fn headers(self, headers: &'a [u8]) -> Self {
+        Outgoing {
+            headers: Some(headers),
+            ..self
+        }
+    }
+
+    /// An ordering key: the relay sends the messages of one key one at a time, in the
+    /// order they were enqueued.
+    pub fn ordering_key(self, key: &'a str) -> Self {
+        Outgoing {
+            ordering_key: Some(key),
+            ..self
+        }
+    }
+
+    /// Its id.
+    pub fn id(&self) -> OutgoingId {
+        self.id
+    }
+
+    /// Its cause.
+    pub fn cause(&self) -> &Cause {
+        self.cause
+    }
+
+    /// Its slot.
+    pub fn slot(&self) -> &str {
+        &self.slot
+    }
+
+    /// Where the relay sends it (a queue, an exchange and routing key, a subject: the
+    /// publisher's to interpret).
+    pub fn destination(&self) -> &str {
+        self.destination
+    }
+
+    /// The payload, byte for byte.
+    pub fn payload(&self) -> &[u8] {
+        self.payload
+    }
+}
+
+/// What [`Outbox::enqueue`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Enqueued {
+    /// Stored, to be sent once the transaction commits.
+    Stored,
+    /// The outbox held this message already (the same id, destination and payload): a
+    /// handler that ran again. Nothing changed; the first one's headers stand.
+    Duplicate,
+}
+
+/// Why an outgoing message was refused before anything was written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Refused {
+    /// The destination is empty, over [`MAX_NAME_LEN`] bytes, or contains NUL.
+    InvalidDestination(String),
+    /// The ordering key is empty, over [`MAX_NAME_LEN`] bytes, or contains NUL.
+    InvalidOrderingKey(String),
+    /// The payload is longer than the outbox's limit.
+    PayloadTooLarge {
+        /// The payload's length in bytes.
+        len: usize,
+        /// The outbox's limit ([`Outbox::max_payload_len`]).
+        max: usize,
+    },
+    /// The headers are longer than [`MAX_HEADERS_LEN`].
+    HeadersTooLarge {
+        /// The headers' length in bytes.
+        len: usize,
+        /// [`MAX_HEADERS_LEN`].
+        max: usize,
+    },
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Refused::InvalidDestination(why) => write!(f, "invalid destination: {why}"),
+            Refused::InvalidOrderingKey(why) => write!(f, "invalid ordering key: {why}"),
+            Refused::PayloadTooLarge { len, max } => write!(
+                f,
+                "the payload is {len} bytes, over the outbox's limit of {max} bytes: it is \
+                 refused, never truncated"
+            ),
+            Refused::HeadersTooLarge { len, max } => write!(
+                f,
+                "the headers are {len} bytes, over the outbox's limit of {max} bytes"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for Refused {}
+
+/// Why [`Outbox::enqueue`] failed.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum OutboxError {
+    /// The message was refused before anything was written.
+    Refused(Refused),
+    /// The outbox holds another message under this id: another destination or payload
+    /// for the same cause and slot. A handler must send the same message for the same
+    /// cause on every run; two different messages need two slots.
+    Conflict {
+        /// The id both messages derive.
+        id: OutgoingId,
+    },
+    /// The outbox table does not exist: run [`migrate`] (or [`migrate_table`]) first.
+    MissingTable {
+        /// The table the outbox uses.
+        table: Table,
+        /// The database's error.
+        error: sqlx::Error,
+    },
+    /// The database failed.
+    Database(sqlx::Error),
+}
+
+impl fmt::Display for OutboxError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OutboxError::Refused(refused) => {
+                write!(f, "outgoing message refused by the outbox: {refused}")
+            }
+            OutboxError::Conflict { id } => write!(
+                f,
+                "the outbox holds another message under the id {id}: the same cause and slot \
+                 must send the same destination and payload on every run (use another slot)"
+            ),
+            OutboxError::MissingTable { table, .. } => write!(
+                f,
+                "the outbox table `{}` does not exist: run `dedup_runtime::outbox::migrate` first",
+                table.name()
+            ),
+            OutboxError::Database(error) => write!(f, "outbox: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for OutboxError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OutboxError::Refused(refused) => Some(refused),
+            OutboxError::Conflict { .. } => None,
+            OutboxError::MissingTable { error, .. } | OutboxError::Database(error) => Some(error),
+        }
+    }
+}
+
+/// For a handler whose error type is built `From<sqlx::Error>` (as `#[idempotent]`
+/// bodies' often are): the database's own error as it was — so that a transient failure
+/// is still retried — and a refusal or a conflict as `sqlx::Error::InvalidArgument` with
+/// this error's text.
+impl From<OutboxError> for sqlx::Error {
+    fn from(error: OutboxError) -> sqlx::Error {
+        match error {
+            OutboxError::Database(error) | OutboxError::MissingTable { error, .. } => error,
+            other => sqlx::Error::InvalidArgument(other.to_string()),
+        }
+    }
+}
+
+/// An outbox table, and the payload limit it enforces. Cheap to clone; it holds no pool:
+/// [`enqueue`](Self::enqueue) writes on the caller's connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outbox {
+    table: Table,
+    max_payload_len: usize,
+}
+
+impl Default for Outbox {
+    fn default() -> Self {
+        Outbox::new()
+    }
+}
+
+impl Outbox {
+    /// The outbox in `outbox_messages`, with a payload limit of 1 MiB.
+    pub fn new() -> Outbox {
+        Outbox {
+            table: Table::new(DEFAULT_TABLE).expect("the default table name is valid"),
+            max_payload_len: DEFAULT_MAX_PAYLOAD_LEN,
+        }
+    }
+
+    /// The outbox in another table (`schema.name` allowed), created by [`migrate_table`].
+    pub fn with_table(table: &str) -> Result<Outbox, InvalidTableName> {
+        Ok(Outbox {
+            table: Table::new(table)?,
+            ..Outbox::new()
+        })
+    }
+
+    /// The payload limit, at most [`MAX_PAYLOAD_LEN`].
+    pub fn max_payload_len(self, max: usize) -> Outbox {
+        Outbox {
+            max_payload_len: max.min(MAX_PAYLOAD_LEN),
+            ..self
+        }
+    }
+
+    /// The table.
+    pub fn table(&self) -> &Table {
+        &self.table
+    }
+
+    /// Writes `message` to the outbox on `conn` — the handler's transaction: the
+    /// `#[idempotent]` body's `tx`, or `&mut *tx` of a plain `sqlx::Transaction` — so that
+    /// it commits with the handler's effects, or rolls back with them. One statement;
+    /// [`Enqueued::Duplicate`] when the outbox holds the same message already,
+    /// [`OutboxError::Conflict`] when it holds another one under the same id. It never
+    /// aborts the caller's transaction (no duplicate-key error inside a PostgreSQL
+    /// transaction).
+    pub async fn enqueue<C: OutboxConnection>(
+        &self,
+        conn: &mut C,
+        message: &Outgoing<'_>,
+    ) -> Result<Enqueued, OutboxError> {
+        self.check(message).map_err(OutboxError::Refused)?;
+        let row = Row {
+            id: message.id,
+            consumer: &message.cause.consumer,
+            cause_id: &message.cause.incoming,
+            slot: &message.slot,
+            destination: message.destination,
+            payload: message.payload,
+            headers: message.headers,
+            ordering_key: message.ordering_key,
+        };
+        let conn = conn.connection();
+        let inserted = <C::Database as OutboxBackend>::outbox_insert(conn, &self.table, &row)
+            .await
+            .map_err(|error| self.classify::<C::Database>(error))?;
+        match inserted {
+            Inserted::Stored => Ok(Enqueued::Stored),
+            Inserted::Existing {
+                destination,
+                payload,
+            } if destination == message.destination.as_bytes() && payload == message.payload => {
+                Ok(Enqueued::Duplicate)
+            }
+            Inserted::Existing { .. } => Err(OutboxError::Conflict { id: message.id }),
+        }
+    }
+
+    fn check(&self, message: &Outgoing<'_>) -> Result<(), Refused> {
+        check_name(message.destination).map_err(Refused::InvalidDestination)?;
+        if let Some(key) = message.ordering_key {
+            check_name(key).map_err(Refused::InvalidOrderingKey)?;
+        }
+        if message.payload.len() > self.max_payload_len {
+            return Err(Refused::PayloadTooLarge {
+                len: message.payload.len(),
+                max: self.max_payload_len,
+            });
+        }
+        if let Some(headers) = message.headers
+            && headers.len() > MAX_HEADERS_LEN
+        {
+            return Err(Refused::HeadersTooLarge {
+                len: headers.len(),
+                max: MAX_HEADERS_LEN,
+            });
+        }
+        Ok(())
+    }
+
+    fn classify<DB: Backend>(&self, error: sqlx::Error) -> OutboxError {
+        if DB::is_missing_table(&error, &self.table) {
+            OutboxError::MissingTable {
+                table: self.table.clone(),
+                error,
+            }
+        } else {
+            OutboxError::Database(error)
+        }
+    }
+}
+
+/// The rules of a destination or an ordering key: 1 to 255 bytes, no NUL.
+fn check_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        Err("it is empty".to_owned())
+    } else if name.len() > MAX_NAME_LEN {
+        Err(format!(
+            "it is {} bytes, over the limit of {MAX_NAME_LEN}",
+            name.len()
+        ))
+    } else if let Some(position) = name.bytes().position(|byte| byte == 0) {
+        Err(format!("it contains a NUL byte at {position}"))
+    } else {
+        Ok(())
+    }
+}
+
+/// A connection an outgoing message can be enqueued on: `sqlx::PgConnection`,
+/// `sqlx::MySqlConnection`, `sqlx::SqliteConnection` — what an `#[idempotent]` body's
+/// `tx` is, and what `&mut *tx` of a `sqlx::Transaction` or a pooled connection gives.
+pub trait OutboxConnection: Send + crate::backend::Sealed {
+    /// Its database.
+    #[doc(hidden)]
+    type Database: Backend;
+
+    /// Itself, as its database's connection.
+    #[doc(hidden)]
+    fn connection(&mut self) -> &mut <Self::Database as Database>::Connection;
+}
+
+macro_rules! outbox_connections {
+    ($($feature:literal => $connection:ty, $database:ty),* $(,)?) => {$(
+        #[cfg(feature = $feature)]
+        impl crate::backend::Sealed for $connection {}
+        #[cfg(feature = $feature)]
+        impl OutboxConnection for $connection {
+            type Database = $database;
+
+            fn connection(&mut self) -> &mut $connection {
+                self
+            }
+        }
+    )*};
+}
+
+outbox_connections! {
+    "mysql" => sqlx::MySqlConnection, sqlx::MySql,
+    "postgres" => sqlx::PgConnection, sqlx::Postgres,
+    "sqlite" => sqlx::SqliteConnection, sqlx::Sqlite,
+}
+
+/// One row to insert, validated.
+#[doc(hidden)]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+pub struct Row<'a> {
+    pub(crate) id: OutgoingId,
+    pub(crate) consumer: &'a str,
+    pub(crate) cause_id: &'a str,
+    pub(crate) slot: &'a str,
+    pub(crate) destination: &'a str,
+    pub(crate) payload: &'a [u8],
+    pub(crate) headers: Option<&'a [u8]>,
+    pub(crate) ordering_key: Option<&'a str>,
+}
+
+/// What an insert found.
+#[doc(hidden)]
+pub enum Inserted {
+    Stored,
+    /// A row with the id was there: its destination and payload.
+    Existing {
+        destination: Vec<u8>,
+        payload: Vec<u8>,
+    },
+}
+
+/// How one backend stores outgoing messages. Part of [`Backend`].
+pub trait OutboxBackend: Database {
+    /// The statements that create the outbox table and its indexes.
+    #[doc(hidden)]
+    fn outbox_ddl(table: &Table) -> Vec<String>;
+
+    /// Runs [`OutboxBackend::outbox_ddl`], serialised against concurrent migrations.
+    #[doc(hidden)]
+    fn outbox_create<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Inserts `row` on the caller's connection, never aborting its transaction; when a
+    /// row with its id exists, reads that row's destination and payload instead.
+    #[doc(hidden)]
+    fn outbox_insert<'c>(
+        conn: &'c mut Self::Connection,
+        table: &'c Table,
+        row: &'c Row<'c>,
+    ) -> impl Future<Output = Result<Inserted, sqlx::Error>> + Send + 'c;
+}
