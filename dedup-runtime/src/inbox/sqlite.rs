@@ -232,19 +232,22 @@ impl InboxBackend for Sqlite {
         Ok((tx, done.rows_affected() == 1))
     }
 
-    /// Marked at the start; renews the claim's other rows, which the heartbeat cannot
-    /// reach while this transaction holds the write lock, so that they are not taken over
-    /// between two of the worker's transactions.
+    /// Marked at the start; renews the claim's other rows when the last renewal is a
+    /// heartbeat old ([`Claimed::renew`]): the heartbeat cannot write while this
+    /// transaction holds the write lock, and they must not be taken over between two of
+    /// the worker's transactions.
     async fn inbox_finish<'c>(
         conn: &'c mut SqliteConnection,
         row: &'c Claimed<'c>,
     ) -> Result<bool, sqlx::Error> {
-        sqlx::query(AssertSqlSafe(renew_sql(row.table)))
-            .bind(row.consumer)
-            .bind(&row.owner[..])
-            .bind(row.lease_us)
-            .execute(conn)
-            .await?;
+        if let Some(lease_us) = row.renew {
+            sqlx::query(AssertSqlSafe(renew_sql(row.table)))
+                .bind(row.consumer)
+                .bind(&row.owner[..])
+                .bind(lease_us)
+                .execute(conn)
+                .await?;
+        }
         Ok(true)
     }
 

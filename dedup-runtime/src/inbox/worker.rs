@@ -145,10 +145,11 @@ pub struct Claimed<'a> {
     pub(crate) owner: &'a Owner,
     /// The mark drops the payload and headers ([`Inbox::drop_payloads`]).
     pub(crate) drop_payload: bool,
-    /// The worker's lease, for a backend that renews the claim's other rows in the
-    /// processing transaction (SQLite).
+    /// A lease (µs) to renew the claim's other rows with, in the processing transaction,
+    /// on a backend whose heartbeat cannot write meanwhile (SQLite); `None` when the last
+    /// renewal is recent.
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-    pub(crate) lease_us: i64,
+    pub(crate) renew: Option<i64>,
 }
 
 impl<'p, DB: Backend> Inbox<'p, DB> {
@@ -306,6 +307,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
             ..Batch::default()
         };
         if !claims.messages.is_empty() {
+            let granted = Granted::new();
             let work = async {
                 for message in &claims.messages {
                     if stop.as_mut().is_some_and(|stop| stop.check()) {
@@ -313,7 +315,13 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                         break;
                     }
                     let outcome = self
-                        .process_one(handler, &claims.owner, message, stop.as_deref_mut())
+                        .process_one(
+                            handler,
+                            &claims.owner,
+                            message,
+                            stop.as_deref_mut(),
+                            Some(&granted),
+                        )
                         .await?;
                     match outcome {
                         Some(Processed::Processed) => batch.processed += 1,
@@ -329,7 +337,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                 }
                 Ok::<(), InboxError>(())
             };
-            self.renewing(&claims.owner, work).await?;
+            self.renewing(&claims.owner, &granted, work).await?;
         }
         let consumer = &self.inbox.consumer;
         for (outcome, count) in [
@@ -397,7 +405,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         handler: &H,
     ) -> Result<Processed, InboxError> {
         let processed = self
-            .process_one(handler, &claims.owner, message, None)
+            .process_one(handler, &claims.owner, message, None, None)
             .await?;
         Ok(processed.expect("only a shutdown deadline cancels"))
     }
@@ -424,7 +432,12 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     /// Runs `work` with the heartbeat: every heartbeat interval, `owner`'s rows not
     /// finished get a new lease. A renewal in flight when `work` ends is finished, not
     /// dropped; a failed one is logged and tried again at the next beat.
-    async fn renewing<T>(&self, owner: &Owner, work: impl Future<Output = T>) -> T {
+    async fn renewing<T>(
+        &self,
+        owner: &Owner,
+        granted: &Granted,
+        work: impl Future<Output = T>,
+    ) -> T {
         let inbox = &self.inbox;
         let interval = self.heartbeat_interval();
         let lease = micros(self.lease);
@@ -440,6 +453,9 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                 if let Some(pending) = renewal.as_mut() {
                     match pending.as_mut().poll(context) {
                         Poll::Ready(result) => {
+                            if result.is_ok() {
+                                granted.mark();
+                            }
                             log_renewal::<DB>(result);
                             renewal = None;
                             beat.as_mut().reset(tokio::time::Instant::now() + interval);
@@ -478,6 +494,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         owner: &Owner,
         message: &InboxMessage,
         mut stop: Option<&mut Shutdown<'_>>,
+        granted: Option<&Granted>,
     ) -> Result<Option<Processed>, InboxError> {
         let inbox = &self.inbox;
         let row = Claimed {
@@ -486,7 +503,15 @@ impl<'p, DB: Backend> Worker<'p, DB> {
             id: &message.id,
             owner,
             drop_payload: inbox.drop_payloads,
-            lease_us: micros(self.lease),
+            renew: match granted {
+                // Renewed less than a heartbeat ago: not again.
+                Some(granted) if granted.since() < self.heartbeat_interval() => None,
+                Some(granted) => {
+                    granted.mark();
+                    Some(micros(self.lease))
+                }
+                None => Some(micros(self.lease)),
+            },
         };
         // A deadlock, serialization failure or lock timeout of our own statements (the
         // mark, the check, the commit) rolled everything back: run the transaction again,
@@ -704,6 +729,34 @@ impl Shutdown<'_> {
             .get_or_insert_with(|| Box::pin(tokio::time::sleep(deadline)))
             .as_mut()
             .poll(context)
+    }
+}
+
+/// When a claim's lease was last granted (the claim, a heartbeat, a renewal in a
+/// processing transaction), for the renewals SQLite makes in its transactions.
+struct Granted {
+    claimed: std::time::Instant,
+    /// Microseconds from `claimed` to the last grant.
+    last: std::sync::atomic::AtomicU64,
+}
+
+impl Granted {
+    fn new() -> Self {
+        Granted {
+            claimed: std::time::Instant::now(),
+            last: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    fn mark(&self) {
+        let now = u64::try_from(self.claimed.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.last.store(now, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Since the last grant.
+    fn since(&self) -> Duration {
+        let last = Duration::from_micros(self.last.load(std::sync::atomic::Ordering::Relaxed));
+        self.claimed.elapsed().saturating_sub(last)
     }
 }
 
