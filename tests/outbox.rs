@@ -9,10 +9,83 @@ use std::sync::Arc;
 
 use dedup_runtime::outbox::{
     Cause, Enqueued, InvalidCause, MAX_HEADERS_LEN, MAX_NAME_LEN, NAMESPACE, Outbox, OutboxError,
-    OutgoingId, Refused,
+    OutboxMessage, OutgoingId, Publisher, Refused,
 };
 use dedup_runtime::{Duplicate, InvalidMessageId, Outcome, idempotent};
-use dedup_suite::unique;
+use dedup_suite::{unique, unique_table};
+use std::collections::{HashMap, HashSet};
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// A publisher for the relay's tests, in the process: what a broker received, in order;
+/// fails every send of a `poison` payload; holds the send of a `hold` payload until
+/// released (`held` tells it got there). It also checks that no message is ever in two
+/// sends at once.
+#[derive(Default)]
+struct Recorder {
+    sent: Mutex<Vec<(OutgoingId, String, Vec<u8>)>>,
+    attempts: Mutex<HashMap<OutgoingId, u32>>,
+    in_flight: Mutex<HashSet<OutgoingId>>,
+    overlaps: std::sync::atomic::AtomicU32,
+    held: Notify,
+    release: Notify,
+}
+
+impl Publisher for Recorder {
+    type Error = String;
+
+    async fn publish(&self, message: &OutboxMessage) -> Result<(), String> {
+        if !self.in_flight.lock().unwrap().insert(message.id()) {
+            self.overlaps
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+        *self
+            .attempts
+            .lock()
+            .unwrap()
+            .entry(message.id())
+            .or_default() += 1;
+        if message.payload() == b"hold" {
+            self.held.notify_one();
+            self.release.notified().await;
+        }
+        tokio::task::yield_now().await;
+        self.in_flight.lock().unwrap().remove(&message.id());
+        if message.payload() == b"poison" {
+            return Err(format!("the broker refused {}", message.id()));
+        }
+        self.sent.lock().unwrap().push((
+            message.id(),
+            message.destination().to_owned(),
+            message.payload().to_vec(),
+        ));
+        Ok(())
+    }
+}
+
+impl Recorder {
+    fn sent_ids(&self) -> Vec<OutgoingId> {
+        self.sent
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(id, _, _)| *id)
+            .collect()
+    }
+}
+
+/// A publisher that records the ids it sent, and never waits.
+struct Quick(Mutex<Vec<OutgoingId>>);
+
+impl Publisher for Quick {
+    type Error = String;
+
+    async fn publish(&self, message: &OutboxMessage) -> Result<(), String> {
+        self.0.lock().unwrap().push(message.id());
+        Ok(())
+    }
+}
 
 /// The outgoing ids of a few causes, as Python's `uuid.uuid5(NAMESPACE, consumer + "\0" +
 /// id + "\0" + slot)` computes them: the scheme is the contract with every downstream
@@ -139,6 +212,9 @@ macro_rules! outbox_suite {
         effect = $effect:literal,
         effect_count = $effect_count:literal,
         begin_writing = $begin_writing:literal,
+        state = $state:literal,
+        expire = $expire:literal,
+        $(late_commits = $late:literal,)?
     ) => {
         mod $backend {
             use super::*;
@@ -172,6 +248,294 @@ macro_rules! outbox_suite {
                     .await
                     .unwrap()
             }
+
+            /// An outbox of its own for a relay test (relays take every row of their
+            /// table), migrated.
+            async fn own_outbox(pool: &sqlx::Pool<$db>) -> Outbox {
+                let table = unique_table("outbox");
+                dedup_runtime::outbox::migrate_table(pool, &table).await.unwrap();
+                Outbox::with_table(&table).unwrap()
+            }
+
+            /// Enqueues one message per payload, slots 0, 1, …, in one transaction.
+            async fn enqueue_all(
+                pool: &sqlx::Pool<$db>,
+                outbox: &Outbox,
+                cause: &Cause,
+                payloads: &[&[u8]],
+            ) -> Vec<OutgoingId> {
+                let mut tx = pool.begin().await.unwrap();
+                let mut ids = Vec::new();
+                for (index, payload) in payloads.iter().enumerate() {
+                    let message = cause.nth_outgoing(index as u32, "events", payload);
+                    outbox.enqueue(&mut *tx, &message).await.unwrap();
+                    ids.push(message.id());
+                }
+                tx.commit().await.unwrap();
+                ids
+            }
+
+            /// A row's state, attempts and last error.
+            async fn state(
+                pool: &sqlx::Pool<$db>,
+                outbox: &Outbox,
+                id: OutgoingId,
+            ) -> (i64, i64, Option<String>) {
+                let sql = format!($state, outbox.table().name());
+                sqlx::query_as(sqlx::AssertSqlSafe(sql))
+                    .bind(id.to_string())
+                    .fetch_one(pool)
+                    .await
+                    .unwrap()
+            }
+
+            /// Every claim of `outbox` ends now, on the database's clock.
+            async fn expire(pool: &sqlx::Pool<$db>, outbox: &Outbox) {
+                let sql = format!($expire, outbox.table().name());
+                sqlx::query(sqlx::AssertSqlSafe(sql))
+                    .execute(pool)
+                    .await
+                    .unwrap();
+            }
+
+            /// The relay commits its claim, sends each row with its id, destination and
+            /// payload, in enqueue order, and marks it sent: a later pass finds nothing.
+            #[tokio::test]
+            async fn the_relay_sends_each_row_once_in_order_and_marks_it_sent() {
+                let db = $pool;
+                let pool: &sqlx::Pool<$db> = &db;
+                let outbox = own_outbox(pool).await;
+                let cause = Cause::new("outbox-relay", "evt_1").unwrap();
+                let payloads: [&[u8]; 5] = [b"a", b"b", b"\x00\xff", b"d", b"e"];
+                let ids = enqueue_all(pool, &outbox, &cause, &payloads).await;
+                let recorder = Recorder::default();
+                let relay = outbox.relay(pool).batch(3);
+                let first = relay.relay_batch(&recorder).await.unwrap();
+                assert_eq!((first.claimed, first.sent), (3, 3));
+                let second = relay.relay_batch(&recorder).await.unwrap();
+                assert_eq!((second.claimed, second.sent), (2, 2));
+                assert_eq!(relay.relay_batch(&recorder).await.unwrap().claimed, 0);
+                let sent = recorder.sent.lock().unwrap().clone();
+                let expected: Vec<_> = ids
+                    .iter()
+                    .zip(payloads)
+                    .map(|(id, payload)| (*id, "events".to_owned(), payload.to_vec()))
+                    .collect();
+                assert_eq!(sent, expected);
+                for id in ids {
+                    assert_eq!(state(pool, &outbox, id).await, (2, 1, None), "{id}: sent");
+                }
+            }
+
+            /// A poison row (the broker refuses it every time) is dead after its attempts,
+            /// its error kept; the rows around it are sent, each once.
+            #[tokio::test]
+            async fn a_poison_row_goes_dead_after_its_attempts_while_the_rest_flow() {
+                let db = $pool;
+                let pool: &sqlx::Pool<$db> = &db;
+                let outbox = own_outbox(pool).await;
+                let cause = Cause::new("outbox-poison", "evt_1").unwrap();
+                let ids = enqueue_all(pool, &outbox, &cause, &[b"a", b"poison", b"c"]).await;
+                let recorder = Recorder::default();
+                let relay = outbox
+                    .relay(pool)
+                    .max_attempts(3)
+                    .backoff(Duration::ZERO, Duration::ZERO);
+                let mut dead = 0;
+                for _ in 0..10 {
+                    let relayed = relay.relay_batch(&recorder).await.unwrap();
+                    dead += relayed.dead;
+                    if relayed.claimed == 0 {
+                        break;
+                    }
+                }
+                assert_eq!(dead, 1);
+                assert_eq!(recorder.sent_ids(), [ids[0], ids[2]]);
+                assert_eq!(recorder.attempts.lock().unwrap()[&ids[1]], 3);
+                let (row_state, attempts, last_error) = state(pool, &outbox, ids[1]).await;
+                assert_eq!((row_state, attempts), (3, 3), "dead after 3 attempts");
+                assert!(last_error.unwrap().contains("the broker refused"));
+            }
+
+            /// Messages of one ordering key go one at a time, in enqueue order; a dead
+            /// head holds up its own key only.
+            #[tokio::test]
+            async fn an_ordering_key_s_dead_head_blocks_only_its_key() {
+                let db = $pool;
+                let pool: &sqlx::Pool<$db> = &db;
+                let outbox = own_outbox(pool).await;
+                let cause = Cause::new("outbox-keys", "evt_1").unwrap();
+                let mut tx = pool.begin().await.unwrap();
+                let mut ids = Vec::new();
+                for (slot, payload, key) in [
+                    ("k1-a", &b"poison"[..], Some("k1")),
+                    ("k1-b", b"b", Some("k1")),
+                    ("k2-a", b"c", Some("k2")),
+                    ("k2-b", b"d", Some("k2")),
+                    ("free", b"e", None),
+                ] {
+                    let mut message = cause.outgoing(slot, "events", payload).unwrap();
+                    if let Some(key) = key {
+                        message = message.ordering_key(key);
+                    }
+                    outbox.enqueue(&mut *tx, &message).await.unwrap();
+                    ids.push(message.id());
+                }
+                tx.commit().await.unwrap();
+                let recorder = Recorder::default();
+                let relay = outbox.relay(pool).max_attempts(1);
+                for _ in 0..10 {
+                    if relay.relay_batch(&recorder).await.unwrap().claimed == 0 {
+                        break;
+                    }
+                }
+                let sent = recorder.sent_ids();
+                assert_eq!(sent.len(), 3, "{sent:?}");
+                assert!(sent.contains(&ids[4]));
+                let k2: Vec<_> = sent
+                    .iter()
+                    .filter(|id| **id == ids[2] || **id == ids[3])
+                    .collect();
+                assert_eq!(k2, [&ids[2], &ids[3]], "k2 in order");
+                assert_eq!(state(pool, &outbox, ids[0]).await.0, 3, "k1's head dead");
+                assert_eq!(state(pool, &outbox, ids[1]).await, (0, 0, None), "k1 held up");
+            }
+
+            /// 4 relays over 200 rows: every row sent exactly once, and never by two
+            /// relays at once.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn four_relays_send_each_row_once_and_never_at_once() {
+                let db = $pool;
+                let pool: sqlx::Pool<$db> = (*db).clone();
+                let outbox = own_outbox(&pool).await;
+                let cause = Cause::new("outbox-relays", "evt_1").unwrap();
+                let payloads: Vec<Vec<u8>> =
+                    (0..200).map(|n| format!("m{n}").into_bytes()).collect();
+                let refs: Vec<&[u8]> = payloads.iter().map(Vec::as_slice).collect();
+                let ids = enqueue_all(&pool, &outbox, &cause, &refs).await;
+                let recorder = Arc::new(Recorder::default());
+                let relays: Vec<_> = (0..4)
+                    .map(|_| {
+                        let (pool, outbox, recorder) =
+                            (pool.clone(), outbox.clone(), recorder.clone());
+                        tokio::spawn(async move {
+                            let relay = outbox.relay(&pool).batch(8);
+                            loop {
+                                let relayed = relay.relay_batch(&*recorder).await.unwrap();
+                                assert_eq!((relayed.lost, relayed.failed), (0, 0));
+                                if relayed.claimed == 0 {
+                                    return;
+                                }
+                            }
+                        })
+                    })
+                    .collect();
+                for relay in relays {
+                    relay.await.unwrap();
+                }
+                assert_eq!(
+                    recorder.overlaps.load(std::sync::atomic::Ordering::SeqCst),
+                    0
+                );
+                let mut sent = recorder.sent_ids();
+                assert_eq!(sent.len(), 200, "each once");
+                sent.sort();
+                sent.dedup();
+                assert_eq!(sent.len(), 200);
+                for id in [ids[0], ids[99], ids[199]] {
+                    assert_eq!(state(&pool, &outbox, id).await, (2, 1, None));
+                }
+            }
+
+            /// A relay paused in a send past its lease (no heartbeat) loses the row to
+            /// another relay, which sends it; resumed, its mark is refused: a duplicate
+            /// send with the same id, never a second row or a lost one.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_stale_relay_s_mark_is_refused() {
+                let db = $pool;
+                let pool: sqlx::Pool<$db> = (*db).clone();
+                let outbox = own_outbox(&pool).await;
+                let cause = Cause::new("outbox-stale", "evt_1").unwrap();
+                let ids = enqueue_all(&pool, &outbox, &cause, &[b"hold"]).await;
+                let recorder = Arc::new(Recorder::default());
+                let stale = tokio::spawn({
+                    let (pool, outbox, recorder) =
+                        (pool.clone(), outbox.clone(), recorder.clone());
+                    async move {
+                        let relay = outbox.relay(&pool).heartbeat(Duration::from_secs(3600));
+                        relay.relay_batch(&*recorder).await
+                    }
+                });
+                tokio::time::timeout(Duration::from_secs(15), recorder.held.notified())
+                    .await
+                    .expect("in the send");
+                expire(&pool, &outbox).await; // paused past its lease
+                let quick = Quick(Mutex::new(Vec::new()));
+                let taken = outbox.relay(&pool).relay_batch(&quick).await.unwrap();
+                assert_eq!((taken.claimed, taken.sent), (1, 1), "taken over and sent");
+                recorder.release.notify_one();
+                let late = stale.await.unwrap().unwrap();
+                assert_eq!((late.sent, late.lost), (0, 1), "{late:?}");
+                assert_eq!(quick.0.lock().unwrap().clone(), ids, "sent again, same id");
+                assert_eq!(recorder.sent_ids(), ids, "the stale send happened too");
+                assert_eq!(state(&pool, &outbox, ids[0]).await, (2, 2, None));
+            }
+
+            /// `run` sends what arrives until its shutdown signal, then returns.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn run_relays_until_shutdown() {
+                let db = $pool;
+                let pool: sqlx::Pool<$db> = (*db).clone();
+                let outbox = own_outbox(&pool).await;
+                let recorder = Arc::new(Recorder::default());
+                let stop = Arc::new(Notify::new());
+                let task = tokio::spawn({
+                    let (pool, outbox, recorder, stop) =
+                        (pool.clone(), outbox.clone(), recorder.clone(), stop.clone());
+                    async move {
+                        let relay = outbox.relay(&pool).poll_interval(Duration::from_millis(20));
+                        relay.run(&*recorder, stop.notified()).await;
+                    }
+                });
+                let cause = Cause::new("outbox-run", "evt_1").unwrap();
+                let ids = enqueue_all(&pool, &outbox, &cause, &[b"a", b"b"]).await;
+                tokio::time::timeout(Duration::from_secs(15), async {
+                    while recorder.sent_ids().len() < 2 {
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
+                })
+                .await
+                .expect("both sent");
+                stop.notify_one();
+                tokio::time::timeout(Duration::from_secs(15), task)
+                    .await
+                    .expect("run returns")
+                    .unwrap();
+                assert_eq!(recorder.sent_ids(), ids);
+            }
+
+            $(
+            /// Rows are selected by their own state, never by a cursor: a row whose
+            /// transaction commits after a later-numbered one is sent too.
+            #[doc = $late]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn rows_committed_out_of_sequence_order_are_all_sent() {
+                let db = $pool;
+                let pool: sqlx::Pool<$db> = (*db).clone();
+                let outbox = own_outbox(&pool).await;
+                let cause = Cause::new("outbox-late", "evt_1").unwrap();
+                let early = cause.outgoing("early", "events", b"early").unwrap();
+                let mut slow = pool.begin().await.unwrap();
+                outbox.enqueue(&mut *slow, &early).await.unwrap(); // the lower seq
+                let later = enqueue_all(&pool, &outbox, &cause, &[b"later"]).await;
+                let recorder = Recorder::default();
+                let relay = outbox.relay(&pool);
+                assert_eq!(relay.relay_batch(&recorder).await.unwrap().sent, 1);
+                slow.commit().await.unwrap();
+                assert_eq!(relay.relay_batch(&recorder).await.unwrap().sent, 1);
+                assert_eq!(recorder.sent_ids(), [later[0], early.id()]);
+            }
+            )?
 
             #[tokio::test]
             async fn an_enqueue_commits_with_its_transaction_and_rolls_back_with_it() {
@@ -461,6 +825,9 @@ outbox_suite!(
     effect = "INSERT INTO outbox_test_effects (message_id) VALUES ($1)",
     effect_count = "SELECT COUNT(*) FROM outbox_test_effects WHERE message_id = $1",
     begin_writing = "BEGIN",
+    state = "SELECT state::int8, attempts::int8, last_error FROM {} WHERE id = $1::uuid",
+    expire = "UPDATE {} SET lease_until = clock_timestamp() - interval '1 second' WHERE state = 1",
+    late_commits = "PostgreSQL allocates `seq` at the insert, and commits in any order.",
 );
 outbox_suite!(
     mysql,
@@ -477,6 +844,11 @@ outbox_suite!(
     effect = "INSERT INTO outbox_test_effects (message_id) VALUES (?)",
     effect_count = "SELECT COUNT(*) FROM outbox_test_effects WHERE message_id = ?",
     begin_writing = "BEGIN",
+    state = "SELECT CAST(state AS SIGNED), CAST(attempts AS SIGNED), last_error FROM {} \
+             WHERE id = UNHEX(REPLACE(?, '-', ''))",
+    expire = "UPDATE {} SET lease_until = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE state = 1",
+    late_commits =
+        "MariaDB allocates `seq` (AUTO_INCREMENT) at the insert, and commits in any order.",
 );
 outbox_suite!(
     sqlite,
@@ -490,4 +862,7 @@ outbox_suite!(
     effect = "INSERT INTO outbox_test_effects (message_id) VALUES (?1)",
     effect_count = "SELECT COUNT(*) FROM outbox_test_effects WHERE message_id = ?1",
     begin_writing = "BEGIN IMMEDIATE",
+    state = "SELECT state, attempts, last_error FROM {} WHERE id = unhex(replace(?1, '-', ''))",
+    expire = "UPDATE {} SET lease_until = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 seconds') \
+              WHERE state = 1",
 );

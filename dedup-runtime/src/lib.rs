@@ -200,6 +200,7 @@ pub mod outbox;
 mod outcome;
 mod probe;
 mod prune;
+mod queue;
 mod retry;
 mod rolled_back;
 mod run;

@@ -249,6 +249,21 @@ pub(crate) fn inbox_count(
     }
 }
 
+/// Adds `count` to `dedup_outbox_relayed_total{outcome}`.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn outbox_count(outcome: &'static str, count: u64) {
+    #[cfg(feature = "metrics")]
+    if count > 0 {
+        let key = metrics::Key::from_parts(
+            "dedup_outbox_relayed_total",
+            vec![metrics::Label::from_static_parts("outcome", outcome)],
+        );
+        metrics::with_recorder(|recorder| {
+            recorder.register_counter(&key, &METADATA).increment(count);
+        });
+    }
+}
+
 /// Sets the inbox gauge `name` of `consumer` (with one more label, if any).
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn inbox_gauge(

@@ -58,8 +58,28 @@ use crate::schema::{InvalidTableName, Table};
 mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod relay;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+
+use crate::lease::Owner;
+pub use relay::{OutboxMessage, Publisher, Relay, Relayed};
+
+/// How many rows whose claim's lease ended one claim takes over, first in its batch: one,
+/// as the inbox's workers do ([`inbox::TAKEOVER`](crate::inbox::TAKEOVER)).
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+const TAKEOVER: u32 = 1;
+
+/// The `last_error` of a row buried because its relay stopped during its last attempt.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+const STOPPED: &str = ": the relay stopped before the end of its lease (it crashed, was \
+                       killed, or was paused past it)";
 
 /// The default outbox table.
 pub const DEFAULT_TABLE: &str = "outbox_messages";
@@ -753,4 +773,67 @@ pub trait OutboxBackend: Database {
         table: &'c Table,
         row: &'c Row<'c>,
     ) -> impl Future<Output = Result<Inserted, sqlx::Error>> + Send + 'c;
+
+    /// Marks dead the claimed rows whose lease ended with their last attempt (the relay
+    /// stopped during it); how many.
+    #[doc(hidden)]
+    fn outbox_bury<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        max_attempts: u32,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// Claims up to `limit` rows for `owner` — first at most one whose claim's lease
+    /// ended (with attempts left), then unsent ones that are due, the head of each
+    /// ordering key only — counting the attempt, committed; in that order.
+    #[doc(hidden)]
+    fn outbox_claim<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+        lease_us: i64,
+        limit: u32,
+        max_attempts: u32,
+    ) -> impl Future<Output = Result<Vec<OutboxMessage>, sqlx::Error>> + Send + 'a;
+
+    /// The heartbeat: `owner`'s claimed rows get a lease of `lease_us` from now; how many.
+    #[doc(hidden)]
+    fn outbox_renew<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+        lease_us: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// Marks the row `id` sent if it is still `owner`'s claim; whether it was (exactly
+    /// one row).
+    #[doc(hidden)]
+    fn outbox_sent<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        id: OutgoingId,
+        owner: &'a Owner,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// After a failed send: the row back to unsent after `delay_us` (or dead), with
+    /// `error` as its last error, if it is still `owner`'s claim; whether it was.
+    #[doc(hidden)]
+    fn outbox_fail<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        id: OutgoingId,
+        owner: &'a Owner,
+        error: &'a str,
+        delay_us: i64,
+        dead: bool,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// Releases `owner`'s claimed rows unsent: unsent again, their attempt not counted;
+    /// how many.
+    #[doc(hidden)]
+    fn outbox_release<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 }

@@ -5,14 +5,14 @@
 
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::AtomicBool;
-use std::task::{Context, Poll};
+use std::task::Poll;
 use std::time::Duration;
 
 use crate::backend::Backend;
 use crate::claim::Tx;
 use crate::lease::{Guarded, Owner, new_token};
+use crate::queue::{Granted, Shutdown, jittered, micros, retry_transient, with_heartbeat};
 
 use super::{Inbox, InboxError};
 
@@ -264,14 +264,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
 
     /// The delay before attempt `attempt + 1`, after attempt `attempt` failed.
     fn delay(&self, attempt: u32) -> Duration {
-        let exponent = attempt.saturating_sub(1).min(30);
-        let bound = self
-            .base_delay
-            .saturating_mul(1 << exponent)
-            .min(self.max_delay);
-        let micros = u64::try_from(bound.as_micros()).unwrap_or(u64::MAX);
-        let random = u64::from_le_bytes(new_token()[..8].try_into().expect("8 bytes"));
-        Duration::from_micros(random % (micros + 1))
+        jittered(self.base_delay, self.max_delay, attempt)
     }
 
     fn classify(&self, error: sqlx::Error) -> InboxError {
@@ -430,8 +423,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     }
 
     /// Runs `work` with the heartbeat: every heartbeat interval, `owner`'s rows not
-    /// finished get a new lease. A renewal in flight when `work` ends is finished, not
-    /// dropped; a failed one is logged and tried again at the next beat.
+    /// finished get a new lease.
     async fn renewing<T>(
         &self,
         owner: &Owner,
@@ -439,41 +431,9 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         work: impl Future<Output = T>,
     ) -> T {
         let inbox = &self.inbox;
-        let interval = self.heartbeat_interval();
         let lease = micros(self.lease);
         let renew = || DB::inbox_renew(inbox.pool, &inbox.table, &inbox.consumer, owner, lease);
-        let mut work = std::pin::pin!(work);
-        let mut beat = Box::pin(tokio::time::sleep(interval));
-        let mut renewal = none_from(&renew);
-        let done = std::future::poll_fn(|context| {
-            if let Poll::Ready(done) = work.as_mut().poll(context) {
-                return Poll::Ready(done);
-            }
-            loop {
-                if let Some(pending) = renewal.as_mut() {
-                    match pending.as_mut().poll(context) {
-                        Poll::Ready(result) => {
-                            if result.is_ok() {
-                                granted.mark();
-                            }
-                            log_renewal::<DB>(result);
-                            renewal = None;
-                            beat.as_mut().reset(tokio::time::Instant::now() + interval);
-                        }
-                        Poll::Pending => return Poll::Pending,
-                    }
-                }
-                match beat.as_mut().poll(context) {
-                    Poll::Ready(()) => renewal = Some(Box::pin(renew())),
-                    Poll::Pending => return Poll::Pending,
-                }
-            }
-        })
-        .await;
-        if let Some(pending) = renewal {
-            log_renewal::<DB>(pending.await);
-        }
-        done
+        with_heartbeat::<DB, _, _>(self.heartbeat_interval(), granted, renew, work).await
     }
 
     /// Releases the claimed rows of `claims` not processed yet: pending again at once,
@@ -696,89 +656,6 @@ enum Woken {
     Poll,
 }
 
-/// The shutdown signal of [`Worker::run`], and the deadline it gives the message in hand.
-struct Shutdown<'a> {
-    future: Pin<&'a mut (dyn Future<Output = ()> + Send)>,
-    /// It has completed: never poll it again.
-    done: bool,
-    deadline: Duration,
-    /// The deadline's timer, from when the signal was first seen complete.
-    cutoff: Option<Pin<Box<tokio::time::Sleep>>>,
-}
-
-impl Shutdown<'_> {
-    /// Whether the signal has completed, without waiting (between messages).
-    fn check(&mut self) -> bool {
-        if !self.done {
-            let mut context = Context::from_waker(std::task::Waker::noop());
-            self.done = self.future.as_mut().poll(&mut context).is_ready();
-        }
-        self.done
-    }
-
-    /// Ready once the signal has completed and the deadline after it has passed.
-    fn poll_deadline(&mut self, context: &mut Context<'_>) -> Poll<()> {
-        if !self.done {
-            if self.future.as_mut().poll(context).is_pending() {
-                return Poll::Pending;
-            }
-            self.done = true;
-        }
-        let deadline = self.deadline;
-        self.cutoff
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(deadline)))
-            .as_mut()
-            .poll(context)
-    }
-}
-
-/// When a claim's lease was last granted (the claim, a heartbeat, a renewal in a
-/// processing transaction), for the renewals SQLite makes in its transactions.
-struct Granted {
-    claimed: std::time::Instant,
-    /// Microseconds from `claimed` to the last grant.
-    last: std::sync::atomic::AtomicU64,
-}
-
-impl Granted {
-    fn new() -> Self {
-        Granted {
-            claimed: std::time::Instant::now(),
-            last: std::sync::atomic::AtomicU64::new(0),
-        }
-    }
-
-    fn mark(&self) {
-        let now = u64::try_from(self.claimed.elapsed().as_micros()).unwrap_or(u64::MAX);
-        self.last.store(now, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Since the last grant.
-    fn since(&self) -> Duration {
-        let last = Duration::from_micros(self.last.load(std::sync::atomic::Ordering::Relaxed));
-        self.claimed.elapsed().saturating_sub(last)
-    }
-}
-
-/// `None`, typed as a boxed future of the closure's (a type without a name).
-fn none_from<F: Future>(_: &impl Fn() -> F) -> Option<Pin<Box<F>>> {
-    None
-}
-
-fn log_renewal<DB: Backend>(result: Result<u64, sqlx::Error>) {
-    match result {
-        Ok(renewed) => tracing::trace!(renewed, "inbox worker: lease renewed"),
-        // SQLite's writer excludes the heartbeat while a handler's transaction runs (and
-        // renews the claim's rows at each commit instead).
-        Err(error) if crate::classify::is_transient::<DB>(&error) => {
-            tracing::debug!(%error, "inbox worker: renewing the lease waited too long; trying again at the next heartbeat")
-        }
-        Err(error) => {
-            tracing::warn!(%error, "inbox worker: renewing the lease failed; trying again at the next heartbeat")
-        }
-    }
-}
-
 impl<DB: Backend> Worker<'_, DB> {
     /// One transaction for `message`: the owner-checked mark, the handler, the check and
     /// the commit.
@@ -887,30 +764,4 @@ impl Claims {
     pub fn buried(&self) -> usize {
         self.buried
     }
-}
-
-/// Runs `operation` again after a jittered pause while it fails with a transient error
-/// (a deadlock, a serialization failure, a lock timeout), up to
-/// [`MAX_ATTEMPTS`](crate::MAX_ATTEMPTS) times: for statements that changed nothing when
-/// they failed.
-async fn retry_transient<DB: Backend, T, F: Future<Output = Result<T, sqlx::Error>>>(
-    mut operation: impl FnMut() -> F,
-) -> Result<T, sqlx::Error> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match operation().await {
-            Err(error)
-                if attempt < crate::retry::MAX_ATTEMPTS
-                    && crate::classify::is_transient::<DB>(&error) =>
-            {
-                tokio::time::sleep(crate::retry::backoff(attempt)).await;
-            }
-            result => return result,
-        }
-    }
-}
-
-fn micros(duration: Duration) -> i64 {
-    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
 }

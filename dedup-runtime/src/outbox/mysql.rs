@@ -5,7 +5,18 @@
 use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, MySql, Pool};
 
-use super::{Inserted, OutboxBackend, Row};
+use sqlx::Row as _;
+
+use super::{Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row, STOPPED};
+use crate::lease::Owner;
+
+/// The relay's transactions: no gap locks, so that relays claiming at once skip each
+/// other's rows instead of deadlocking on the index ranges they scan.
+const READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+
+fn placeholders(count: usize) -> String {
+    vec!["?"; count].join(", ")
+}
 use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
 use crate::schema::Table;
 
@@ -85,5 +96,198 @@ impl OutboxBackend for MySql {
             destination,
             payload,
         })
+    }
+
+    async fn outbox_bury<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        max_attempts: u32,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 3, owner = NULL, lease_until = NULL, \
+             last_error = CONCAT('attempt ', attempts, ?) \
+             WHERE state = 1 AND lease_until <= UTC_TIMESTAMP(6) AND attempts >= ?",
+            table.name()
+        );
+        let mut tx = pool.begin_with(READ_COMMITTED).await?;
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(STOPPED)
+            .bind(max_attempts)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected())
+    }
+
+    /// `SELECT … FOR UPDATE SKIP LOCKED`, then one `UPDATE` of the ids it locked and a
+    /// read of their rows, in one transaction: MySQL has no `UPDATE … RETURNING`.
+    async fn outbox_claim<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+        lease_us: i64,
+        limit: u32,
+        max_attempts: u32,
+    ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
+        let name = table.name();
+        let mut tx = pool.begin_with(READ_COMMITTED).await?;
+        let expired = format!(
+            "SELECT id FROM {name} WHERE state = 1 AND lease_until <= UTC_TIMESTAMP(6) \
+             AND attempts < ? ORDER BY lease_until, seq LIMIT ? FOR UPDATE SKIP LOCKED"
+        );
+        let mut ids: Vec<Vec<u8>> = sqlx::query_scalar(AssertSqlSafe(expired))
+            .bind(max_attempts)
+            .bind(super::TAKEOVER)
+            .fetch_all(&mut *tx)
+            .await?;
+        let left = (limit as usize).saturating_sub(ids.len());
+        if left > 0 {
+            let unsent = format!(
+                "SELECT id FROM {name} AS m WHERE state = 0 \
+                 AND next_attempt_at <= UTC_TIMESTAMP(6) \
+                 AND (m.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {name} AS e \
+                 WHERE e.ordering_key = m.ordering_key AND e.seq < m.seq AND e.state <> 2)) \
+                 ORDER BY next_attempt_at, seq LIMIT ? FOR UPDATE SKIP LOCKED"
+            );
+            ids.extend(
+                sqlx::query_scalar::<_, Vec<u8>>(AssertSqlSafe(unsent))
+                    .bind(left as u32)
+                    .fetch_all(&mut *tx)
+                    .await?,
+            );
+        }
+        if ids.is_empty() {
+            tx.rollback().await?;
+            return Ok(Vec::new());
+        }
+        let update = format!(
+            "UPDATE {name} SET state = 1, owner = ?, attempts = attempts + 1, \
+             lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE id IN ({})",
+            placeholders(ids.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(update))
+            .bind(&owner[..])
+            .bind(lease_us);
+        for id in &ids {
+            query = query.bind(id);
+        }
+        query.execute(&mut *tx).await?;
+        let select = format!(
+            "SELECT id, CAST(destination AS CHAR), payload, headers, CAST(ordering_key AS CHAR), \
+             attempts, seq FROM {name} WHERE id IN ({})",
+            placeholders(ids.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(select));
+        for id in &ids {
+            query = query.bind(id);
+        }
+        let rows = query.fetch_all(&mut *tx).await?;
+        tx.commit().await?;
+        let mut messages = rows
+            .into_iter()
+            .map(|row| {
+                let id: Vec<u8> = row.try_get(0)?;
+                let id = uuid::Uuid::from_slice(&id)
+                    .map_err(|error| sqlx::Error::Decode(error.into()))?;
+                Ok(OutboxMessage {
+                    id: OutgoingId::from_uuid(id),
+                    destination: row.try_get(1)?,
+                    payload: row.try_get(2)?,
+                    headers: row.try_get(3)?,
+                    ordering_key: row.try_get(4)?,
+                    attempt: row.try_get::<i32, _>(5)?.max(0) as u32,
+                    seq: row.try_get(6)?,
+                })
+            })
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        // In the claim's order (the taken-over row first), not the key's.
+        messages.sort_by_key(|message| {
+            ids.iter()
+                .position(|id| id[..] == message.id.as_uuid().as_bytes()[..])
+        });
+        Ok(messages)
+    }
+
+    async fn outbox_renew<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+        lease_us: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+             WHERE state = 1 AND owner = ?",
+            table.name()
+        );
+        let mut tx = pool.begin_with(READ_COMMITTED).await?;
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(lease_us)
+            .bind(&owner[..])
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn outbox_sent<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        id: OutgoingId,
+        owner: &'a Owner,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 2, sent_at = UTC_TIMESTAMP(6), owner = NULL, \
+             lease_until = NULL WHERE id = ? AND owner = ? AND state = 1",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(&id.as_uuid().as_bytes()[..])
+            .bind(&owner[..])
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn outbox_fail<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        id: OutgoingId,
+        owner: &'a Owner,
+        error: &'a str,
+        delay_us: i64,
+        dead: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = ?, owner = NULL, lease_until = NULL, last_error = ?, \
+             next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
+             WHERE id = ? AND owner = ? AND state = 1",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(if dead { 3_i8 } else { 0 })
+            .bind(error)
+            .bind(delay_us)
+            .bind(&id.as_uuid().as_bytes()[..])
+            .bind(&owner[..])
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn outbox_release<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 0, owner = NULL, lease_until = NULL, attempts = attempts - 1 \
+             WHERE state = 1 AND owner = ?",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(&owner[..])
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 }

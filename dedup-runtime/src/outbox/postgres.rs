@@ -4,7 +4,10 @@
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Pool, Postgres};
 
-use super::{Inserted, OutboxBackend, Row};
+use sqlx::Row as _;
+
+use super::{Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row, STOPPED};
+use crate::lease::Owner;
 use crate::schema::Table;
 
 fn index_name(table: &Table, suffix: &str) -> String {
@@ -100,5 +103,171 @@ impl OutboxBackend for Postgres {
             destination,
             payload,
         })
+    }
+
+    async fn outbox_bury<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        max_attempts: u32,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 3, owner = NULL, lease_until = NULL, \
+             last_error = 'attempt ' || attempts || $2 \
+             WHERE state = 1 AND lease_until <= clock_timestamp() AND attempts >= $1",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(max_attempts as i32)
+            .bind(STOPPED)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn outbox_claim<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+        lease_us: i64,
+        limit: u32,
+        max_attempts: u32,
+    ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
+        let name = table.name();
+        let set = "SET state = 1, owner = $1, attempts = attempts + 1, \
+                   lease_until = clock_timestamp() + $2::float8 * interval '1 microsecond'";
+        let returning = "RETURNING id::text, destination, payload, headers, ordering_key, \
+                         attempts, seq";
+        // One row whose claim's lease ended (its relay stopped) first, then unsent rows
+        // that are due, each through its partial index, skipping rows other relays hold.
+        let expired = format!(
+            "UPDATE {name} {set} WHERE id IN (SELECT id FROM {name} WHERE state = 1 \
+             AND lease_until <= clock_timestamp() AND attempts < $4 \
+             ORDER BY lease_until, seq LIMIT $3 FOR UPDATE SKIP LOCKED) {returning}"
+        );
+        let unsent = format!(
+            "UPDATE {name} {set} WHERE id IN (SELECT id FROM {name} AS m WHERE state = 0 \
+             AND next_attempt_at <= clock_timestamp() \
+             AND (m.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {name} AS e \
+             WHERE e.ordering_key = m.ordering_key AND e.seq < m.seq AND e.state <> 2)) \
+             ORDER BY next_attempt_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED) {returning}"
+        );
+        let mut rows = sqlx::query(AssertSqlSafe(expired))
+            .bind(&owner[..])
+            .bind(lease_us)
+            .bind(i64::from(super::TAKEOVER))
+            .bind(max_attempts as i32)
+            .fetch_all(pool)
+            .await?;
+        let left = i64::from(limit) - rows.len() as i64;
+        let mut unsent_rows = if left > 0 {
+            sqlx::query(AssertSqlSafe(unsent))
+                .bind(&owner[..])
+                .bind(lease_us)
+                .bind(left)
+                .fetch_all(pool)
+                .await?
+        } else {
+            Vec::new()
+        };
+        unsent_rows.sort_by_key(|row| row.try_get::<i64, _>(6).unwrap_or(i64::MAX));
+        rows.extend(unsent_rows);
+        rows.into_iter()
+            .map(|row| {
+                let id: String = row.try_get(0)?;
+                Ok(OutboxMessage {
+                    id: OutgoingId::from_uuid(
+                        uuid::Uuid::parse_str(&id)
+                            .map_err(|error| sqlx::Error::Decode(error.into()))?,
+                    ),
+                    destination: row.try_get(1)?,
+                    payload: row.try_get(2)?,
+                    headers: row.try_get(3)?,
+                    ordering_key: row.try_get(4)?,
+                    attempt: row.try_get::<i32, _>(5)?.max(0) as u32,
+                    seq: row.try_get(6)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn outbox_renew<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+        lease_us: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET lease_until = clock_timestamp() + $2::float8 * interval '1 microsecond' \
+             WHERE owner = $1 AND state = 1",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(&owner[..])
+            .bind(lease_us)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn outbox_sent<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        id: OutgoingId,
+        owner: &'a Owner,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 2, sent_at = clock_timestamp(), owner = NULL, \
+             lease_until = NULL WHERE id = $1::uuid AND owner = $2 AND state = 1",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(id.to_string())
+            .bind(&owner[..])
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn outbox_fail<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        id: OutgoingId,
+        owner: &'a Owner,
+        error: &'a str,
+        delay_us: i64,
+        dead: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = $3, owner = NULL, lease_until = NULL, last_error = $4, \
+             next_attempt_at = clock_timestamp() + $5::float8 * interval '1 microsecond' \
+             WHERE id = $1::uuid AND owner = $2 AND state = 1",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(id.to_string())
+            .bind(&owner[..])
+            .bind(if dead { 3_i16 } else { 0 })
+            .bind(error)
+            .bind(delay_us)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn outbox_release<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 0, owner = NULL, lease_until = NULL, attempts = attempts - 1 \
+             WHERE owner = $1 AND state = 1",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(&owner[..])
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 }

@@ -3,10 +3,34 @@
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Pool, Sqlite};
 
-use super::{Inserted, OutboxBackend, Row};
+use sqlx::Row as _;
+
+use super::{Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row, STOPPED};
+use crate::lease::Owner;
 use crate::schema::Table;
 
 const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
+
+/// `?n` microseconds from now, in `NOW`'s format.
+fn later(parameter: &str) -> String {
+    format!(
+        "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('%+.6f seconds', {parameter} / 1000000.0))"
+    )
+}
+
+fn message(row: sqlx::sqlite::SqliteRow) -> Result<OutboxMessage, sqlx::Error> {
+    let id: Vec<u8> = row.try_get(0)?;
+    let id = uuid::Uuid::from_slice(&id).map_err(|error| sqlx::Error::Decode(error.into()))?;
+    Ok(OutboxMessage {
+        id: OutgoingId::from_uuid(id),
+        destination: row.try_get(1)?,
+        payload: row.try_get(2)?,
+        headers: row.try_get(3)?,
+        ordering_key: row.try_get(4)?,
+        attempt: row.try_get::<i64, _>(5)?.max(0) as u32,
+        seq: row.try_get(6)?,
+    })
+}
 
 fn index_name(table: &Table, suffix: &str) -> String {
     match table.schema() {
@@ -102,5 +126,161 @@ impl OutboxBackend for Sqlite {
             destination,
             payload,
         })
+    }
+
+    async fn outbox_bury<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        max_attempts: u32,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 3, owner = NULL, lease_until = NULL, \
+             last_error = 'attempt ' || attempts || ?2 \
+             WHERE state = 1 AND lease_until <= {NOW} AND attempts >= ?1",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(i64::from(max_attempts))
+            .bind(STOPPED)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn outbox_claim<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+        lease_us: i64,
+        limit: u32,
+        max_attempts: u32,
+    ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
+        let name = table.name();
+        let set = format!(
+            "SET state = 1, owner = ?1, attempts = attempts + 1, lease_until = {}",
+            later("?2")
+        );
+        let returning = "RETURNING id, destination, payload, headers, ordering_key, attempts, seq";
+        // One statement each, atomic under SQLite's single writer.
+        let expired = format!(
+            "UPDATE {name} {set} WHERE seq IN (SELECT seq FROM {name} WHERE state = 1 \
+             AND lease_until <= {NOW} AND attempts < ?4 ORDER BY lease_until, seq LIMIT ?3) \
+             {returning}"
+        );
+        let unsent = format!(
+            "UPDATE {name} {set} WHERE seq IN (SELECT seq FROM {name} AS m WHERE state = 0 \
+             AND next_attempt_at <= {NOW} \
+             AND (m.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {name} AS e \
+             WHERE e.ordering_key = m.ordering_key AND e.seq < m.seq AND e.state <> 2)) \
+             ORDER BY next_attempt_at, seq LIMIT ?3) {returning}"
+        );
+        let mut messages = Vec::new();
+        for row in sqlx::query(AssertSqlSafe(expired))
+            .bind(&owner[..])
+            .bind(lease_us)
+            .bind(i64::from(super::TAKEOVER))
+            .bind(i64::from(max_attempts))
+            .fetch_all(pool)
+            .await?
+        {
+            messages.push(message(row)?);
+        }
+        let left = i64::from(limit) - messages.len() as i64;
+        if left > 0 {
+            let mut unsent_messages = Vec::new();
+            for row in sqlx::query(AssertSqlSafe(unsent))
+                .bind(&owner[..])
+                .bind(lease_us)
+                .bind(left)
+                .fetch_all(pool)
+                .await?
+            {
+                unsent_messages.push(message(row)?);
+            }
+            unsent_messages.sort_by_key(|message| message.seq);
+            messages.extend(unsent_messages);
+        }
+        Ok(messages)
+    }
+
+    async fn outbox_renew<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+        lease_us: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET lease_until = {} WHERE owner = ?1 AND state = 1",
+            table.name(),
+            later("?2")
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(&owner[..])
+            .bind(lease_us)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn outbox_sent<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        id: OutgoingId,
+        owner: &'a Owner,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 2, sent_at = {NOW}, owner = NULL, lease_until = NULL \
+             WHERE id = ?1 AND owner = ?2 AND state = 1",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(&id.as_uuid().as_bytes()[..])
+            .bind(&owner[..])
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn outbox_fail<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        id: OutgoingId,
+        owner: &'a Owner,
+        error: &'a str,
+        delay_us: i64,
+        dead: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = ?3, owner = NULL, lease_until = NULL, last_error = ?4, \
+             next_attempt_at = {} WHERE id = ?1 AND owner = ?2 AND state = 1",
+            table.name(),
+            later("?5")
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(&id.as_uuid().as_bytes()[..])
+            .bind(&owner[..])
+            .bind(if dead { 3_i64 } else { 0 })
+            .bind(error)
+            .bind(delay_us)
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn outbox_release<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = 0, owner = NULL, lease_until = NULL, attempts = attempts - 1 \
+             WHERE owner = ?1 AND state = 1",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(&owner[..])
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
     }
 }

@@ -1,0 +1,407 @@
+//! The relay: claims unsent rows under a lease and commits the claim, sends each through a
+//! [`Publisher`] with no transaction open, then marks it sent by its exact id and the
+//! claim's owner token, or schedules its next attempt. The backend-neutral part; each
+//! backend's statements are in `outbox/<db>.rs`.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use sqlx::Pool;
+
+use crate::backend::Backend;
+use crate::lease::{Owner, new_token};
+use crate::queue::{Granted, Shutdown, jittered, micros, retry_transient, with_heartbeat};
+
+use super::{Outbox, OutboxError, OutgoingId};
+
+/// A message the relay claimed, as a [`Publisher`] sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxMessage {
+    pub(crate) id: OutgoingId,
+    pub(crate) destination: String,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) headers: Option<Vec<u8>>,
+    pub(crate) ordering_key: Option<String>,
+    pub(crate) attempt: u32,
+    pub(crate) seq: i64,
+}
+
+impl OutboxMessage {
+    /// Its id: send it as the broker's message id (AMQP `message-id`, JetStream
+    /// `Nats-Msg-Id`), the key the consumer downstream dedups on.
+    pub fn id(&self) -> OutgoingId {
+        self.id
+    }
+
+    /// Where to send it, as the handler named it.
+    pub fn destination(&self) -> &str {
+        &self.destination
+    }
+
+    /// The payload, byte for byte as enqueued.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// The headers, byte for byte as enqueued, if any.
+    pub fn headers(&self) -> Option<&[u8]> {
+        self.headers.as_deref()
+    }
+
+    /// Its ordering key, if any.
+    pub fn ordering_key(&self) -> Option<&str> {
+        self.ordering_key.as_deref()
+    }
+
+    /// Which attempt this is, from 1: counted when the row was claimed.
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+}
+
+/// Sends outgoing messages to a broker. `Ok` means the broker has the message (a
+/// publisher confirm, a JetStream ack): the relay marks it sent only then. An error (its
+/// text is kept on the row as `last_error`) schedules another attempt.
+///
+/// ```
+/// use dedup_runtime::outbox::{OutboxMessage, Publisher};
+///
+/// /// Publishes to a broker client of yours.
+/// struct MyBroker;
+///
+/// impl Publisher for MyBroker {
+///     type Error = std::io::Error;
+///
+///     async fn publish(&self, message: &OutboxMessage) -> Result<(), std::io::Error> {
+///         // client.send(message.destination(), message.id().to_string(), message.payload())
+///         let _ = message;
+///         Ok(())
+///     }
+/// }
+/// ```
+pub trait Publisher: Send + Sync {
+    /// The publisher's error; its `Display` is kept on the row.
+    type Error: fmt::Display + Send;
+
+    /// Sends one message; `Ok` once the broker has it.
+    fn publish<'a>(
+        &'a self,
+        message: &'a OutboxMessage,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'a;
+}
+
+/// What one [`Relay::relay_batch`] did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Relayed {
+    /// Rows claimed.
+    pub claimed: usize,
+    /// Sent and marked sent.
+    pub sent: usize,
+    /// Sent, but the row was another relay's by the time of the mark (this relay's lease
+    /// had ended): a duplicate send, which the consumer downstream dedups by the id.
+    pub lost: usize,
+    /// Failed; scheduled for another attempt.
+    pub failed: usize,
+    /// Failed on their last attempt, or found claimed by a relay that stopped during its
+    /// last attempt: dead, kept for an operator.
+    pub dead: usize,
+    /// Claimed rows released unsent at shutdown, their attempt not counted.
+    pub released: usize,
+}
+
+/// Publishes an outbox's rows. Build it with [`Outbox::relay`]; run
+/// [`relay_batch`](Self::relay_batch) in a loop of your own or [`run`](Self::run) until a
+/// shutdown signal, in as many processes as you like: claims never give one row to two
+/// relays while both hold a live lease.
+///
+/// At least once to the broker: a relay that stops after a send and before its mark
+/// (a crash, a lease that ended during a broker stall) leaves the row to be sent again —
+/// a duplicate send, never a loss, with the same id.
+pub struct Relay<'p, DB: Backend> {
+    pool: &'p Pool<DB>,
+    outbox: Outbox,
+    lease: Duration,
+    heartbeat: Option<Duration>,
+    max_attempts: u32,
+    batch: u32,
+    base_delay: Duration,
+    max_delay: Duration,
+    poll: Duration,
+    max_poll: Duration,
+}
+
+impl Outbox {
+    /// A relay for this outbox on `pool`: a 30 s lease renewed every 10 s, 10 attempts, 32
+    /// rows per claim, a backoff from 1 s doubling to 5 min with full jitter, a 1 s poll
+    /// when idle (doubling up to 4 s while nothing comes).
+    pub fn relay<'p, DB: Backend>(&self, pool: &'p Pool<DB>) -> Relay<'p, DB> {
+        Relay {
+            pool,
+            outbox: self.clone(),
+            lease: Duration::from_secs(30),
+            heartbeat: None,
+            max_attempts: 10,
+            batch: 32,
+            base_delay: Duration::from_secs(1),
+            max_delay: Duration::from_secs(300),
+            poll: Duration::from_secs(1),
+            max_poll: Duration::from_secs(4),
+        }
+    }
+}
+
+impl<'p, DB: Backend> Relay<'p, DB> {
+    /// How long a claim holds its rows past the last heartbeat before another relay may
+    /// take them (at least 1 ms); a heartbeat renews it while the relay sends
+    /// ([`heartbeat`](Self::heartbeat)). All on the database's clock.
+    pub fn lease(self, lease: Duration) -> Self {
+        Relay {
+            lease: lease.max(Duration::from_millis(1)),
+            ..self
+        }
+    }
+
+    /// How often the heartbeat renews the lease of the claimed rows (a third of the lease
+    /// by default; at least 1 ms).
+    pub fn heartbeat(self, interval: Duration) -> Self {
+        Relay {
+            heartbeat: Some(interval.max(Duration::from_millis(1))),
+            ..self
+        }
+    }
+
+    /// Attempts per message before its row is dead (at least 1).
+    pub fn max_attempts(self, attempts: u32) -> Self {
+        Relay {
+            max_attempts: attempts.max(1),
+            ..self
+        }
+    }
+
+    /// Rows claimed at once (1 to 1,000).
+    pub fn batch(self, rows: u32) -> Self {
+        Relay {
+            batch: rows.clamp(1, 1_000),
+            ..self
+        }
+    }
+
+    /// The backoff after a failed send: `base` doubled per attempt, at most `max`, full
+    /// jitter.
+    pub fn backoff(self, base: Duration, max: Duration) -> Self {
+        Relay {
+            base_delay: base,
+            max_delay: max.max(base),
+            ..self
+        }
+    }
+
+    /// How long [`run`](Self::run) waits when there was nothing to send (1 s by default),
+    /// doubling while nothing comes, up to 4 × this.
+    pub fn poll_interval(self, poll: Duration) -> Self {
+        Relay {
+            poll,
+            max_poll: poll.saturating_mul(4),
+            ..self
+        }
+    }
+
+    fn heartbeat_interval(&self) -> Duration {
+        self.heartbeat
+            .unwrap_or(self.lease / 3)
+            .max(Duration::from_millis(1))
+    }
+
+    fn classify(&self, error: sqlx::Error) -> OutboxError {
+        self.outbox.classify::<DB>(error)
+    }
+
+    /// Claims up to [`batch`](Self::batch) rows and sends them one after the other: first
+    /// buries the rows whose last attempt ended with their relay gone, then claims — at
+    /// most one row whose claim's lease ended (a stopped relay's), then unsent rows that
+    /// are due, the head of each ordering key only — and **commits the claim before it
+    /// sends**. Each send is followed by its mark, by the row's id and this claim's owner
+    /// token, or by its failure's backoff. Returns what it did; `claimed == 0` when
+    /// nothing was due.
+    pub async fn relay_batch<P: Publisher>(&self, publisher: &P) -> Result<Relayed, OutboxError> {
+        self.relay_until(publisher, None).await
+    }
+
+    async fn relay_until<P: Publisher>(
+        &self,
+        publisher: &P,
+        mut stop: Option<&mut Shutdown<'_>>,
+    ) -> Result<Relayed, OutboxError> {
+        let (pool, table) = (self.pool, &self.outbox.table);
+        let lease = micros(self.lease);
+        let (batch, max_attempts) = (self.batch, self.max_attempts);
+        let (buried, owner, messages) = retry_transient::<DB, _, _>(move || async move {
+            let owner = new_token();
+            let buried = DB::outbox_bury(pool, table, max_attempts).await?;
+            let messages =
+                DB::outbox_claim(pool, table, &owner, lease, batch, max_attempts).await?;
+            Ok((buried, owner, messages))
+        })
+        .await
+        .map_err(|error| self.classify(error))?;
+        let mut relayed = Relayed {
+            claimed: messages.len(),
+            dead: buried as usize,
+            ..Relayed::default()
+        };
+        if messages.is_empty() {
+            return Ok(relayed);
+        }
+        let granted = Granted::new();
+        let work = async {
+            for message in &messages {
+                if stop.as_mut().is_some_and(|stop| stop.check()) {
+                    let released = DB::outbox_release(pool, table, &owner)
+                        .await
+                        .map_err(|error| self.classify(error))?;
+                    relayed.released += released as usize;
+                    break;
+                }
+                match self.send(publisher, &owner, message).await? {
+                    Delivery::Marked => relayed.sent += 1,
+                    Delivery::Lost => relayed.lost += 1,
+                    Delivery::Failed => relayed.failed += 1,
+                    Delivery::Dead => relayed.dead += 1,
+                }
+            }
+            Ok::<(), OutboxError>(())
+        };
+        let renew = || DB::outbox_renew(pool, table, &owner, lease);
+        with_heartbeat::<DB, _, _>(self.heartbeat_interval(), &granted, renew, work).await?;
+        for (outcome, count) in [
+            ("sent", relayed.sent),
+            ("lost", relayed.lost),
+            ("failed", relayed.failed),
+            ("dead", relayed.dead),
+            ("released", relayed.released),
+        ] {
+            crate::metrics::outbox_count(outcome, count as u64);
+        }
+        Ok(relayed)
+    }
+
+    async fn send<P: Publisher>(
+        &self,
+        publisher: &P,
+        owner: &Owner,
+        message: &OutboxMessage,
+    ) -> Result<Delivery, OutboxError> {
+        let (pool, table) = (self.pool, &self.outbox.table);
+        match publisher.publish(message).await {
+            Ok(()) => {
+                let marked =
+                    retry_transient::<DB, _, _>(|| DB::outbox_sent(pool, table, message.id, owner))
+                        .await
+                        .map_err(|error| self.classify(error))?;
+                if marked {
+                    Ok(Delivery::Marked)
+                } else {
+                    tracing::warn!(
+                        id = %message.id,
+                        "outbox: sent, but the row was another relay's by then (this relay's \
+                         lease had ended): a duplicate send, which the consumer dedups by the id"
+                    );
+                    Ok(Delivery::Lost)
+                }
+            }
+            Err(error) => {
+                let text = error.to_string();
+                let dead = message.attempt >= self.max_attempts;
+                let delay = micros(jittered(self.base_delay, self.max_delay, message.attempt));
+                let failed = retry_transient::<DB, _, _>(|| {
+                    DB::outbox_fail(pool, table, message.id, owner, &text, delay, dead)
+                })
+                .await
+                .map_err(|error| self.classify(error))?;
+                if !failed {
+                    return Ok(Delivery::Lost);
+                }
+                if dead {
+                    tracing::warn!(
+                        id = %message.id,
+                        attempts = message.attempt,
+                        error = text,
+                        "outbox message dead after its last attempt"
+                    );
+                    Ok(Delivery::Dead)
+                } else {
+                    tracing::debug!(
+                        id = %message.id,
+                        attempt = message.attempt,
+                        error = text,
+                        "outbox message failed to send; retried later"
+                    );
+                    Ok(Delivery::Failed)
+                }
+            }
+        }
+    }
+
+    /// Relays batches until `shutdown` completes, waiting the poll interval whenever
+    /// nothing was due. Graceful: once `shutdown` has completed, the send in hand is
+    /// finished, the claimed rows not sent yet are released at once for another relay,
+    /// and `run` returns. A database failure is logged and retried after the poll
+    /// interval, so that a relay outlives an outage.
+    pub async fn run<P: Publisher>(
+        &self,
+        publisher: &P,
+        shutdown: impl Future<Output = ()> + Send,
+    ) {
+        let mut shutdown = Shutdown {
+            future: std::pin::pin!(shutdown),
+            done: false,
+            deadline: Duration::MAX,
+            cutoff: None,
+        };
+        let mut idle_streak = 0u32;
+        loop {
+            if shutdown.check() {
+                return;
+            }
+            let idle = match self.relay_until(publisher, Some(&mut shutdown)).await {
+                Ok(relayed) => relayed.claimed == 0,
+                Err(error) => {
+                    tracing::warn!(%error, "outbox relay: claiming or marking failed; trying again");
+                    true
+                }
+            };
+            if !idle {
+                idle_streak = 0;
+                continue;
+            }
+            let factor = 1u32 << idle_streak.min(8);
+            let wait = self
+                .poll
+                .saturating_mul(factor)
+                .min(self.max_poll.max(self.poll));
+            idle_streak = idle_streak.saturating_add(1);
+            let mut sleep = std::pin::pin!(tokio::time::sleep(wait));
+            let stopped = std::future::poll_fn(|context| {
+                if shutdown.future.as_mut().poll(context).is_ready() {
+                    return std::task::Poll::Ready(true);
+                }
+                sleep.as_mut().poll(context).map(|()| false)
+            })
+            .await;
+            if stopped {
+                return;
+            }
+        }
+    }
+}
+
+/// How one send ended.
+enum Delivery {
+    /// Sent and marked sent.
+    Marked,
+    Lost,
+    Failed,
+    Dead,
+}

@@ -1,0 +1,174 @@
+//! What the inbox's workers and the outbox's relay share: a claim's heartbeat, the
+//! shutdown signal and its deadline, the jittered backoff, retries of statements that
+//! changed nothing when they failed.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use crate::backend::Backend;
+use crate::lease::new_token;
+
+/// Runs `work` with a heartbeat: every `interval`, `renew` (a statement that gives the
+/// claim's unfinished rows a new lease), and `granted` marked when it succeeds. A renewal
+/// in flight when `work` ends is finished, not dropped; a failed one is logged and tried
+/// again at the next beat.
+pub(crate) async fn with_heartbeat<DB: Backend, T, R: Future<Output = Result<u64, sqlx::Error>>>(
+    interval: Duration,
+    granted: &Granted,
+    renew: impl Fn() -> R,
+    work: impl Future<Output = T>,
+) -> T {
+    let mut work = std::pin::pin!(work);
+    let mut beat = Box::pin(tokio::time::sleep(interval));
+    let mut renewal = none_from(&renew);
+    let done = std::future::poll_fn(|context| {
+        if let Poll::Ready(done) = work.as_mut().poll(context) {
+            return Poll::Ready(done);
+        }
+        loop {
+            if let Some(pending) = renewal.as_mut() {
+                match pending.as_mut().poll(context) {
+                    Poll::Ready(result) => {
+                        if result.is_ok() {
+                            granted.mark();
+                        }
+                        log_renewal::<DB>(result);
+                        renewal = None;
+                        beat.as_mut().reset(tokio::time::Instant::now() + interval);
+                    }
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            match beat.as_mut().poll(context) {
+                Poll::Ready(()) => renewal = Some(Box::pin(renew())),
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    })
+    .await;
+    if let Some(pending) = renewal {
+        log_renewal::<DB>(pending.await);
+    }
+    done
+}
+
+/// The delay before attempt `attempt + 1`, after attempt `attempt` failed: `base`
+/// doubled per attempt, at most `max`, full jitter.
+pub(crate) fn jittered(base: Duration, max: Duration, attempt: u32) -> Duration {
+    let exponent = attempt.saturating_sub(1).min(30);
+    let bound = base.saturating_mul(1 << exponent).min(max);
+    let micros = u64::try_from(bound.as_micros()).unwrap_or(u64::MAX);
+    let random = u64::from_le_bytes(new_token()[..8].try_into().expect("8 bytes"));
+    Duration::from_micros(random % (micros + 1))
+}
+
+/// The shutdown signal of a worker's `run`, and the deadline it gives the message in hand.
+pub(crate) struct Shutdown<'a> {
+    pub(crate) future: Pin<&'a mut (dyn Future<Output = ()> + Send)>,
+    /// It has completed: never poll it again.
+    pub(crate) done: bool,
+    pub(crate) deadline: Duration,
+    /// The deadline's timer, from when the signal was first seen complete.
+    pub(crate) cutoff: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl Shutdown<'_> {
+    /// Whether the signal has completed, without waiting (between messages).
+    pub(crate) fn check(&mut self) -> bool {
+        if !self.done {
+            let mut context = Context::from_waker(std::task::Waker::noop());
+            self.done = self.future.as_mut().poll(&mut context).is_ready();
+        }
+        self.done
+    }
+
+    /// Ready once the signal has completed and the deadline after it has passed.
+    pub(crate) fn poll_deadline(&mut self, context: &mut Context<'_>) -> Poll<()> {
+        if !self.done {
+            if self.future.as_mut().poll(context).is_pending() {
+                return Poll::Pending;
+            }
+            self.done = true;
+        }
+        let deadline = self.deadline;
+        self.cutoff
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(deadline)))
+            .as_mut()
+            .poll(context)
+    }
+}
+
+/// When a claim's lease was last granted (the claim, a heartbeat, a renewal in a
+/// processing transaction), for the renewals SQLite makes in its transactions.
+pub(crate) struct Granted {
+    claimed: std::time::Instant,
+    /// Microseconds from `claimed` to the last grant.
+    last: std::sync::atomic::AtomicU64,
+}
+
+impl Granted {
+    pub(crate) fn new() -> Self {
+        Granted {
+            claimed: std::time::Instant::now(),
+            last: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn mark(&self) {
+        let now = u64::try_from(self.claimed.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.last.store(now, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Since the last grant.
+    pub(crate) fn since(&self) -> Duration {
+        let last = Duration::from_micros(self.last.load(std::sync::atomic::Ordering::Relaxed));
+        self.claimed.elapsed().saturating_sub(last)
+    }
+}
+
+/// `None`, typed as a boxed future of the closure's (a type without a name).
+fn none_from<F: Future>(_: &impl Fn() -> F) -> Option<Pin<Box<F>>> {
+    None
+}
+
+fn log_renewal<DB: Backend>(result: Result<u64, sqlx::Error>) {
+    match result {
+        Ok(renewed) => tracing::trace!(renewed, "inbox worker: lease renewed"),
+        // SQLite's writer excludes the heartbeat while a handler's transaction runs (and
+        // renews the claim's rows at each commit instead).
+        Err(error) if crate::classify::is_transient::<DB>(&error) => {
+            tracing::debug!(%error, "inbox worker: renewing the lease waited too long; trying again at the next heartbeat")
+        }
+        Err(error) => {
+            tracing::warn!(%error, "inbox worker: renewing the lease failed; trying again at the next heartbeat")
+        }
+    }
+}
+
+/// Runs `operation` again after a jittered pause while it fails with a transient error
+/// (a deadlock, a serialization failure, a lock timeout), up to
+/// [`MAX_ATTEMPTS`](crate::MAX_ATTEMPTS) times: for statements that changed nothing when
+/// they failed.
+pub(crate) async fn retry_transient<DB: Backend, T, F: Future<Output = Result<T, sqlx::Error>>>(
+    mut operation: impl FnMut() -> F,
+) -> Result<T, sqlx::Error> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match operation().await {
+            Err(error)
+                if attempt < crate::retry::MAX_ATTEMPTS
+                    && crate::classify::is_transient::<DB>(&error) =>
+            {
+                tokio::time::sleep(crate::retry::backoff(attempt)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+pub(crate) fn micros(duration: Duration) -> i64 {
+    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
+}
