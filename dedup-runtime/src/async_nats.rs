@@ -167,3 +167,56 @@ mod tests {
         assert!(dead_letter_headers(None).is_empty());
     }
 }
+
+/// Publishes an outbox's rows to NATS JetStream, for the relay
+/// ([`Relay::run`](crate::outbox::Relay::run)): each to the row's destination as its
+/// subject, with the outgoing id as `Nats-Msg-Id` — so that JetStream's own duplicate
+/// window drops a re-send too, and the consumer downstream dedups on the same id. A send
+/// is `Ok` once the stream acknowledged it (a duplicate JetStream dropped counts: the
+/// stream has the message).
+///
+/// The row's headers are not sent (their encoding is yours): wrap this publisher in a
+/// [`Publisher`](crate::outbox::Publisher) of your own to map them onto NATS headers.
+///
+/// ```no_run
+/// use dedup_runtime::async_nats::JetStreamPublisher;
+/// use dedup_runtime::outbox::Outbox;
+///
+/// # async fn relay(pool: sqlx::PgPool, client: async_nats::Client) {
+/// let publisher = JetStreamPublisher::new(async_nats::jetstream::new(client));
+/// Outbox::new().relay(&pool).run(&publisher, std::future::pending()).await;
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct JetStreamPublisher {
+    context: ::async_nats::jetstream::Context,
+}
+
+impl JetStreamPublisher {
+    /// A publisher on `context`.
+    pub fn new(context: ::async_nats::jetstream::Context) -> Self {
+        JetStreamPublisher { context }
+    }
+}
+
+impl crate::outbox::Publisher for JetStreamPublisher {
+    type Error = ::async_nats::jetstream::context::PublishError;
+
+    async fn publish(&self, message: &crate::outbox::OutboxMessage) -> Result<(), Self::Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            ::async_nats::header::NATS_MESSAGE_ID,
+            message.id().to_string().as_str(),
+        );
+        let ack = self
+            .context
+            .publish_with_headers(
+                message.destination().to_owned(),
+                headers,
+                message.payload().to_vec().into(),
+            )
+            .await?;
+        ack.await?;
+        Ok(())
+    }
+}

@@ -250,3 +250,115 @@ mod tests {
         assert_eq!(count(Some(u64::MAX - 1), false), u64::MAX);
     }
 }
+
+/// Publishes an outbox's rows to RabbitMQ, for the relay
+/// ([`Relay::run`](crate::outbox::Relay::run)): each to the exchange given here with the
+/// row's destination as its routing key — on the default exchange `""`, straight to the
+/// queue of that name — persistent, `mandatory`, with the outgoing id as the AMQP
+/// `message-id`, the key the consumer downstream dedups on. A send is `Ok` only once the
+/// broker confirmed it (publisher confirms): a `nack`, or a return because nothing
+/// routed it, is an error, and the relay tries again later.
+///
+/// The row's headers are not sent (their encoding is yours): wrap this publisher in a
+/// [`Publisher`](crate::outbox::Publisher) of your own to map them onto AMQP headers.
+///
+/// ```no_run
+/// use dedup_runtime::lapin::RabbitMqPublisher;
+/// use dedup_runtime::outbox::Outbox;
+///
+/// # async fn relay(pool: sqlx::PgPool, connection: lapin::Connection) -> Result<(), Box<dyn std::error::Error>> {
+/// let publisher = RabbitMqPublisher::new(connection.create_channel().await?, "").await?;
+/// Outbox::new().relay(&pool).run(&publisher, std::future::pending()).await;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RabbitMqPublisher {
+    channel: ::lapin::Channel,
+    exchange: String,
+}
+
+impl RabbitMqPublisher {
+    /// A publisher on `channel` (put in confirm mode here) to `exchange`.
+    pub async fn new(channel: ::lapin::Channel, exchange: &str) -> Result<Self, ::lapin::Error> {
+        channel
+            .confirm_select(::lapin::options::ConfirmSelectOptions::default())
+            .await?;
+        Ok(RabbitMqPublisher {
+            channel,
+            exchange: exchange.to_owned(),
+        })
+    }
+}
+
+/// Why [`RabbitMqPublisher`] could not send a message.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// The client or the connection failed.
+    Lapin(::lapin::Error),
+    /// The broker refused the message (`basic.nack`).
+    Nacked,
+    /// Nothing routed the message (no queue bound, or no queue of that name): returned.
+    Unroutable,
+}
+
+impl std::fmt::Display for PublishError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PublishError::Lapin(error) => write!(f, "RabbitMQ: {error}"),
+            PublishError::Nacked => f.write_str("RabbitMQ refused the message (nack)"),
+            PublishError::Unroutable => {
+                f.write_str("RabbitMQ returned the message: nothing routed it to a queue")
+            }
+        }
+    }
+}
+
+impl std::error::Error for PublishError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            PublishError::Lapin(error) => Some(error),
+            _ => None,
+        }
+    }
+}
+
+impl From<::lapin::Error> for PublishError {
+    fn from(error: ::lapin::Error) -> Self {
+        PublishError::Lapin(error)
+    }
+}
+
+impl crate::outbox::Publisher for RabbitMqPublisher {
+    type Error = PublishError;
+
+    async fn publish(&self, message: &crate::outbox::OutboxMessage) -> Result<(), PublishError> {
+        use ::lapin::BasicProperties;
+        use ::lapin::Confirmation;
+        use ::lapin::options::BasicPublishOptions;
+
+        let id = message.id().to_string();
+        let properties = BasicProperties::default()
+            .with_message_id(id.as_str().into())
+            .with_delivery_mode(2);
+        let options = BasicPublishOptions {
+            mandatory: true,
+            ..BasicPublishOptions::default()
+        };
+        let confirm = self
+            .channel
+            .basic_publish(
+                self.exchange.as_str().into(),
+                message.destination().into(),
+                options,
+                message.payload(),
+                properties,
+            )
+            .await?;
+        match confirm.await? {
+            Confirmation::Ack(None) => Ok(()),
+            Confirmation::Ack(Some(_)) => Err(PublishError::Unroutable),
+            Confirmation::Nack(_) | Confirmation::NotRequested => Err(PublishError::Nacked),
+        }
+    }
+}

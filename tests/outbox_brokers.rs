@@ -1,0 +1,194 @@
+//! The outbox's publishers against the real brokers: the relay sends each row to
+//! RabbitMQ (publisher confirms, the outgoing id as the AMQP `message-id`) and to NATS
+//! JetStream (the id as `Nats-Msg-Id`), and the broker has each message byte for byte,
+//! once; an unroutable message is a failed send, retried, never a silent loss; a re-send
+//! of a row JetStream already has is dropped by JetStream's duplicate window. The relay
+//! runs on SQLite here (its backends are tested in `tests/outbox.rs`).
+
+use std::time::{Duration, Instant};
+
+use dedup_runtime::outbox::{Cause, Outbox, OutgoingId};
+
+const PATIENCE: Duration = Duration::from_secs(15);
+
+/// A fresh SQLite outbox holding one message per payload to `destination`.
+async fn outbox_with(
+    destination: &str,
+    payloads: &[&[u8]],
+) -> (dedup_suite::TempSqlite, Outbox, Vec<OutgoingId>) {
+    let db = dedup_suite::sqlite().await;
+    dedup_runtime::outbox::migrate(&*db).await.unwrap();
+    let outbox = Outbox::new();
+    let cause = Cause::new("outbox-brokers", dedup_suite::unique("evt")).unwrap();
+    let mut tx = db.begin().await.unwrap();
+    let mut ids = Vec::new();
+    for (index, payload) in payloads.iter().enumerate() {
+        let message = cause.nth_outgoing(index as u32, destination, payload);
+        outbox.enqueue(&mut *tx, &message).await.unwrap();
+        ids.push(message.id());
+    }
+    tx.commit().await.unwrap();
+    (db, outbox, ids)
+}
+
+/// The row's state and last error.
+async fn state(db: &sqlx::SqlitePool, id: OutgoingId) -> (i64, Option<String>) {
+    sqlx::query_as("SELECT state, last_error FROM outbox_messages WHERE id = ?1")
+        .bind(&id.as_uuid().as_bytes()[..])
+        .fetch_one(db)
+        .await
+        .unwrap()
+}
+
+mod rabbitmq {
+    use super::*;
+    use dedup_runtime::lapin::RabbitMqPublisher;
+    use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueDeleteOptions};
+    use lapin::{Connection, ConnectionProperties};
+
+    async fn connect() -> Connection {
+        let url = std::env::var("DEDUP_TEST_AMQP_URL")
+            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+        Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .unwrap_or_else(|error| {
+                panic!(
+                    "RabbitMQ is not reachable at {url}: {error}. Start it (`rabbitmq-server \
+                     -detached`, or `bash .ci/run`) or set DEDUP_TEST_AMQP_URL"
+                )
+            })
+    }
+
+    #[tokio::test]
+    async fn the_relay_publishes_with_confirms_and_the_id_as_message_id() {
+        let connection = connect().await;
+        let setup = connection.create_channel().await.unwrap();
+        let queue = dedup_suite::unique("outbox-relay");
+        dedup_suite::rabbitmq::declare(&setup, &queue, false).await;
+        let payloads: [&[u8]; 3] = [b"first", b"\x00\xff binary", br#"{"json": true}"#];
+        let (db, outbox, ids) = outbox_with(&queue, &payloads).await;
+        let publisher = RabbitMqPublisher::new(connection.create_channel().await.unwrap(), "")
+            .await
+            .unwrap();
+        let relayed = outbox.relay(&*db).relay_batch(&publisher).await.unwrap();
+        assert_eq!((relayed.claimed, relayed.sent), (3, 3), "{relayed:?}");
+
+        let mut received = Vec::new();
+        let deadline = Instant::now() + PATIENCE;
+        while received.len() < 3 {
+            let got = setup
+                .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+                .await
+                .unwrap();
+            match got {
+                Some(message) => received.push((
+                    message
+                        .delivery
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .map(|id| id.to_string()),
+                    message.delivery.data.clone(),
+                )),
+                None => {
+                    assert!(Instant::now() < deadline, "only {received:?} on {queue}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        let expected: Vec<_> = ids
+            .iter()
+            .zip(payloads)
+            .map(|(id, payload)| (Some(id.to_string()), payload.to_vec()))
+            .collect();
+        assert_eq!(received, expected, "each once, in order, byte for byte");
+        for id in &ids {
+            assert_eq!(state(&db, *id).await, (2, None), "marked sent");
+        }
+        for doomed in [queue.clone(), format!("{queue}.dead")] {
+            setup
+                .queue_delete(doomed.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .unwrap();
+        }
+        setup
+            .exchange_delete(
+                format!("{queue}.dlx").as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// A message nothing routes (no such queue) comes back to the publisher: a failed
+    /// send, kept and retried, never marked sent.
+    #[tokio::test]
+    async fn an_unroutable_message_is_a_failed_send_not_a_loss() {
+        let connection = connect().await;
+        let missing = dedup_suite::unique("outbox-nowhere");
+        let (db, outbox, ids) = outbox_with(&missing, &[b"lost?"]).await;
+        let publisher = RabbitMqPublisher::new(connection.create_channel().await.unwrap(), "")
+            .await
+            .unwrap();
+        let relayed = outbox.relay(&*db).relay_batch(&publisher).await.unwrap();
+        assert_eq!((relayed.sent, relayed.failed), (0, 1), "{relayed:?}");
+        let (row_state, last_error) = state(&db, ids[0]).await;
+        assert_eq!(row_state, 0, "unsent, for another attempt");
+        assert!(
+            last_error.unwrap().contains("nothing routed it"),
+            "the broker's answer kept"
+        );
+    }
+}
+
+mod jetstream {
+    use super::*;
+    use async_nats::jetstream;
+    use dedup_runtime::async_nats::JetStreamPublisher;
+
+    #[tokio::test]
+    async fn the_relay_publishes_with_the_id_as_nats_msg_id_and_jetstream_drops_a_resend() {
+        let url = std::env::var("DEDUP_TEST_NATS_URL")
+            .unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
+        let client = async_nats::connect(&url).await.unwrap_or_else(|error| {
+            panic!(
+                "NATS is not reachable at {url}: {error}. Start it with JetStream (see \
+                 .ci/run) or set DEDUP_TEST_NATS_URL"
+            )
+        });
+        let context = jetstream::new(client);
+        let run = dedup_suite::unique("outbox").replace('-', "_");
+        let (name, subject) = (format!("OUTBOX_{run}"), format!("outbox.{run}"));
+        let (stream, _dead) =
+            dedup_suite::jetstream::streams(&context, &url, &name, &subject).await;
+        let payloads: [&[u8]; 2] = [b"one", b"\x00two"];
+        let (db, outbox, ids) = outbox_with(&subject, &payloads).await;
+        let publisher = JetStreamPublisher::new(context.clone());
+        let relay = outbox.relay(&*db);
+        let relayed = relay.relay_batch(&publisher).await.unwrap();
+        assert_eq!((relayed.claimed, relayed.sent), (2, 2), "{relayed:?}");
+        for (sequence, (id, payload)) in (1..).zip(ids.iter().zip(payloads)) {
+            let message = stream.get_raw_message(sequence).await.unwrap();
+            assert_eq!(&message.payload[..], payload);
+            assert_eq!(
+                message.headers.get("Nats-Msg-Id").map(|id| id.as_str()),
+                Some(id.to_string().as_str())
+            );
+        }
+
+        // A relay that stopped after its send and before its mark: the row is sent again,
+        // with the same id, and JetStream's duplicate window drops the copy.
+        sqlx::query("UPDATE outbox_messages SET state = 0 WHERE id = ?1")
+            .bind(&ids[0].as_uuid().as_bytes()[..])
+            .execute(&*db)
+            .await
+            .unwrap();
+        let again = relay.relay_batch(&publisher).await.unwrap();
+        assert_eq!(again.sent, 1, "sent again");
+        let mut stream = stream;
+        let info = stream.info().await.unwrap();
+        assert_eq!(info.state.messages, 2, "the stream kept one copy of each");
+        context.delete_stream(&name).await.unwrap();
+        context.delete_stream(format!("{name}_DEAD")).await.unwrap();
+    }
+}
