@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use dedup_runtime::outbox::{
-    Cause, Enqueued, InvalidCause, MAX_HEADERS_LEN, MAX_NAME_LEN, NAMESPACE, Outbox, OutboxError,
-    OutboxMessage, OutgoingId, Publisher, Refused,
+    Cause, Enqueued, Health, InvalidCause, MAX_HEADERS_LEN, MAX_NAME_LEN, NAMESPACE, Outbox,
+    OutboxError, OutboxMessage, OutgoingId, Publisher, Refused,
 };
 use dedup_runtime::{Duplicate, InvalidMessageId, Outcome, idempotent};
 use dedup_suite::{unique, unique_table};
@@ -479,6 +479,52 @@ macro_rules! outbox_suite {
                 assert_eq!(quick.0.lock().unwrap().clone(), ids, "sent again, same id");
                 assert_eq!(recorder.sent_ids(), ids, "the stale send happened too");
                 assert_eq!(state(&pool, &outbox, ids[0]).await, (2, 2, None));
+            }
+
+            /// Stats by state, the oldest unsent row's age, the relay's last sign of life
+            /// and the health it gives; pruning deletes sent rows only.
+            #[tokio::test]
+            async fn stats_health_and_pruning() {
+                let db = $pool;
+                let pool: &sqlx::Pool<$db> = &db;
+                let outbox = own_outbox(pool).await;
+                let minute = Duration::from_secs(60);
+                assert_eq!(
+                    outbox.health(pool, minute).await.unwrap(),
+                    Health::RelayStale { last_seen: None },
+                    "no relay ever ran"
+                );
+                let cause = Cause::new("outbox-stats", "evt_1").unwrap();
+                enqueue_all(pool, &outbox, &cause, &[b"a", b"poison", b"c"]).await;
+                let before = outbox.stats(pool).await.unwrap();
+                assert_eq!(
+                    (before.unsent, before.claimed, before.sent, before.dead),
+                    (3, 0, 0, 0)
+                );
+                assert!(before.oldest_unsent.unwrap() < minute);
+                assert_eq!(before.relay_last_seen, None);
+
+                let relayed = outbox
+                    .relay(pool)
+                    .max_attempts(1)
+                    .relay_batch(&Recorder::default())
+                    .await
+                    .unwrap();
+                assert_eq!((relayed.sent, relayed.dead), (2, 1));
+                let after = outbox.stats(pool).await.unwrap();
+                assert_eq!(
+                    (after.unsent, after.claimed, after.sent, after.dead),
+                    (0, 0, 2, 1)
+                );
+                assert_eq!(after.oldest_unsent, None);
+                assert!(after.relay_last_seen.unwrap() < minute);
+                assert_eq!(outbox.health(pool, minute).await.unwrap(), Health::Healthy);
+
+                assert_eq!(outbox.prune(pool, Duration::from_secs(3600)).await.unwrap(), 0);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                assert_eq!(outbox.prune(pool, Duration::ZERO).await.unwrap(), 2, "the sent rows");
+                let pruned = outbox.stats(pool).await.unwrap();
+                assert_eq!((pruned.sent, pruned.dead), (0, 1), "the dead row kept");
             }
 
             /// `run` sends what arrives until its shutdown signal, then returns.

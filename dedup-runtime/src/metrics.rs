@@ -264,6 +264,24 @@ pub(crate) fn outbox_count(outcome: &'static str, count: u64) {
     }
 }
 
+/// Sets the outbox gauge `name` (with a label, if any).
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn outbox_gauge(
+    name: &'static str,
+    label: Option<(&'static str, &'static str)>,
+    value: f64,
+) {
+    #[cfg(feature = "metrics")]
+    {
+        let labels: Vec<metrics::Label> = label
+            .map(|(key, value)| metrics::Label::from_static_parts(key, value))
+            .into_iter()
+            .collect();
+        let key = metrics::Key::from_parts(name, labels);
+        metrics::with_recorder(|recorder| recorder.register_gauge(&key, &METADATA).set(value));
+    }
+}
+
 /// Sets the inbox gauge `name` of `consumer` (with one more label, if any).
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn inbox_gauge(

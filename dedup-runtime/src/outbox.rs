@@ -45,6 +45,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
+use std::time::Duration;
 
 use sqlx::{Database, Pool};
 use uuid::Uuid;
@@ -557,6 +558,39 @@ impl From<OutboxError> for sqlx::Error {
     }
 }
 
+/// Rows one statement of [`Outbox::prune`] deletes at most.
+pub const PRUNE_BATCH: usize = 1_000;
+
+/// What [`Outbox::stats`] reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct OutboxStats {
+    /// Waiting for a relay (due now or after their backoff).
+    pub unsent: u64,
+    /// Claimed by a relay, being sent.
+    pub claimed: u64,
+    /// Sent (kept until pruned).
+    pub sent: u64,
+    /// Dead: their attempts used up, waiting for an operator.
+    pub dead: u64,
+    /// How long ago the oldest unsent row was enqueued.
+    pub oldest_unsent: Option<Duration>,
+    /// How long ago a relay last ran; `None` if none ever did.
+    pub relay_last_seen: Option<Duration>,
+}
+
+/// What [`Outbox::health`] answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    /// A relay ran within the allowed silence.
+    Healthy,
+    /// No relay ran within it.
+    RelayStale {
+        /// How long ago one last ran; `None` if none ever did.
+        last_seen: Option<Duration>,
+    },
+}
+
 /// An outbox table, and the payload limit it enforces. Cheap to clone; it holds no pool:
 /// [`enqueue`](Self::enqueue) writes on the caller's connection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -637,6 +671,87 @@ impl Outbox {
                 Ok(Enqueued::Duplicate)
             }
             Inserted::Existing { .. } => Err(OutboxError::Conflict { id: message.id }),
+        }
+    }
+
+    /// The outbox's rows by state, how long the oldest unsent one has waited and when a
+    /// relay last ran (all on the database's clock); also recorded as the gauges
+    /// `dedup_outbox_rows{state}`, `dedup_outbox_oldest_unsent_seconds` and
+    /// `dedup_outbox_relay_last_seen_seconds` (feature `metrics`).
+    pub async fn stats<DB: Backend>(&self, pool: &Pool<DB>) -> Result<OutboxStats, OutboxError> {
+        let (unsent, claimed, sent, dead, oldest, seen) = DB::outbox_stats(pool, &self.table)
+            .await
+            .map_err(|error| self.classify::<DB>(error))?;
+        let count = |n: i64| n.max(0) as u64;
+        let ago = |us: Option<i64>| us.map(|us| Duration::from_micros(count(us)));
+        let stats = OutboxStats {
+            unsent: count(unsent),
+            claimed: count(claimed),
+            sent: count(sent),
+            dead: count(dead),
+            oldest_unsent: ago(oldest),
+            relay_last_seen: ago(seen),
+        };
+        for (state, n) in [
+            ("unsent", stats.unsent),
+            ("claimed", stats.claimed),
+            ("sent", stats.sent),
+            ("dead", stats.dead),
+        ] {
+            crate::metrics::outbox_gauge("dedup_outbox_rows", Some(("state", state)), n as f64);
+        }
+        crate::metrics::outbox_gauge(
+            "dedup_outbox_oldest_unsent_seconds",
+            None,
+            stats.oldest_unsent.map_or(0.0, |age| age.as_secs_f64()),
+        );
+        if let Some(seen) = stats.relay_last_seen {
+            crate::metrics::outbox_gauge(
+                "dedup_outbox_relay_last_seen_seconds",
+                None,
+                seen.as_secs_f64(),
+            );
+        }
+        Ok(stats)
+    }
+
+    /// Whether a relay has run within `max_silence` (a relay records each batch it
+    /// claims, idle ones included): [`Health::RelayStale`] when none has — never, or not
+    /// since — so that a relay that silently stopped turns a health check red instead of
+    /// leaving messages unsent for days.
+    pub async fn health<DB: Backend>(
+        &self,
+        pool: &Pool<DB>,
+        max_silence: Duration,
+    ) -> Result<Health, OutboxError> {
+        let stats = self.stats(pool).await?;
+        Ok(match stats.relay_last_seen {
+            Some(seen) if seen <= max_silence => Health::Healthy,
+            last_seen => Health::RelayStale { last_seen },
+        })
+    }
+
+    /// Deletes the rows sent more than `older_than` ago, in batches of
+    /// [`PRUNE_BATCH`] (each its own statement, so that relays and handlers go on
+    /// meanwhile); how many. Unsent, claimed and dead rows are never deleted. A sent
+    /// row's only use left is to make a handler that runs again for its cause find it
+    /// (`Enqueued::Duplicate`); once pruned, such a handler sends the message again
+    /// with the same id, which the consumer downstream dedups.
+    pub async fn prune<DB: Backend>(
+        &self,
+        pool: &Pool<DB>,
+        older_than: Duration,
+    ) -> Result<u64, OutboxError> {
+        let older_than_us = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
+        let mut deleted = 0;
+        loop {
+            let batch = DB::outbox_prune(pool, &self.table, older_than_us, PRUNE_BATCH as i64)
+                .await
+                .map_err(|error| self.classify::<DB>(error))?;
+            deleted += batch;
+            if batch < PRUNE_BATCH as u64 {
+                return Ok(deleted);
+            }
         }
     }
 
@@ -741,6 +856,19 @@ pub struct Row<'a> {
     pub(crate) ordering_key: Option<&'a str>,
 }
 
+/// What [`OutboxBackend::outbox_stats`] reads.
+#[doc(hidden)]
+pub type StatsRow = (i64, i64, i64, i64, Option<i64>, Option<i64>);
+
+/// The table the relays' sign of life is kept in: the outbox's name and `_relay`.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+pub(crate) fn relay_table(table: &Table) -> String {
+    format!("{}_relay", table.name())
+}
+
 /// What an insert found.
 #[doc(hidden)]
 pub enum Inserted {
@@ -827,6 +955,30 @@ pub trait OutboxBackend: Database {
         delay_us: i64,
         dead: bool,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// The relay's sign of life: the relay table's one row gets the database's now.
+    #[doc(hidden)]
+    fn outbox_seen<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Unsent, claimed, sent and dead rows, the microseconds since the oldest unsent row
+    /// was enqueued, and since a relay last ran.
+    #[doc(hidden)]
+    fn outbox_stats<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+    ) -> impl Future<Output = Result<StatsRow, sqlx::Error>> + Send + 'a;
+
+    /// Deletes up to `limit` rows sent more than `older_than_us` ago; how many.
+    #[doc(hidden)]
+    fn outbox_prune<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        older_than_us: i64,
+        limit: i64,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
     /// Releases `owner`'s claimed rows unsent: unsent again, their attempt not counted;
     /// how many.

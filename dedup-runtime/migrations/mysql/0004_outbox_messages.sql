@@ -26,3 +26,7 @@ CREATE TABLE IF NOT EXISTS outbox_messages (
     KEY ordering_idx (ordering_key, seq),
     KEY sent_idx (state, sent_at)
 ) ENGINE = InnoDB;
+CREATE TABLE IF NOT EXISTS outbox_messages_relay (
+    id        TINYINT NOT NULL PRIMARY KEY CHECK (id = 1),
+    last_seen DATETIME(6) NOT NULL
+) ENGINE = InnoDB;

@@ -25,3 +25,7 @@ CREATE INDEX IF NOT EXISTS outbox_messages_ordering_idx ON outbox_messages (orde
 CREATE INDEX IF NOT EXISTS outbox_messages_claimed_idx ON outbox_messages (lease_until) WHERE state = 1;
 CREATE INDEX IF NOT EXISTS outbox_messages_sent_idx ON outbox_messages (sent_at) WHERE state = 2;
 CREATE INDEX IF NOT EXISTS outbox_messages_dead_idx ON outbox_messages (seq) WHERE state = 3;
+CREATE TABLE IF NOT EXISTS outbox_messages_relay (
+    id        smallint PRIMARY KEY CHECK (id = 1),
+    last_seen timestamptz NOT NULL
+);

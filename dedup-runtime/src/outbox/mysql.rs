@@ -7,7 +7,9 @@ use sqlx::{AssertSqlSafe, MySql, Pool};
 
 use sqlx::Row as _;
 
-use super::{Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row, STOPPED};
+use super::{
+    Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row, STOPPED, StatsRow, relay_table,
+};
 use crate::lease::Owner;
 
 /// The relay's transactions: no gap locks, so that relays claiming at once skip each
@@ -22,8 +24,9 @@ use crate::schema::Table;
 
 impl OutboxBackend for MySql {
     fn outbox_ddl(table: &Table) -> Vec<String> {
-        vec![format!(
-            "CREATE TABLE IF NOT EXISTS {name} (\n    \
+        vec![
+            format!(
+                "CREATE TABLE IF NOT EXISTS {name} (\n    \
              id              BINARY(16) NOT NULL,\n    \
              seq             BIGINT NOT NULL AUTO_INCREMENT,\n    \
              consumer        VARBINARY(255) NOT NULL,\n    \
@@ -48,8 +51,17 @@ impl OutboxBackend for MySql {
              KEY ordering_idx (ordering_key, seq),\n    \
              KEY sent_idx (state, sent_at)\n\
              ) ENGINE = InnoDB",
-            name = table.name()
-        )]
+                name = table.name()
+            ),
+            // The relays' sign of life: one row, its time the last batch's.
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (\n    \
+                 id        TINYINT NOT NULL PRIMARY KEY CHECK (id = 1),\n    \
+                 last_seen DATETIME(6) NOT NULL\n\
+                 ) ENGINE = InnoDB",
+                relay_table(table)
+            ),
+        ]
     }
 
     async fn outbox_create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
@@ -286,6 +298,58 @@ impl OutboxBackend for MySql {
         );
         let done = sqlx::query(AssertSqlSafe(sql))
             .bind(&owner[..])
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn outbox_seen<'a>(pool: &'a Pool<Self>, table: &'a Table) -> Result<(), sqlx::Error> {
+        let sql = format!(
+            "INSERT INTO {} (id, last_seen) VALUES (1, UTC_TIMESTAMP(6)) \
+             ON DUPLICATE KEY UPDATE last_seen = UTC_TIMESTAMP(6)",
+            relay_table(table)
+        );
+        sqlx::query(AssertSqlSafe(sql)).execute(pool).await?;
+        Ok(())
+    }
+
+    async fn outbox_stats<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+    ) -> Result<StatsRow, sqlx::Error> {
+        let name = table.name();
+        let count = |state: u8| {
+            format!("(SELECT CAST(COUNT(*) AS SIGNED) FROM {name} WHERE state = {state})")
+        };
+        let sql = format!(
+            "SELECT {}, {}, {}, {}, \
+             (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, MIN(created_at), UTC_TIMESTAMP(6)) AS SIGNED) \
+              FROM {name} WHERE state = 0), \
+             (SELECT CAST(TIMESTAMPDIFF(MICROSECOND, last_seen, UTC_TIMESTAMP(6)) AS SIGNED) \
+              FROM {} WHERE id = 1)",
+            count(0),
+            count(1),
+            count(2),
+            count(3),
+            relay_table(table)
+        );
+        sqlx::query_as(AssertSqlSafe(sql)).fetch_one(pool).await
+    }
+
+    async fn outbox_prune<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        older_than_us: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "DELETE FROM {} WHERE state = 2 \
+             AND sent_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND LIMIT ?",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(older_than_us)
+            .bind(limit)
             .execute(pool)
             .await?;
         Ok(done.rows_affected())

@@ -6,7 +6,9 @@ use sqlx::{AssertSqlSafe, Pool, Postgres};
 
 use sqlx::Row as _;
 
-use super::{Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row, STOPPED};
+use super::{
+    Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row, STOPPED, StatsRow, relay_table,
+};
 use crate::lease::Owner;
 use crate::schema::Table;
 
@@ -58,6 +60,13 @@ impl OutboxBackend for Postgres {
             format!(
                 "CREATE INDEX IF NOT EXISTS {} ON {name} (seq) WHERE state = 3",
                 index_name(table, "dead_idx")
+            ),
+            // The relays' sign of life: one row, its time the last batch's.
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (\n    \
+                 id        smallint PRIMARY KEY CHECK (id = 1),\n    \
+                 last_seen timestamptz NOT NULL\n)",
+                relay_table(table)
             ),
         ]
     }
@@ -266,6 +275,57 @@ impl OutboxBackend for Postgres {
         );
         let done = sqlx::query(AssertSqlSafe(sql))
             .bind(&owner[..])
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn outbox_seen<'a>(pool: &'a Pool<Self>, table: &'a Table) -> Result<(), sqlx::Error> {
+        let sql = format!(
+            "INSERT INTO {} (id, last_seen) VALUES (1, clock_timestamp()) \
+             ON CONFLICT (id) DO UPDATE SET last_seen = EXCLUDED.last_seen",
+            relay_table(table)
+        );
+        sqlx::query(AssertSqlSafe(sql)).execute(pool).await?;
+        Ok(())
+    }
+
+    /// Each count through its partial index.
+    async fn outbox_stats<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+    ) -> Result<StatsRow, sqlx::Error> {
+        let name = table.name();
+        let count = |state: u8| format!("(SELECT COUNT(*) FROM {name} WHERE state = {state})");
+        let sql = format!(
+            "SELECT {}, {}, {}, {}, \
+             (SELECT (EXTRACT(EPOCH FROM clock_timestamp() - MIN(created_at)) * 1000000)::int8 \
+              FROM {name} WHERE state = 0), \
+             (SELECT (EXTRACT(EPOCH FROM clock_timestamp() - last_seen) * 1000000)::int8 \
+              FROM {} WHERE id = 1)",
+            count(0),
+            count(1),
+            count(2),
+            count(3),
+            relay_table(table)
+        );
+        sqlx::query_as(AssertSqlSafe(sql)).fetch_one(pool).await
+    }
+
+    async fn outbox_prune<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        older_than_us: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let name = table.name();
+        let sql = format!(
+            "DELETE FROM {name} WHERE id IN (SELECT id FROM {name} WHERE state = 2 \
+             AND sent_at < clock_timestamp() - $1::float8 * interval '1 microsecond' LIMIT $2)"
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(older_than_us)
+            .bind(limit)
             .execute(pool)
             .await?;
         Ok(done.rows_affected())

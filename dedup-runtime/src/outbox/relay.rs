@@ -219,7 +219,8 @@ impl<'p, DB: Backend> Relay<'p, DB> {
     }
 
     /// Claims up to [`batch`](Self::batch) rows and sends them one after the other: first
-    /// buries the rows whose last attempt ended with their relay gone, then claims — at
+    /// records that a relay ran ([`Outbox::health`]), buries the rows whose last attempt
+    /// ended with their relay gone, then claims — at
     /// most one row whose claim's lease ended (a stopped relay's), then unsent rows that
     /// are due, the head of each ordering key only — and **commits the claim before it
     /// sends**. Each send is followed by its mark, by the row's id and this claim's owner
@@ -239,6 +240,7 @@ impl<'p, DB: Backend> Relay<'p, DB> {
         let (batch, max_attempts) = (self.batch, self.max_attempts);
         let (buried, owner, messages) = retry_transient::<DB, _, _>(move || async move {
             let owner = new_token();
+            DB::outbox_seen(pool, table).await?;
             let buried = DB::outbox_bury(pool, table, max_attempts).await?;
             let messages =
                 DB::outbox_claim(pool, table, &owner, lease, batch, max_attempts).await?;

@@ -5,7 +5,9 @@ use sqlx::{AssertSqlSafe, Pool, Sqlite};
 
 use sqlx::Row as _;
 
-use super::{Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row, STOPPED};
+use super::{
+    Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row, STOPPED, StatsRow, relay_table,
+};
 use crate::lease::Owner;
 use crate::schema::Table;
 
@@ -84,6 +86,13 @@ impl OutboxBackend for Sqlite {
             format!(
                 "CREATE INDEX IF NOT EXISTS {} ON {base} (seq) WHERE state = 3",
                 index_name(table, "dead_idx")
+            ),
+            // The relays' sign of life: one row, its time the last batch's.
+            format!(
+                "CREATE TABLE IF NOT EXISTS {} (\n    \
+                 id        INTEGER PRIMARY KEY CHECK (id = 1),\n    \
+                 last_seen TEXT NOT NULL\n)",
+                relay_table(table)
             ),
         ]
     }
@@ -279,6 +288,60 @@ impl OutboxBackend for Sqlite {
         );
         let done = sqlx::query(AssertSqlSafe(sql))
             .bind(&owner[..])
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn outbox_seen<'a>(pool: &'a Pool<Self>, table: &'a Table) -> Result<(), sqlx::Error> {
+        let sql = format!(
+            "INSERT INTO {} (id, last_seen) VALUES (1, {NOW}) \
+             ON CONFLICT (id) DO UPDATE SET last_seen = excluded.last_seen",
+            relay_table(table)
+        );
+        sqlx::query(AssertSqlSafe(sql)).execute(pool).await?;
+        Ok(())
+    }
+
+    async fn outbox_stats<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+    ) -> Result<StatsRow, sqlx::Error> {
+        let name = table.name();
+        let count = |state: u8| format!("(SELECT COUNT(*) FROM {name} WHERE state = {state})");
+        let since = |time: &str| {
+            format!("CAST((julianday('now') - julianday({time})) * 86400000000.0 AS INTEGER)")
+        };
+        let sql = format!(
+            "SELECT {}, {}, {}, {}, \
+             (SELECT {} FROM {name} WHERE state = 0), \
+             (SELECT {} FROM {} WHERE id = 1)",
+            count(0),
+            count(1),
+            count(2),
+            count(3),
+            since("MIN(created_at)"),
+            since("last_seen"),
+            relay_table(table)
+        );
+        sqlx::query_as(AssertSqlSafe(sql)).fetch_one(pool).await
+    }
+
+    async fn outbox_prune<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        older_than_us: i64,
+        limit: i64,
+    ) -> Result<u64, sqlx::Error> {
+        let name = table.name();
+        let sql = format!(
+            "DELETE FROM {name} WHERE seq IN (SELECT seq FROM {name} WHERE state = 2 \
+             AND sent_at < strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
+             printf('-%.6f seconds', ?1 / 1000000.0)) LIMIT ?2)"
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(older_than_us)
+            .bind(limit)
             .execute(pool)
             .await?;
         Ok(done.rows_affected())
