@@ -527,6 +527,41 @@ macro_rules! outbox_suite {
                 assert_eq!((pruned.sent, pruned.dead), (0, 1), "the dead row kept");
             }
 
+            /// The operator's calls: a dead row listed with its error, re-queued and then
+            /// sent once; another discarded, recorded as sent and never sent.
+            #[tokio::test]
+            async fn dead_rows_are_listed_requeued_and_discarded() {
+                let db = $pool;
+                let pool: &sqlx::Pool<$db> = &db;
+                let outbox = own_outbox(pool).await;
+                let cause = Cause::new("outbox-dead", "evt_1").unwrap();
+                let ids = enqueue_all(pool, &outbox, &cause, &[b"poison", b"poison"]).await;
+                let relay = outbox.relay(pool).max_attempts(1);
+                let relayed = relay.relay_batch(&Recorder::default()).await.unwrap();
+                assert_eq!(relayed.dead, 2);
+                let dead = outbox.dead(pool, 10).await.unwrap();
+                assert_eq!(dead.iter().map(|row| row.id).collect::<Vec<_>>(), ids);
+                assert_eq!((dead[0].destination.as_str(), dead[0].attempts), ("events", 1));
+                assert!(dead[0].last_error.as_deref().unwrap().contains("the broker refused"));
+
+                // The first re-queued, and its broker takes it this time.
+                assert!(outbox.requeue(pool, ids[0]).await.unwrap());
+                assert!(!outbox.requeue(pool, ids[0]).await.unwrap(), "no longer dead");
+                let quick = Quick(Mutex::new(Vec::new()));
+                assert_eq!(relay.relay_batch(&quick).await.unwrap().sent, 1);
+                assert_eq!(quick.0.lock().unwrap().clone(), [ids[0]]);
+                assert_eq!(state(pool, &outbox, ids[0]).await.0, 2);
+
+                // The second discarded: recorded as sent, never sent.
+                assert!(outbox.discard(pool, ids[1]).await.unwrap());
+                assert_eq!(relay.relay_batch(&quick).await.unwrap().claimed, 0);
+                assert_eq!(quick.0.lock().unwrap().len(), 1);
+                let (row_state, _, last_error) = state(pool, &outbox, ids[1]).await;
+                assert_eq!(row_state, 2);
+                assert!(last_error.is_some(), "its error kept");
+                assert!(outbox.dead(pool, 10).await.unwrap().is_empty());
+            }
+
             /// `run` sends what arrives until its shutdown signal, then returns.
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn run_relays_until_shutdown() {

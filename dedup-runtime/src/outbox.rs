@@ -558,6 +558,20 @@ impl From<OutboxError> for sqlx::Error {
     }
 }
 
+/// A dead outgoing message ([`Outbox::dead`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DeadOutgoing {
+    /// Its id.
+    pub id: OutgoingId,
+    /// Where it was to go.
+    pub destination: String,
+    /// The attempts made.
+    pub attempts: u32,
+    /// The last attempt's error: the publisher's, or that its relay stopped.
+    pub last_error: Option<String>,
+}
+
 /// Rows one statement of [`Outbox::prune`] deletes at most.
 pub const PRUNE_BATCH: usize = 1_000;
 
@@ -753,6 +767,54 @@ impl Outbox {
                 return Ok(deleted);
             }
         }
+    }
+
+    /// Up to `limit` dead rows, oldest first, each with its attempts and last error.
+    pub async fn dead<DB: Backend>(
+        &self,
+        pool: &Pool<DB>,
+        limit: u32,
+    ) -> Result<Vec<DeadOutgoing>, OutboxError> {
+        DB::outbox_dead(pool, &self.table, i64::from(limit))
+            .await
+            .map_err(|error| self.classify::<DB>(error))
+    }
+
+    /// Re-queues the dead row `id`: unsent again, due now, its attempts back to 0, for
+    /// the relay to send. `false` when `id` is not dead.
+    pub async fn requeue<DB: Backend>(
+        &self,
+        pool: &Pool<DB>,
+        id: OutgoingId,
+    ) -> Result<bool, OutboxError> {
+        self.resolve_dead(pool, id, true).await
+    }
+
+    /// Discards the dead row `id`: recorded as sent without sending (so that a handler
+    /// that runs again for its cause finds it, and does not send it either), its last
+    /// error kept; pruned with the sent rows. `false` when `id` is not dead.
+    pub async fn discard<DB: Backend>(
+        &self,
+        pool: &Pool<DB>,
+        id: OutgoingId,
+    ) -> Result<bool, OutboxError> {
+        self.resolve_dead(pool, id, false).await
+    }
+
+    async fn resolve_dead<DB: Backend>(
+        &self,
+        pool: &Pool<DB>,
+        id: OutgoingId,
+        requeue: bool,
+    ) -> Result<bool, OutboxError> {
+        let done = DB::outbox_resolve(pool, &self.table, id, requeue)
+            .await
+            .map_err(|error| self.classify::<DB>(error))?;
+        if done {
+            let what = if requeue { "re-queued" } else { "discarded" };
+            tracing::info!(id = %id, "dead outbox message {what}");
+        }
+        Ok(done)
     }
 
     fn check(&self, message: &Outgoing<'_>) -> Result<(), Refused> {
@@ -979,6 +1041,24 @@ pub trait OutboxBackend: Database {
         older_than_us: i64,
         limit: i64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// Dead rows, oldest first: id, destination, attempts, last error.
+    #[doc(hidden)]
+    fn outbox_dead<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        limit: i64,
+    ) -> impl Future<Output = Result<Vec<DeadOutgoing>, sqlx::Error>> + Send + 'a;
+
+    /// The dead row `id` unsent again, due now, its attempts back to 0 (`requeue`), or
+    /// recorded as sent without sending; whether it was dead.
+    #[doc(hidden)]
+    fn outbox_resolve<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        id: OutgoingId,
+        requeue: bool,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 
     /// Releases `owner`'s claimed rows unsent: unsent again, their attempt not counted;
     /// how many.

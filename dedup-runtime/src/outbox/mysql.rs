@@ -8,7 +8,8 @@ use sqlx::{AssertSqlSafe, MySql, Pool};
 use sqlx::Row as _;
 
 use super::{
-    Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row, STOPPED, StatsRow, relay_table,
+    DeadOutgoing, Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row, STOPPED, StatsRow,
+    relay_table,
 };
 use crate::lease::Owner;
 
@@ -353,5 +354,56 @@ impl OutboxBackend for MySql {
             .execute(pool)
             .await?;
         Ok(done.rows_affected())
+    }
+
+    async fn outbox_dead<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        limit: i64,
+    ) -> Result<Vec<DeadOutgoing>, sqlx::Error> {
+        let sql = format!(
+            "SELECT id, CAST(destination AS CHAR), CAST(attempts AS SIGNED), last_error FROM {} \
+             WHERE state = 3 ORDER BY seq LIMIT ?",
+            table.name()
+        );
+        let rows: Vec<(Vec<u8>, String, i64, Option<String>)> = sqlx::query_as(AssertSqlSafe(sql))
+            .bind(limit)
+            .fetch_all(pool)
+            .await?;
+        rows.into_iter()
+            .map(|(id, destination, attempts, last_error)| {
+                let id = uuid::Uuid::from_slice(&id)
+                    .map_err(|error| sqlx::Error::Decode(error.into()))?;
+                Ok(DeadOutgoing {
+                    id: OutgoingId::from_uuid(id),
+                    destination,
+                    attempts: attempts.max(0) as u32,
+                    last_error,
+                })
+            })
+            .collect()
+    }
+
+    async fn outbox_resolve<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        id: OutgoingId,
+        requeue: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let set = if requeue {
+            "state = 0, attempts = 0, next_attempt_at = UTC_TIMESTAMP(6)"
+        } else {
+            "state = 2, sent_at = UTC_TIMESTAMP(6)"
+        };
+        let sql = format!(
+            "UPDATE {} SET {}, owner = NULL, lease_until = NULL WHERE id = ? AND state = 3",
+            table.name(),
+            set
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(&id.as_uuid().as_bytes()[..])
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 }

@@ -7,7 +7,8 @@ use sqlx::{AssertSqlSafe, Pool, Postgres};
 use sqlx::Row as _;
 
 use super::{
-    Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row, STOPPED, StatsRow, relay_table,
+    DeadOutgoing, Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row, STOPPED, StatsRow,
+    relay_table,
 };
 use crate::lease::Owner;
 use crate::schema::Table;
@@ -329,5 +330,56 @@ impl OutboxBackend for Postgres {
             .execute(pool)
             .await?;
         Ok(done.rows_affected())
+    }
+
+    async fn outbox_dead<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        limit: i64,
+    ) -> Result<Vec<DeadOutgoing>, sqlx::Error> {
+        let sql = format!(
+            "SELECT id::text, destination, attempts::int8, last_error FROM {} \
+             WHERE state = 3 ORDER BY seq LIMIT $1",
+            table.name()
+        );
+        let rows: Vec<(String, String, i64, Option<String>)> = sqlx::query_as(AssertSqlSafe(sql))
+            .bind(limit)
+            .fetch_all(pool)
+            .await?;
+        rows.into_iter()
+            .map(|(id, destination, attempts, last_error)| {
+                let id = uuid::Uuid::parse_str(&id)
+                    .map_err(|error| sqlx::Error::Decode(error.into()))?;
+                Ok(DeadOutgoing {
+                    id: OutgoingId::from_uuid(id),
+                    destination,
+                    attempts: attempts.max(0) as u32,
+                    last_error,
+                })
+            })
+            .collect()
+    }
+
+    async fn outbox_resolve<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        id: OutgoingId,
+        requeue: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let set = if requeue {
+            "state = 0, attempts = 0, next_attempt_at = clock_timestamp()"
+        } else {
+            "state = 2, sent_at = clock_timestamp()"
+        };
+        let sql = format!(
+            "UPDATE {} SET {set}, owner = NULL, lease_until = NULL \
+             WHERE id = $1::uuid AND state = 3",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(id.to_string())
+            .execute(pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 }
