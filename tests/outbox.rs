@@ -947,3 +947,74 @@ outbox_suite!(
     expire = "UPDATE {} SET lease_until = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 seconds') \
               WHERE state = 1",
 );
+
+/// PostgreSQL: a relay idle on a one-minute poll sends a message at once when the
+/// handler's side hints after its commit (`Outbox::hint`, `LISTEN`/`NOTIFY`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_relay_wakes_on_a_hint() {
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+    let name = unique("dedup-outbox-listen");
+    let options: PgConnectOptions = dedup_suite::postgres_url().parse().unwrap();
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options.application_name(&name))
+        .await
+        .unwrap();
+    let table = unique_table("outbox");
+    dedup_runtime::outbox::migrate_table(&pool, &table)
+        .await
+        .unwrap();
+    let outbox = Outbox::with_table(&table).unwrap().notify_relay(true);
+    let recorder = Arc::new(Recorder::default());
+    let stop = Arc::new(Notify::new());
+    let relay = tokio::spawn({
+        let (pool, outbox, recorder, stop) =
+            (pool.clone(), outbox.clone(), recorder.clone(), stop.clone());
+        async move {
+            // A poll interval of a minute: only a hint makes it look within the test.
+            let relay = outbox.relay(&pool).poll_interval(Duration::from_secs(60));
+            relay.run(&*recorder, stop.notified()).await;
+        }
+    });
+    let observer = dedup_suite::postgres().await;
+    tokio::time::timeout(Duration::from_secs(15), async {
+        loop {
+            let listeners: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_stat_activity \
+                 WHERE application_name = $1 AND query LIKE 'LISTEN%'",
+            )
+            .bind(&name)
+            .fetch_one(&observer)
+            .await
+            .unwrap();
+            if listeners > 0 {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the relay listens");
+    // Let the relay go idle first (its first empty claim), then enqueue and hint.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let cause = Cause::new("outbox-hint", "evt_1").unwrap();
+    let message = cause.nth_outgoing(0, "events", b"p");
+    let mut tx = pool.begin().await.unwrap();
+    outbox.enqueue(&mut *tx, &message).await.unwrap();
+    tx.commit().await.unwrap();
+    outbox.hint(&pool).await;
+    tokio::time::timeout(Duration::from_secs(15), async {
+        while recorder.sent_ids().is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("woken by the hint, not the one-minute poll");
+    assert_eq!(recorder.sent_ids(), [message.id()]);
+    stop.notify_one();
+    tokio::time::timeout(Duration::from_secs(15), relay)
+        .await
+        .expect("run returns")
+        .unwrap();
+}

@@ -524,15 +524,7 @@ pub struct Inbox<'p, DB: Database> {
     max_payload_len: usize,
     drop_payloads: bool,
     /// With [`Inbox::notify_workers`]: when the last hint went out, shared by clones.
-    notify: Option<std::sync::Arc<Hints>>,
-}
-
-/// The coalescing of the receivers' hints to workers: at most one per [`HINT_GAP`].
-#[derive(Debug)]
-struct Hints {
-    start: std::time::Instant,
-    /// Milliseconds since `start` of the last hint sent, plus one (0: none yet).
-    last_ms: std::sync::atomic::AtomicU64,
+    notify: Option<std::sync::Arc<crate::queue::Hints>>,
 }
 
 /// The shortest time between two hints from one inbox (and its clones): a burst of
@@ -601,12 +593,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
     /// and MySQL/MariaDB, whose workers poll. Off by default.
     pub fn notify_workers(self, notify: bool) -> Self {
         Inbox {
-            notify: notify.then(|| {
-                std::sync::Arc::new(Hints {
-                    start: std::time::Instant::now(),
-                    last_ms: std::sync::atomic::AtomicU64::new(0),
-                })
-            }),
+            notify: notify.then(|| std::sync::Arc::new(crate::queue::Hints::new())),
             ..self
         }
     }
@@ -615,23 +602,8 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
     /// poll).
     async fn hint(&self) {
         let Some(hints) = &self.notify else { return };
-        let now = u64::try_from(hints.start.elapsed().as_millis()).unwrap_or(u64::MAX) + 1;
-        let last = hints.last_ms.load(std::sync::atomic::Ordering::Relaxed);
-        let gap = HINT_GAP.as_millis() as u64;
-        if last != 0 && now.saturating_sub(last) < gap {
-            return;
-        }
-        if hints
-            .last_ms
-            .compare_exchange(
-                last,
-                now,
-                std::sync::atomic::Ordering::Relaxed,
-                std::sync::atomic::Ordering::Relaxed,
-            )
-            .is_err()
-        {
-            return; // another receiver of this inbox sends it
+        if !hints.take(HINT_GAP) {
+            return; // one went out less than HINT_GAP ago, or another receiver sends it
         }
         if let Err(error) = DB::inbox_notify(self.pool, &self.table).await {
             tracing::debug!(%error, "inbox: the hint to the workers failed; they poll");

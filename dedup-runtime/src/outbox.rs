@@ -572,6 +572,10 @@ pub struct DeadOutgoing {
     pub last_error: Option<String>,
 }
 
+/// The shortest time between two of [`Outbox::hint`]'s `NOTIFY`s from one outbox (and its
+/// clones), as the inbox's ([`inbox::HINT_GAP`](crate::inbox::HINT_GAP)).
+pub const HINT_GAP: Duration = crate::inbox::HINT_GAP;
+
 /// Rows one statement of [`Outbox::prune`] deletes at most.
 pub const PRUNE_BATCH: usize = 1_000;
 
@@ -607,10 +611,12 @@ pub enum Health {
 
 /// An outbox table, and the payload limit it enforces. Cheap to clone; it holds no pool:
 /// [`enqueue`](Self::enqueue) writes on the caller's connection.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Outbox {
     table: Table,
     max_payload_len: usize,
+    /// With [`Outbox::notify_relay`]: when the last hint went out, shared by clones.
+    hints: Option<std::sync::Arc<crate::queue::Hints>>,
 }
 
 impl Default for Outbox {
@@ -625,6 +631,7 @@ impl Outbox {
         Outbox {
             table: Table::new(DEFAULT_TABLE).expect("the default table name is valid"),
             max_payload_len: DEFAULT_MAX_PAYLOAD_LEN,
+            hints: None,
         }
     }
 
@@ -647,6 +654,32 @@ impl Outbox {
     /// The table.
     pub fn table(&self) -> &Table {
         &self.table
+    }
+
+    /// Whether [`hint`](Self::hint) wakes idle relays (PostgreSQL: a `NOTIFY`, at most
+    /// one per [`HINT_GAP`] from this outbox and its clones). Off by default.
+    pub fn notify_relay(self, notify: bool) -> Outbox {
+        Outbox {
+            hints: notify.then(|| std::sync::Arc::new(crate::queue::Hints::new())),
+            ..self
+        }
+    }
+
+    /// After the transaction that enqueued has committed (an `#[idempotent]` handler
+    /// that returned `Processed`, your own `tx.commit()`): wakes an idle relay at once,
+    /// on PostgreSQL, with [`notify_relay`](Self::notify_relay) on. A hint only, sent on
+    /// the pool outside any transaction (a `NOTIFY` inside the handler's would hold the
+    /// lock every notifying commit takes): relays poll all the same, so a lost hint, or a
+    /// hint not sent, delays nothing beyond their poll interval. A no-op otherwise, and
+    /// on SQLite and MySQL/MariaDB, whose relays poll. A failure is only logged.
+    pub async fn hint<DB: Backend>(&self, pool: &Pool<DB>) {
+        let Some(hints) = &self.hints else { return };
+        if !hints.take(HINT_GAP) {
+            return;
+        }
+        if let Err(error) = DB::inbox_notify(pool, &self.table).await {
+            tracing::debug!(%error, "outbox: the hint to the relay failed; it polls");
+        }
     }
 
     /// Writes `message` to the outbox on `conn` — the handler's transaction: the

@@ -7,8 +7,11 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use sqlx::Pool;
+
 use crate::backend::Backend;
 use crate::lease::new_token;
+use crate::schema::Table;
 
 /// Runs `work` with a heartbeat: every `interval`, `renew` (a statement that gives the
 /// claim's unfinished rows a new lease), and `granted` marked when it succeeds. A renewal
@@ -171,4 +174,127 @@ pub(crate) async fn retry_transient<DB: Backend, T, F: Future<Output = Result<T,
 
 pub(crate) fn micros(duration: Duration) -> i64 {
     i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
+}
+
+/// How a `run` loop waits when there was nothing to do: until a hint (PostgreSQL: a
+/// `LISTEN` on the table's channel), the poll interval, or the shutdown. It polls at its
+/// interval whatever happens to the listening connection; without hints the wait doubles
+/// while nothing comes, up to `max_poll`.
+pub(crate) struct Idle<'p, DB: Backend> {
+    pool: &'p Pool<DB>,
+    table: Table,
+    wakeup: Option<DB::Wakeup>,
+    streak: u32,
+    poll: Duration,
+    max_poll: Duration,
+}
+
+/// What ended an idle wait.
+enum Woken {
+    Shutdown,
+    /// A hint (`true`), or the listening connection failed (`false`).
+    Hint(bool),
+    Poll,
+}
+
+impl<'p, DB: Backend> Idle<'p, DB> {
+    /// Listens on `table`'s channel where the backend has hints.
+    pub(crate) async fn new(
+        pool: &'p Pool<DB>,
+        table: &Table,
+        poll: Duration,
+        max_poll: Duration,
+    ) -> Idle<'p, DB> {
+        Idle {
+            pool,
+            table: table.clone(),
+            wakeup: DB::inbox_listen(pool, table).await,
+            streak: 0,
+            poll,
+            max_poll,
+        }
+    }
+
+    /// There was work: the next idle wait starts from the poll interval.
+    pub(crate) fn busy(&mut self) {
+        self.streak = 0;
+    }
+
+    /// Waits; `false` once the shutdown signal has completed.
+    pub(crate) async fn wait(&mut self, shutdown: &mut Shutdown<'_>) -> bool {
+        let wait = if self.wakeup.is_some() {
+            self.poll
+        } else {
+            let factor = 1u32 << self.streak.min(8);
+            self.poll
+                .saturating_mul(factor)
+                .min(self.max_poll.max(self.poll))
+        };
+        self.streak = self.streak.saturating_add(1);
+        if self.wakeup.is_none() && self.streak.is_multiple_of(16) {
+            // Listen again, now and then, after a failure.
+            self.wakeup = DB::inbox_listen(self.pool, &self.table).await;
+        }
+        let mut sleep = std::pin::pin!(tokio::time::sleep(wait));
+        let woken = {
+            let mut hinted = match self.wakeup.as_mut() {
+                Some(wakeup) => Box::pin(async move { Some(DB::inbox_wait(wakeup).await) })
+                    as Pin<Box<dyn Future<Output = Option<bool>> + Send + '_>>,
+                None => Box::pin(std::future::pending()),
+            };
+            std::future::poll_fn(|context| {
+                if shutdown.future.as_mut().poll(context).is_ready() {
+                    return Poll::Ready(Woken::Shutdown);
+                }
+                if let Poll::Ready(alive) = hinted.as_mut().poll(context) {
+                    return Poll::Ready(Woken::Hint(alive.unwrap_or(false)));
+                }
+                sleep.as_mut().poll(context).map(|()| Woken::Poll)
+            })
+            .await
+        };
+        match woken {
+            Woken::Shutdown => {
+                shutdown.done = true;
+                return false;
+            }
+            Woken::Hint(true) => self.streak = 0,
+            Woken::Hint(false) => self.wakeup = None,
+            Woken::Poll => {}
+        }
+        true
+    }
+}
+
+/// The coalescing of hints to idle workers or relays: at most one per `gap`, shared by
+/// clones.
+#[derive(Debug)]
+pub(crate) struct Hints {
+    start: std::time::Instant,
+    /// Milliseconds since `start` of the last hint sent, plus one (0: none yet).
+    last_ms: std::sync::atomic::AtomicU64,
+}
+
+impl Hints {
+    pub(crate) fn new() -> Hints {
+        Hints {
+            start: std::time::Instant::now(),
+            last_ms: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a hint is due (at least `gap` since the last one), taking it if so: of
+    /// several callers at once, one gets `true`.
+    pub(crate) fn take(&self, gap: Duration) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX) + 1;
+        let last = self.last_ms.load(Relaxed);
+        let gap = u64::try_from(gap.as_millis()).unwrap_or(u64::MAX);
+        if last != 0 && now.saturating_sub(last) < gap {
+            return false;
+        }
+        self.last_ms
+            .compare_exchange(last, now, Relaxed, Relaxed)
+            .is_ok()
+    }
 }

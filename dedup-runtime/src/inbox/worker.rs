@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::backend::Backend;
 use crate::claim::Tx;
 use crate::lease::{Guarded, Owner, new_token};
-use crate::queue::{Granted, Shutdown, jittered, micros, retry_transient, with_heartbeat};
+use crate::queue::{Granted, Idle, Shutdown, jittered, micros, retry_transient, with_heartbeat};
 
 use super::{Inbox, InboxError};
 
@@ -585,75 +585,28 @@ impl<'p, DB: Backend> Worker<'p, DB> {
             cutoff: None,
         };
         // PostgreSQL: a LISTEN connection for the receivers' hints (`notify_workers`).
-        let mut wakeup = DB::inbox_listen(self.inbox.pool, &self.inbox.table).await;
-        let mut idle_streak = 0u32;
+        let mut idle =
+            Idle::new(self.inbox.pool, &self.inbox.table, self.poll, self.max_poll).await;
         loop {
             if shutdown.check() {
                 return;
             }
-            let idle = match self.process_until(handler, Some(&mut shutdown)).await {
+            let nothing = match self.process_until(handler, Some(&mut shutdown)).await {
                 Ok(batch) => batch.claimed == 0,
                 Err(error) => {
                     tracing::warn!(%error, "inbox worker: claiming or marking failed; trying again");
                     true
                 }
             };
-            if !idle {
-                idle_streak = 0;
+            if !nothing {
+                idle.busy();
                 continue;
             }
-            if shutdown.done {
+            if shutdown.done || !idle.wait(&mut shutdown).await {
                 return;
-            }
-            // Idle: until a hint, the poll interval, or the shutdown. Without hints the
-            // wait doubles while nothing comes, up to `max_poll`.
-            let wait = if wakeup.is_some() {
-                self.poll
-            } else {
-                let factor = 1u32 << idle_streak.min(8);
-                self.poll
-                    .saturating_mul(factor)
-                    .min(self.max_poll.max(self.poll))
-            };
-            idle_streak = idle_streak.saturating_add(1);
-            if wakeup.is_none() && idle_streak.is_multiple_of(16) {
-                // Listen again, now and then, after a failure.
-                wakeup = DB::inbox_listen(self.inbox.pool, &self.inbox.table).await;
-            }
-            let mut sleep = std::pin::pin!(tokio::time::sleep(wait));
-            let woken = {
-                let mut hinted = match wakeup.as_mut() {
-                    Some(wakeup) => Box::pin(async move { Some(DB::inbox_wait(wakeup).await) })
-                        as std::pin::Pin<Box<dyn Future<Output = Option<bool>> + Send + '_>>,
-                    None => Box::pin(std::future::pending()),
-                };
-                std::future::poll_fn(|context| {
-                    if shutdown.future.as_mut().poll(context).is_ready() {
-                        return std::task::Poll::Ready(Woken::Shutdown);
-                    }
-                    if let std::task::Poll::Ready(alive) = hinted.as_mut().poll(context) {
-                        return std::task::Poll::Ready(Woken::Hint(alive.unwrap_or(false)));
-                    }
-                    sleep.as_mut().poll(context).map(|()| Woken::Poll)
-                })
-                .await
-            };
-            match woken {
-                Woken::Shutdown => return,
-                Woken::Hint(true) => idle_streak = 0,
-                Woken::Hint(false) => wakeup = None,
-                Woken::Poll => {}
             }
         }
     }
-}
-
-/// What ended an idle wait of [`Worker::run`].
-enum Woken {
-    Shutdown,
-    /// A hint (`true`), or the listening connection failed (`false`).
-    Hint(bool),
-    Poll,
 }
 
 impl<DB: Backend> Worker<'_, DB> {

@@ -11,7 +11,7 @@ use sqlx::Pool;
 
 use crate::backend::Backend;
 use crate::lease::{Owner, new_token};
-use crate::queue::{Granted, Shutdown, jittered, micros, retry_transient, with_heartbeat};
+use crate::queue::{Granted, Idle, Shutdown, jittered, micros, retry_transient, with_heartbeat};
 
 use super::{Outbox, OutboxError, OutgoingId};
 
@@ -198,8 +198,10 @@ impl<'p, DB: Backend> Relay<'p, DB> {
         }
     }
 
-    /// How long [`run`](Self::run) waits when there was nothing to send (1 s by default),
-    /// doubling while nothing comes, up to 4 × this.
+    /// How long [`run`](Self::run) waits when there was nothing to send (1 s by default).
+    /// On PostgreSQL it listens for the handlers' hints meanwhile ([`Outbox::hint`]) and
+    /// polls at this interval whatever happens to its listening connection; elsewhere the
+    /// wait doubles while nothing comes, up to 4 × this.
     pub fn poll_interval(self, poll: Duration) -> Self {
         Relay {
             poll,
@@ -362,37 +364,24 @@ impl<'p, DB: Backend> Relay<'p, DB> {
             deadline: Duration::MAX,
             cutoff: None,
         };
-        let mut idle_streak = 0u32;
+        // PostgreSQL: a LISTEN connection for the handlers' hints (`Outbox::hint`).
+        let mut idle = Idle::new(self.pool, &self.outbox.table, self.poll, self.max_poll).await;
         loop {
             if shutdown.check() {
                 return;
             }
-            let idle = match self.relay_until(publisher, Some(&mut shutdown)).await {
+            let nothing = match self.relay_until(publisher, Some(&mut shutdown)).await {
                 Ok(relayed) => relayed.claimed == 0,
                 Err(error) => {
                     tracing::warn!(%error, "outbox relay: claiming or marking failed; trying again");
                     true
                 }
             };
-            if !idle {
-                idle_streak = 0;
+            if !nothing {
+                idle.busy();
                 continue;
             }
-            let factor = 1u32 << idle_streak.min(8);
-            let wait = self
-                .poll
-                .saturating_mul(factor)
-                .min(self.max_poll.max(self.poll));
-            idle_streak = idle_streak.saturating_add(1);
-            let mut sleep = std::pin::pin!(tokio::time::sleep(wait));
-            let stopped = std::future::poll_fn(|context| {
-                if shutdown.future.as_mut().poll(context).is_ready() {
-                    return std::task::Poll::Ready(true);
-                }
-                sleep.as_mut().poll(context).map(|()| false)
-            })
-            .await;
-            if stopped {
+            if shutdown.done || !idle.wait(&mut shutdown).await {
                 return;
             }
         }
