@@ -319,7 +319,28 @@ trait Target: Send + Sync + 'static {
     fn inbox_reset(
         pool: &Pool<Self::Db>,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
+
+    /// One call of the generated handler that also enqueues one outgoing message (its
+    /// own consumer on the same dedup table); `true` when it processed the message.
+    fn with_outbox<'a>(
+        pool: &'a Pool<Self::Db>,
+        id: &'a str,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// Enqueues one outgoing message per id, 100 per transaction.
+    fn enqueue_rows<'a>(
+        pool: &'a Pool<Self::Db>,
+        ids: &'a [String],
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
+
+    /// Empties the outbox table.
+    fn outbox_reset(
+        pool: &Pool<Self::Db>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
 }
+
+/// The outbox table of the benchmark.
+const OUTBOX_TABLE: &str = "dedup_bench_outbox";
 
 // ---------------------------------------------------------------------------------------
 // PostgreSQL
@@ -356,6 +377,13 @@ mod pg {
     #[idempotent(consumer = "bench-prune", key = id, table = "dedup_bench_prune")]
     pub async fn consume(tx: &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
         body(tx, id).await
+    }
+
+    /// The generated handler's body and one outgoing message.
+    #[idempotent(consumer = "bench-outbox", key = id, table = "dedup_bench")]
+    pub async fn with_outbox(tx: &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
+        body(tx, id).await?;
+        super::enqueue_one(tx, "bench-outbox", id).await
     }
 
     /// What the generated code sends, written by hand: the SQL of DESIGN.md.
@@ -438,6 +466,25 @@ impl Target for Postgres {
         )
         .await
     }
+
+    async fn with_outbox(pool: &Pool<sqlx::Postgres>, id: &str) -> Result<bool, sqlx::Error> {
+        Ok(pg::with_outbox(pool, id).await?.is_processed())
+    }
+
+    async fn enqueue_rows(pool: &Pool<sqlx::Postgres>, ids: &[String]) -> Result<(), sqlx::Error> {
+        for chunk in ids.chunks(100) {
+            let mut tx = pool.begin().await?;
+            for id in chunk {
+                enqueue_one(&mut *tx, "bench-relay", id).await?;
+            }
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+
+    async fn outbox_reset(pool: &Pool<sqlx::Postgres>) -> Result<(), sqlx::Error> {
+        execute(pool, &[&format!("TRUNCATE {OUTBOX_TABLE}")]).await
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -475,6 +522,13 @@ mod lite {
     #[idempotent(consumer = "bench-prune", key = id, table = "dedup_bench_prune")]
     pub async fn consume(tx: &mut SqliteConnection, id: &str) -> Result<(), sqlx::Error> {
         body(tx, id).await
+    }
+
+    /// The generated handler's body and one outgoing message.
+    #[idempotent(consumer = "bench-outbox", key = id, table = "dedup_bench")]
+    pub async fn with_outbox(tx: &mut SqliteConnection, id: &str) -> Result<(), sqlx::Error> {
+        body(tx, id).await?;
+        super::enqueue_one(tx, "bench-outbox", id).await
     }
 
     /// What the generated code sends, written by hand: `BEGIN IMMEDIATE`, so that
@@ -561,6 +615,25 @@ impl Target for Sqlite {
             ],
         )
         .await
+    }
+
+    async fn with_outbox(pool: &Pool<sqlx::Sqlite>, id: &str) -> Result<bool, sqlx::Error> {
+        Ok(lite::with_outbox(pool, id).await?.is_processed())
+    }
+
+    async fn enqueue_rows(pool: &Pool<sqlx::Sqlite>, ids: &[String]) -> Result<(), sqlx::Error> {
+        for chunk in ids.chunks(100) {
+            let mut tx = pool.begin().await?;
+            for id in chunk {
+                enqueue_one(&mut *tx, "bench-relay", id).await?;
+            }
+            tx.commit().await?;
+        }
+        Ok(())
+    }
+
+    async fn outbox_reset(pool: &Pool<sqlx::Sqlite>) -> Result<(), sqlx::Error> {
+        execute(pool, &[&format!("DELETE FROM {OUTBOX_TABLE}")]).await
     }
 }
 
@@ -954,6 +1027,153 @@ fn print_inbox(samples: &[InboxSample], summary: &Summary) {
                 on / off
             );
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The outbox
+// ---------------------------------------------------------------------------------------
+
+/// The handler's one outgoing message: the same payload every time, the slot "event".
+async fn enqueue_one<C: dedup_runtime::outbox::OutboxConnection>(
+    tx: &mut C,
+    consumer: &str,
+    id: &str,
+) -> Result<(), sqlx::Error> {
+    let outbox = dedup_runtime::outbox::Outbox::with_table(OUTBOX_TABLE)
+        .map_err(|error| sqlx::Error::InvalidArgument(error.to_string()))?;
+    let cause = dedup_runtime::outbox::Cause::new(consumer, id)?;
+    let event = cause.outgoing("event", "bench.events", br#"{"paid": true}"#)?;
+    outbox.enqueue(tx, &event).await?;
+    Ok(())
+}
+
+/// A publisher that drops every message at once: the relay's own cost, its claims and
+/// marks, without a broker.
+struct Discard;
+
+impl dedup_runtime::outbox::Publisher for Discard {
+    type Error = std::convert::Infallible;
+
+    async fn publish(
+        &self,
+        _: &dedup_runtime::outbox::OutboxMessage,
+    ) -> Result<(), std::convert::Infallible> {
+        Ok(())
+    }
+}
+
+/// One round of the outbox's figures on one backend.
+struct OutboxSample {
+    backend: BackendName,
+    /// Call by call at 1 and 4 tasks: the rate of the handler with one enqueue over that
+    /// of the same handler without it (the median latency without over that with).
+    cost: [f64; 2],
+    /// Rows per second one relay claims, hands to a publisher that drops them, and marks.
+    relay: f64,
+}
+
+async fn measure_outbox<T: Target>(
+    backend: BackendName,
+    pool: &Pool<T::Db>,
+    config: &Config,
+    seed: &mut u64,
+) -> Result<OutboxSample, Error> {
+    let ops = config.ops;
+    let mut cost = [0.0; 2];
+    for (slot, tasks) in [1, 4].into_iter().enumerate() {
+        let ids = (
+            Arc::new(random_ids(ops, seed)),
+            Arc::new(random_ids(ops, seed)),
+        );
+        let per_task = ops / tasks;
+        let handles: Vec<_> = (0..tasks)
+            .map(|task| {
+                let (pool, ids) = (pool.clone(), ids.clone());
+                tokio::spawn(async move {
+                    let (mut without, mut with) = (Vec::new(), Vec::new());
+                    for k in task * per_task..(task + 1) * per_task {
+                        for first in [k % 2 == 0, k % 2 == 1] {
+                            let began = Instant::now();
+                            let processed = if first {
+                                T::call(&pool, Variant::Generated, false, &ids.0[k]).await?
+                            } else {
+                                T::with_outbox(&pool, &ids.1[k]).await?
+                            };
+                            let micros = began.elapsed().as_secs_f64() * 1e6;
+                            if !processed {
+                                return Err::<_, Error>("outbox figure: a duplicate".into());
+                            }
+                            if first {
+                                without.push(micros);
+                            } else {
+                                with.push(micros);
+                            }
+                        }
+                    }
+                    Ok((without, with))
+                })
+            })
+            .collect();
+        let (mut without, mut with) = (Vec::new(), Vec::new());
+        for handle in handles {
+            let (a, b) = handle.await??;
+            without.extend(a);
+            with.extend(b);
+        }
+        cost[slot] = median(without) / median(with);
+    }
+    // The relay: `ops` rows enqueued (100 per transaction, untimed), then one relay.
+    T::outbox_reset(pool).await?;
+    T::enqueue_rows(pool, &random_ids(ops, seed)).await?;
+    let outbox = dedup_runtime::outbox::Outbox::with_table(OUTBOX_TABLE)?;
+    let relay = outbox.relay(pool).batch(32);
+    let began = Instant::now();
+    let mut sent = 0;
+    loop {
+        let relayed = relay.relay_batch(&Discard).await?;
+        sent += relayed.sent;
+        if relayed.claimed == 0 {
+            break;
+        }
+    }
+    let relay_rate = sent as f64 / began.elapsed().as_secs_f64();
+    if sent != ops {
+        return Err(format!("outbox figure: the relay sent {sent} of {ops}").into());
+    }
+    T::outbox_reset(pool).await?;
+    eprintln!(
+        "           {:<10} outbox: with / without one enqueue {:.3} / {:.3} (1 / 4 tasks), relay {relay_rate:.0} rows/s",
+        backend.name(),
+        cost[0],
+        cost[1]
+    );
+    Ok(OutboxSample {
+        backend,
+        cost,
+        relay: relay_rate,
+    })
+}
+
+fn print_outbox(samples: &[OutboxSample]) {
+    println!(
+        "\nthe outbox: medians over the rounds (call by call: the rate of the handler with one \
+         enqueue over that of the same handler without it)"
+    );
+    for backend in [BackendName::Postgres, BackendName::Sqlite] {
+        let mine: Vec<&OutboxSample> = samples.iter().filter(|s| s.backend == backend).collect();
+        if mine.is_empty() {
+            continue;
+        }
+        let med = |f: &dyn Fn(&OutboxSample) -> f64| median(mine.iter().map(|s| f(s)).collect());
+        println!(
+            "{:<10}  one enqueue, rate with / without: 1 task {:.3}, 4 tasks {:.3}; \
+             one relay (no broker) {:.0} rows/s",
+            backend.name(),
+            med(&|s| s.cost[0]),
+            med(&|s| s.cost[1]),
+            med(&|s| s.relay)
+        );
     }
 }
 
@@ -1709,6 +1929,8 @@ async fn run(config: Config) -> Result<(), Error> {
     sqlite_setup(&lite, &config).await?;
     dedup_runtime::inbox::migrate_table(&pg, INBOX_TABLE).await?;
     dedup_runtime::inbox::migrate_table(&lite, INBOX_TABLE).await?;
+    dedup_runtime::outbox::migrate_table(&pg, OUTBOX_TABLE).await?;
+    dedup_runtime::outbox::migrate_table(&lite, OUTBOX_TABLE).await?;
 
     let mut seed = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -1753,6 +1975,7 @@ async fn run(config: Config) -> Result<(), Error> {
     let mut samples = Vec::new();
     let mut pair_samples = Vec::new();
     let mut inbox_samples = Vec::new();
+    let mut outbox_samples = Vec::new();
     for round in 0..config.rounds {
         for backend in [BackendName::Postgres, BackendName::Sqlite] {
             // The inbox's figures, interleaved with the handlers' in every round.
@@ -1768,6 +1991,14 @@ async fn run(config: Config) -> Result<(), Error> {
                 }
                 BackendName::Sqlite => {
                     measure_inbox::<Sqlite>(backend, &lite, &config, &mut seed).await?
+                }
+            });
+            outbox_samples.push(match backend {
+                BackendName::Postgres => {
+                    measure_outbox::<Postgres>(backend, &pg, &config, &mut seed).await?
+                }
+                BackendName::Sqlite => {
+                    measure_outbox::<Sqlite>(backend, &lite, &config, &mut seed).await?
                 }
             });
             for tasks in TASKS {
@@ -1948,6 +2179,7 @@ async fn run(config: Config) -> Result<(), Error> {
     }
     print_report(&summary, &config, &backends);
     print_inbox(&inbox_samples, &summary);
+    print_outbox(&outbox_samples);
     print_prune(&prunes);
     println!(
         "\nqueries per call, as sqlx logs them (its transaction manager sends BEGIN unlogged, \
