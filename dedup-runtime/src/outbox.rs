@@ -684,11 +684,11 @@ impl Outbox {
 
     /// Writes `message` to the outbox on `conn` — the handler's transaction: the
     /// `#[idempotent]` body's `tx`, or `&mut *tx` of a plain `sqlx::Transaction` — so that
-    /// it commits with the handler's effects, or rolls back with them. One statement;
-    /// [`Enqueued::Duplicate`] when the outbox holds the same message already,
-    /// [`OutboxError::Conflict`] when it holds another one under the same id. It never
-    /// aborts the caller's transaction (no duplicate-key error inside a PostgreSQL
-    /// transaction).
+    /// it commits with the handler's effects, or rolls back with them. One insert (and,
+    /// when the id is there already, a read of that row): [`Enqueued::Duplicate`] when the
+    /// outbox holds the same message, [`OutboxError::Conflict`] when it holds another one
+    /// under the same id. It never aborts the caller's transaction (no duplicate-key error
+    /// inside a PostgreSQL transaction; on MySQL InnoDB rolls back only the statement).
     pub async fn enqueue<C: OutboxConnection>(
         &self,
         conn: &mut C,
