@@ -1,6 +1,6 @@
 //! The outbox's publishers against the real brokers: the relay sends each row to
 //! RabbitMQ (publisher confirms, the outgoing id as the AMQP `message-id`) and to NATS
-//! JetStream (the id as `Nats-Msg-Id`), and the broker has each message byte for byte,
+//! JetStream (the id as `Message-Id` and `Nats-Msg-Id`), and the broker has each message byte for byte,
 //! once; an unroutable message is a failed send, retried, never a silent loss; a re-send
 //! of a row JetStream already has is dropped by JetStream's duplicate window. The relay
 //! runs on SQLite here (its backends are tested in `tests/outbox.rs`).
@@ -147,7 +147,8 @@ mod jetstream {
     use dedup_runtime::async_nats::JetStreamPublisher;
 
     #[tokio::test]
-    async fn the_relay_publishes_with_the_id_as_nats_msg_id_and_jetstream_drops_a_resend() {
+    async fn the_relay_publishes_with_the_id_in_message_id_and_nats_msg_id_and_jetstream_drops_a_resend()
+     {
         let url = std::env::var("DEDUP_TEST_NATS_URL")
             .unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
         let client = async_nats::connect(&url).await.unwrap_or_else(|error| {
@@ -170,10 +171,13 @@ mod jetstream {
         for (sequence, (id, payload)) in (1..).zip(ids.iter().zip(payloads)) {
             let message = stream.get_raw_message(sequence).await.unwrap();
             assert_eq!(&message.payload[..], payload);
-            assert_eq!(
-                message.headers.get("Nats-Msg-Id").map(|id| id.as_str()),
-                Some(id.to_string().as_str())
-            );
+            for header in ["Message-Id", "Nats-Msg-Id"] {
+                assert_eq!(
+                    message.headers.get(header).map(|id| id.as_str()),
+                    Some(id.to_string().as_str()),
+                    "{header}"
+                );
+            }
         }
 
         // A relay that stopped after its send and before its mark: the row is sent again,

@@ -170,10 +170,11 @@ mod tests {
 
 /// Publishes an outbox's rows to NATS JetStream, for the relay
 /// ([`Relay::run`](crate::outbox::Relay::run)): each to the row's destination as its
-/// subject, with the outgoing id as `Nats-Msg-Id` — so that JetStream's own duplicate
-/// window drops a re-send too, and the consumer downstream dedups on the same id. A send
-/// is `Ok` once the stream acknowledged it (a duplicate JetStream dropped counts: the
-/// stream has the message).
+/// subject, with the outgoing id in two headers — `Message-Id`, the id the consumer
+/// downstream keys on (as `examples/nats.rs` reads it), and `Nats-Msg-Id`, so that
+/// JetStream's own duplicate window drops a re-send within it too. A send is `Ok` once the
+/// stream acknowledged it (a duplicate JetStream dropped counts: the stream has the
+/// message).
 ///
 /// The row's headers are not sent (their encoding is yours): wrap this publisher in a
 /// [`Publisher`](crate::outbox::Publisher) of your own to map them onto NATS headers.
@@ -203,11 +204,10 @@ impl crate::outbox::Publisher for JetStreamPublisher {
     type Error = ::async_nats::jetstream::context::PublishError;
 
     async fn publish(&self, message: &crate::outbox::OutboxMessage) -> Result<(), Self::Error> {
+        let id = message.id().to_string();
         let mut headers = HeaderMap::new();
-        headers.insert(
-            ::async_nats::header::NATS_MESSAGE_ID,
-            message.id().to_string().as_str(),
-        );
+        headers.insert("Message-Id", id.as_str());
+        headers.insert(::async_nats::header::NATS_MESSAGE_ID, id.as_str());
         let ack = self
             .context
             .publish_with_headers(
