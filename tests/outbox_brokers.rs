@@ -120,6 +120,82 @@ mod rabbitmq {
             .unwrap();
     }
 
+    /// The relay as a command (`examples/outbox_relay.rs`), a process of its own on the
+    /// outbox's database file: it sends the rows, then exits once idle.
+    #[tokio::test]
+    async fn the_relay_command_publishes_the_rows_and_exits_when_idle() {
+        let connection = connect().await;
+        let setup = connection.create_channel().await.unwrap();
+        let queue = dedup_suite::unique("outbox-command");
+        dedup_suite::rabbitmq::declare(&setup, &queue, false).await;
+        let (db, _outbox, ids) = outbox_with(&queue, &[b"a", b"b"]).await;
+        let program = tokio::task::spawn_blocking(|| {
+            dedup_suite::example_binary("brokers", &["outbox_relay"], "outbox_relay")
+        })
+        .await
+        .unwrap();
+        let output = tokio::process::Command::new(program)
+            .env("DATABASE_URL", format!("sqlite:{}", db.path().display()))
+            .env(
+                "DEDUP_AMQP_URL",
+                std::env::var("DEDUP_TEST_AMQP_URL")
+                    .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned()),
+            )
+            .env_remove("DEDUP_NATS_URL")
+            .env("DEDUP_EXIT_WHEN_IDLE_MS", "300")
+            .output()
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            stdout.contains("relayed 2 sent 2 lost 0 failed 0 dead 0"),
+            "{stdout}"
+        );
+        assert!(stdout.trim_end().ends_with("idle"), "{stdout}");
+        let mut received = Vec::new();
+        let deadline = Instant::now() + PATIENCE;
+        while received.len() < 2 {
+            match setup
+                .basic_get(queue.as_str().into(), BasicGetOptions { no_ack: true })
+                .await
+                .unwrap()
+            {
+                Some(message) => received.push(
+                    message
+                        .delivery
+                        .properties
+                        .message_id()
+                        .as_ref()
+                        .map(|id| id.to_string()),
+                ),
+                None => {
+                    assert!(Instant::now() < deadline, "only {received:?} on {queue}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        let expected: Vec<_> = ids.iter().map(|id| Some(id.to_string())).collect();
+        assert_eq!(received, expected);
+        for doomed in [queue.clone(), format!("{queue}.dead")] {
+            setup
+                .queue_delete(doomed.as_str().into(), QueueDeleteOptions::default())
+                .await
+                .unwrap();
+        }
+        setup
+            .exchange_delete(
+                format!("{queue}.dlx").as_str().into(),
+                ExchangeDeleteOptions::default(),
+            )
+            .await
+            .unwrap();
+    }
+
     /// A message nothing routes (no such queue) comes back to the publisher: a failed
     /// send, kept and retried, never marked sent.
     #[tokio::test]
