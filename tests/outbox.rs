@@ -1018,3 +1018,87 @@ async fn postgres_relay_wakes_on_a_hint() {
         .expect("run returns")
         .unwrap();
 }
+
+/// The operator's command (`examples/outbox.rs`) on a SQLite outbox with two dead rows:
+/// stats, the dead rows with their error, one re-queued, one discarded, then pruned.
+#[tokio::test]
+async fn the_operator_command_lists_requeues_discards_and_prunes() {
+    let db = dedup_suite::sqlite().await;
+    dedup_runtime::outbox::migrate(&*db).await.unwrap();
+    let outbox = Outbox::new();
+    let cause = Cause::new("outbox-ops", "evt_1").unwrap();
+    let mut tx = db.begin().await.unwrap();
+    let mut ids = Vec::new();
+    for index in 0..2 {
+        let message = cause.nth_outgoing(index, "events", b"poison");
+        outbox.enqueue(&mut *tx, &message).await.unwrap();
+        ids.push(message.id());
+    }
+    tx.commit().await.unwrap();
+    let relayed = outbox
+        .relay(&*db)
+        .max_attempts(1)
+        .relay_batch(&Recorder::default())
+        .await
+        .unwrap();
+    assert_eq!(relayed.dead, 2);
+
+    let program =
+        tokio::task::spawn_blocking(|| dedup_suite::example_binary("", &["outbox"], "outbox"))
+            .await
+            .unwrap();
+    let url = format!("sqlite:{}", db.path().display());
+    let run = |args: Vec<String>| {
+        let output = std::process::Command::new(&program)
+            .args(&args)
+            .args(["--database-url", &url])
+            .env_remove("DATABASE_URL")
+            .output()
+            .expect("run the outbox command");
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let words = |text: &[&str]| {
+        text.iter()
+            .map(|word| (*word).to_owned())
+            .collect::<Vec<_>>()
+    };
+    let (code, out, err) = run(words(&["stats"]));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("dead              2"), "{out}");
+    assert!(out.contains("a relay last ran"), "{out}");
+    let (code, out, _) = run(words(&["dead"]));
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains(&format!(
+            "{}  to events  after 1 attempt(s): the broker refused",
+            ids[0]
+        )),
+        "{out}"
+    );
+    let (code, out, _) = run(vec!["requeue".to_owned(), ids[0].to_string()]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains(&format!("{}  re-queued", ids[0])), "{out}");
+    let (code, out, _) = run(vec!["discard".to_owned(), ids[1].to_string()]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains(&format!("{}  discarded", ids[1])), "{out}");
+    let (code, _, err) = run(words(&["requeue", "not-a-uuid"]));
+    assert_eq!(code, Some(2), "a bad id is a usage error");
+    assert!(err.contains("not an outgoing id"), "{err}");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let (code, out, _) = run(words(&["prune", "--older-than-hours", "0"]));
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains("1 sent message(s)"),
+        "the discarded row: {out}"
+    );
+    let stats = outbox.stats(&*db).await.unwrap();
+    assert_eq!(
+        (stats.unsent, stats.sent, stats.dead),
+        (1, 0, 0),
+        "the re-queued row waits for the relay"
+    );
+}
