@@ -173,6 +173,29 @@ macro_rules! inbox_suite {
                 })
             }
 
+            /// A worker's `run` in a task of its own, `configure`d, until `stop` is
+            /// notified, its handler stopping at `hold` before each effect; the task
+            /// returns the handler's runs.
+            fn held_run(
+                pool: &sqlx::Pool<$db>,
+                consumer: &str,
+                hold: &Arc<Hold>,
+                stop: &Arc<Notify>,
+                configure: fn(Worker<'_, $db>) -> Worker<'_, $db>,
+            ) -> tokio::task::JoinHandle<u32> {
+                let (pool, consumer, hold, stop) =
+                    (pool.clone(), consumer.to_owned(), hold.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let inbox = Inbox::new(&pool, &consumer).unwrap();
+                    let handler = Effects {
+                        hold: Some(hold),
+                        ..Effects::default()
+                    };
+                    configure(inbox.worker()).run(&handler, stop.notified()).await;
+                    handler.runs.load(Ordering::SeqCst)
+                })
+            }
+
             /// 4 workers, 2,000 messages: each processed exactly once, effects and marks.
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn four_workers_process_each_message_exactly_once() {
@@ -620,20 +643,8 @@ macro_rules! inbox_suite {
                 let inbox = Inbox::new(&pool, &consumer).unwrap();
                 let ids = receive_all(&inbox, 4).await;
                 let hold = Arc::new(Hold::default());
-                let stop = Arc::new(tokio::sync::Notify::new());
-                let task = tokio::spawn({
-                    let (pool, consumer, hold, stop) =
-                        (pool.clone(), consumer.clone(), hold.clone(), stop.clone());
-                    async move {
-                        let inbox = Inbox::new(&pool, &consumer).unwrap();
-                        let handler = Effects {
-                            hold: Some(hold),
-                            ..Effects::default()
-                        };
-                        inbox.worker().batch(4).run(&handler, stop.notified()).await;
-                        handler.runs.load(Ordering::SeqCst)
-                    }
-                });
+                let stop = Arc::new(Notify::new());
+                let task = held_run(&pool, &consumer, &hold, &stop, |worker| worker.batch(4));
                 timeout(PATIENCE, hold.entered.notified())
                     .await
                     .expect("the first message in hand");
@@ -799,24 +810,11 @@ macro_rules! inbox_suite {
                 let inbox = Inbox::new(&pool, &consumer).unwrap();
                 let ids = receive_all(&inbox, 2).await;
                 let hold = Arc::new(Hold::default());
-                let stop = Arc::new(tokio::sync::Notify::new());
-                let task = tokio::spawn({
-                    let (pool, consumer, hold, stop) =
-                        (pool.clone(), consumer.clone(), hold.clone(), stop.clone());
-                    async move {
-                        let inbox = Inbox::new(&pool, &consumer).unwrap();
-                        let handler = Effects {
-                            hold: Some(hold),
-                            ..Effects::default()
-                        };
-                        inbox
-                            .worker()
-                            .batch(2)
-                            .shutdown_deadline(Duration::from_millis(200))
-                            .run(&handler, stop.notified())
-                            .await;
-                        handler.runs.load(Ordering::SeqCst)
-                    }
+                let stop = Arc::new(Notify::new());
+                let task = held_run(&pool, &consumer, &hold, &stop, |worker| {
+                    worker
+                        .batch(2)
+                        .shutdown_deadline(Duration::from_millis(200))
                 });
                 timeout(PATIENCE, hold.entered.notified())
                     .await

@@ -165,6 +165,22 @@ impl OutgoingId {
     pub fn from_uuid(uuid: Uuid) -> OutgoingId {
         OutgoingId(uuid)
     }
+
+    /// The id a row holds as 16 bytes (MySQL, SQLite).
+    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+    pub(crate) fn decode_bytes(bytes: &[u8]) -> Result<OutgoingId, sqlx::Error> {
+        Uuid::from_slice(bytes)
+            .map(OutgoingId)
+            .map_err(|error| sqlx::Error::Decode(error.into()))
+    }
+
+    /// The id a row holds as `uuid`, read as text (PostgreSQL).
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn decode_text(text: &str) -> Result<OutgoingId, sqlx::Error> {
+        Uuid::parse_str(text)
+            .map(OutgoingId)
+            .map_err(|error| sqlx::Error::Decode(error.into()))
+    }
 }
 
 impl fmt::Display for OutgoingId {

@@ -57,6 +57,12 @@ pub(crate) async fn with_heartbeat<DB: Backend, T, R: Future<Output = Result<u64
     done
 }
 
+/// How often a claim's heartbeat renews its lease: `heartbeat` if set, else a third of
+/// `lease`; at least 1 ms.
+pub(crate) fn heartbeat_interval(heartbeat: Option<Duration>, lease: Duration) -> Duration {
+    heartbeat.unwrap_or(lease / 3).max(Duration::from_millis(1))
+}
+
 /// The delay before attempt `attempt + 1`, after attempt `attempt` failed: `base`
 /// doubled per attempt, at most `max`, full jitter.
 pub(crate) fn jittered(base: Duration, max: Duration, attempt: u32) -> Duration {

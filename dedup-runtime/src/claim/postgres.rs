@@ -30,8 +30,9 @@ fn is_aborted(error: &sqlx::Error) -> bool {
         .is_some_and(|error| error.code() == IN_FAILED_TRANSACTION)
 }
 
-/// `error`, or the typed [`RolledBack`] that it reveals.
-fn revealed(error: sqlx::Error) -> sqlx::Error {
+/// `error`, or the typed [`RolledBack`] that it reveals (`25P02`: a statement in a
+/// transaction that a failed statement aborted).
+pub(crate) fn revealed(error: sqlx::Error) -> sqlx::Error {
     if is_aborted(&error) {
         RolledBack::error("PostgreSQL", Some(error))
     } else {

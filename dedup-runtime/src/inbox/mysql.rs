@@ -19,9 +19,6 @@ use super::{
 };
 use crate::rolled_back::RolledBack;
 
-/// The claim's transaction.
-const CLAIM_BEGIN: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
-
 /// The savepoint that tells the finishing mark its transaction is the one the owner check
 /// began.
 const SAVEPOINT: &str = "dedup_inbox_claim";
@@ -29,15 +26,9 @@ const SAVEPOINT: &str = "dedup_inbox_claim";
 /// ER_SP_DOES_NOT_EXIST: the savepoint is gone with the transaction it was set in.
 const SAVEPOINT_GONE: u16 = 1305;
 
-fn placeholders(count: usize) -> String {
-    let mut list = String::with_capacity(3 * count);
-    for index in 0..count {
-        list.push_str(if index > 0 { ", ?" } else { "?" });
-    }
-    list
-}
 use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
 use crate::schema::Table;
+use crate::schema::mysql::{READ_COMMITTED, placeholders};
 
 impl InboxBackend for MySql {
     fn inbox_ddl(table: &Table) -> Vec<String> {
@@ -160,7 +151,7 @@ impl InboxBackend for MySql {
         // READ COMMITTED, as the claim: no next-key locks on the claimed rows' index range,
         // which a worker's mark (it moves its row out of that range) would deadlock on,
         // and rows other workers hold are passed over, not waited for.
-        let mut tx = pool.begin_with(CLAIM_BEGIN).await?;
+        let mut tx = pool.begin_with(READ_COMMITTED).await?;
         let done = sqlx::query(AssertSqlSafe(sql))
             .bind(STOPPED)
             .bind(consumer)
@@ -185,7 +176,7 @@ impl InboxBackend for MySql {
         let name = table.name();
         // READ COMMITTED: no gap locks, so that workers claiming at once skip each other's
         // rows instead of deadlocking on the index ranges they scan.
-        let mut tx = pool.begin_with(CLAIM_BEGIN).await?;
+        let mut tx = pool.begin_with(READ_COMMITTED).await?;
         let expired = format!(
             "SELECT CAST(message_id AS CHAR) FROM {name} WHERE consumer = ? AND state = 1 \
              AND lease_until <= UTC_TIMESTAMP(6) AND attempts < ? \
@@ -318,7 +309,7 @@ impl InboxBackend for MySql {
         lease_us: i64,
     ) -> Result<u64, sqlx::Error> {
         // READ COMMITTED, as the claim: no gap locks on the index range it scans.
-        let mut tx = pool.begin_with(CLAIM_BEGIN).await?;
+        let mut tx = pool.begin_with(READ_COMMITTED).await?;
         let sql = format!(
             "UPDATE {} SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
              WHERE consumer = ? AND state = 1 AND owner = ?",

@@ -13,15 +13,14 @@ use super::{
     Claimed, InboxBackend, InboxMessage, InboxOperatorBackend, Owner, Row, STOPPED, StatsRow,
     TAKEOVER,
 };
+use crate::claim::postgres::revealed;
 use crate::rolled_back::RolledBack;
 use crate::schema::Table;
+use crate::schema::postgres::index_name;
 
 /// The transaction-local setting that tells the finishing mark its transaction is the one
 /// the owner check began.
 const CLAIM_SETTING: &str = "dedup.inbox_claim";
-
-/// in_failed_sql_transaction: a statement in a transaction a failed statement aborted.
-const IN_FAILED_TRANSACTION: &str = "25P02";
 
 /// A pending row `m` is due only if no earlier row of its ordering key is unfinished
 /// (pending, claimed or dead): one at a time per key, in receive order.
@@ -49,10 +48,6 @@ fn channel(table: &Table) -> String {
 /// statement's text.
 fn hex(owner: &[u8]) -> String {
     owner.iter().map(|byte| format!("{byte:02x}")).collect()
-}
-
-fn index_name(table: &Table, suffix: &str) -> String {
-    format!("{}_{suffix}", table.base())
 }
 
 impl InboxBackend for Postgres {
@@ -274,17 +269,7 @@ impl InboxBackend for Postgres {
             .bind(&row.owner[..])
             .fetch_one(conn)
             .await
-            .map_err(|error| {
-                if error
-                    .as_database_error()
-                    .and_then(|error| error.code())
-                    .is_some_and(|code| code == IN_FAILED_TRANSACTION)
-                {
-                    RolledBack::error("PostgreSQL", Some(error))
-                } else {
-                    error
-                }
-            })?;
+            .map_err(revealed)?;
         if !intact {
             return Err(RolledBack::error("PostgreSQL", None));
         }

@@ -15,23 +15,14 @@ use super::{
 };
 use crate::claim::sqlite::BEGIN;
 use crate::schema::Table;
-
-const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
-
-fn index_name(table: &Table, suffix: &str) -> String {
-    match table.schema() {
-        Some(schema) => format!("{schema}.{}_{suffix}", table.base()),
-        None => format!("{}_{suffix}", table.base()),
-    }
-}
+use crate::schema::sqlite::{NOW, index_name, later};
 
 /// `owner`'s (`?2`) claimed rows get a lease of `?3` microseconds from now.
 fn renew_sql(table: &Table) -> String {
     format!(
-        "UPDATE {} SET lease_until = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
-         printf('%+.6f seconds', ?3 / 1000000.0)) \
-         WHERE consumer = ?1 AND owner = ?2 AND state = 1",
-        table.name()
+        "UPDATE {} SET lease_until = {} WHERE consumer = ?1 AND owner = ?2 AND state = 1",
+        table.name(),
+        later("?3")
     )
 }
 
@@ -154,9 +145,10 @@ impl InboxBackend for Sqlite {
         max_attempts: u32,
     ) -> Result<Vec<InboxMessage>, sqlx::Error> {
         let name = table.name();
-        let set = "SET state = 1, owner = ?2, attempts = attempts + 1, \
-                   lease_until = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
-                   printf('%+.6f seconds', ?3 / 1000000.0))";
+        let set = format!(
+            "SET state = 1, owner = ?2, attempts = attempts + 1, lease_until = {}",
+            later("?3")
+        );
         let returning = "RETURNING message_id, payload, headers, attempts, ordering_key";
         // One statement each, atomic under SQLite's single writer.
         let expired = format!(
@@ -277,10 +269,10 @@ impl InboxBackend for Sqlite {
     ) -> Result<bool, sqlx::Error> {
         let sql = format!(
             "UPDATE {} SET state = ?4, owner = NULL, lease_until = NULL, last_error = ?5, \
-             next_attempt_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
-             printf('%+.6f seconds', ?6 / 1000000.0)) \
+             next_attempt_at = {} \
              WHERE consumer = ?1 AND message_id = ?2 AND owner = ?3 AND state = 1",
-            row.table.name()
+            row.table.name(),
+            later("?6")
         );
         let done = sqlx::query(AssertSqlSafe(sql))
             .bind(row.consumer)

@@ -12,7 +12,9 @@ use std::time::Duration;
 use crate::backend::Backend;
 use crate::claim::Tx;
 use crate::lease::{Guarded, Owner, new_token};
-use crate::queue::{Granted, Idle, Shutdown, jittered, micros, retry_transient, with_heartbeat};
+use crate::queue::{
+    Granted, Idle, Shutdown, heartbeat_interval, jittered, micros, retry_transient, with_heartbeat,
+};
 
 use super::{Inbox, InboxError};
 
@@ -210,9 +212,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     }
 
     fn heartbeat_interval(&self) -> Duration {
-        self.heartbeat
-            .unwrap_or(self.lease / 3)
-            .max(Duration::from_millis(1))
+        heartbeat_interval(self.heartbeat, self.lease)
     }
 
     /// Attempts per message before its row is dead (at least 1).

@@ -13,15 +13,9 @@ use super::{
 };
 use crate::lease::Owner;
 
-/// The relay's transactions: no gap locks, so that relays claiming at once skip each
-/// other's rows instead of deadlocking on the index ranges they scan.
-const READ_COMMITTED: &str = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
-
-fn placeholders(count: usize) -> String {
-    vec!["?"; count].join(", ")
-}
 use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
 use crate::schema::Table;
+use crate::schema::mysql::{READ_COMMITTED, placeholders};
 
 impl OutboxBackend for MySql {
     fn outbox_ddl(table: &Table) -> Vec<String> {
@@ -199,11 +193,8 @@ impl OutboxBackend for MySql {
         let mut messages = rows
             .into_iter()
             .map(|row| {
-                let id: Vec<u8> = row.try_get(0)?;
-                let id = uuid::Uuid::from_slice(&id)
-                    .map_err(|error| sqlx::Error::Decode(error.into()))?;
                 Ok(OutboxMessage {
-                    id: OutgoingId::from_uuid(id),
+                    id: OutgoingId::decode_bytes(&row.try_get::<Vec<u8>, _>(0)?)?,
                     destination: row.try_get(1)?,
                     payload: row.try_get(2)?,
                     headers: row.try_get(3)?,
@@ -372,10 +363,8 @@ impl OutboxBackend for MySql {
             .await?;
         rows.into_iter()
             .map(|(id, destination, attempts, last_error)| {
-                let id = uuid::Uuid::from_slice(&id)
-                    .map_err(|error| sqlx::Error::Decode(error.into()))?;
                 Ok(DeadOutgoing {
-                    id: OutgoingId::from_uuid(id),
+                    id: OutgoingId::decode_bytes(&id)?,
                     destination,
                     attempts: attempts.max(0) as u32,
                     last_error,

@@ -12,10 +12,7 @@ use super::{
 };
 use crate::lease::Owner;
 use crate::schema::Table;
-
-fn index_name(table: &Table, suffix: &str) -> String {
-    format!("{}_{suffix}", table.base())
-}
+use crate::schema::postgres::index_name;
 
 impl OutboxBackend for Postgres {
     fn outbox_ddl(table: &Table) -> Vec<String> {
@@ -183,12 +180,8 @@ impl OutboxBackend for Postgres {
         rows.extend(unsent_rows);
         rows.into_iter()
             .map(|row| {
-                let id: String = row.try_get(0)?;
                 Ok(OutboxMessage {
-                    id: OutgoingId::from_uuid(
-                        uuid::Uuid::parse_str(&id)
-                            .map_err(|error| sqlx::Error::Decode(error.into()))?,
-                    ),
+                    id: OutgoingId::decode_text(&row.try_get::<String, _>(0)?)?,
                     destination: row.try_get(1)?,
                     payload: row.try_get(2)?,
                     headers: row.try_get(3)?,
@@ -348,10 +341,8 @@ impl OutboxBackend for Postgres {
             .await?;
         rows.into_iter()
             .map(|(id, destination, attempts, last_error)| {
-                let id = uuid::Uuid::parse_str(&id)
-                    .map_err(|error| sqlx::Error::Decode(error.into()))?;
                 Ok(DeadOutgoing {
-                    id: OutgoingId::from_uuid(id),
+                    id: OutgoingId::decode_text(&id)?,
                     destination,
                     attempts: attempts.max(0) as u32,
                     last_error,

@@ -11,7 +11,9 @@ use sqlx::Pool;
 
 use crate::backend::Backend;
 use crate::lease::{Owner, new_token};
-use crate::queue::{Granted, Idle, Shutdown, jittered, micros, retry_transient, with_heartbeat};
+use crate::queue::{
+    Granted, Idle, Shutdown, heartbeat_interval, jittered, micros, retry_transient, with_heartbeat,
+};
 
 use super::{Outbox, OutboxError, OutgoingId};
 
@@ -211,9 +213,7 @@ impl<'p, DB: Backend> Relay<'p, DB> {
     }
 
     fn heartbeat_interval(&self) -> Duration {
-        self.heartbeat
-            .unwrap_or(self.lease / 3)
-            .max(Duration::from_millis(1))
+        heartbeat_interval(self.heartbeat, self.lease)
     }
 
     fn classify(&self, error: sqlx::Error) -> OutboxError {

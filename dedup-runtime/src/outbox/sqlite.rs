@@ -11,21 +11,11 @@ use super::{
 };
 use crate::lease::Owner;
 use crate::schema::Table;
-
-const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
-
-/// `?n` microseconds from now, in `NOW`'s format.
-fn later(parameter: &str) -> String {
-    format!(
-        "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('%+.6f seconds', {parameter} / 1000000.0))"
-    )
-}
+use crate::schema::sqlite::{NOW, index_name, later};
 
 fn message(row: sqlx::sqlite::SqliteRow) -> Result<OutboxMessage, sqlx::Error> {
-    let id: Vec<u8> = row.try_get(0)?;
-    let id = uuid::Uuid::from_slice(&id).map_err(|error| sqlx::Error::Decode(error.into()))?;
     Ok(OutboxMessage {
-        id: OutgoingId::from_uuid(id),
+        id: OutgoingId::decode_bytes(&row.try_get::<Vec<u8>, _>(0)?)?,
         destination: row.try_get(1)?,
         payload: row.try_get(2)?,
         headers: row.try_get(3)?,
@@ -33,13 +23,6 @@ fn message(row: sqlx::sqlite::SqliteRow) -> Result<OutboxMessage, sqlx::Error> {
         attempt: row.try_get::<i64, _>(5)?.max(0) as u32,
         seq: row.try_get(6)?,
     })
-}
-
-fn index_name(table: &Table, suffix: &str) -> String {
-    match table.schema() {
-        Some(schema) => format!("{schema}.{}_{suffix}", table.base()),
-        None => format!("{}_{suffix}", table.base()),
-    }
 }
 
 impl OutboxBackend for Sqlite {
@@ -364,10 +347,8 @@ impl OutboxBackend for Sqlite {
             .await?;
         rows.into_iter()
             .map(|(id, destination, attempts, last_error)| {
-                let id = uuid::Uuid::from_slice(&id)
-                    .map_err(|error| sqlx::Error::Decode(error.into()))?;
                 Ok(DeadOutgoing {
-                    id: OutgoingId::from_uuid(id),
+                    id: OutgoingId::decode_bytes(&id)?,
                     destination,
                     attempts: attempts.max(0) as u32,
                     last_error,

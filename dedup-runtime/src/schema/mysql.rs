@@ -145,3 +145,18 @@ pub(crate) async fn create_locked(
     }
     conn.close().await
 }
+
+/// A worker's or a relay's claim transaction: READ COMMITTED, so no gap locks, and
+/// claiming processes skip each other's rows instead of deadlocking on the index ranges
+/// they scan.
+pub(crate) const READ_COMMITTED: &str =
+    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+
+/// `count` parameters, `?, ?, …`, for an `IN (…)` list.
+pub(crate) fn placeholders(count: usize) -> String {
+    let mut list = String::with_capacity(3 * count);
+    for index in 0..count {
+        list.push_str(if index > 0 { ", ?" } else { "?" });
+    }
+    list
+}

@@ -144,3 +144,9 @@ pub(crate) async fn create_locked(
     }
     tx.commit().await
 }
+
+/// The name of a table's index `suffix` (the tables beside the dedup table: the inbox's,
+/// the outbox's): in the table's schema, as PostgreSQL puts it.
+pub(crate) fn index_name(table: &Table, suffix: &str) -> String {
+    format!("{}_{suffix}", table.base())
+}
