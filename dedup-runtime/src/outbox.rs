@@ -778,8 +778,8 @@ impl Outbox {
         Ok(stats)
     }
 
-    /// Whether a relay has run within `max_silence` (a relay records each batch it
-    /// claims, idle ones included): [`Health::RelayStale`] when none has — never, or not
+    /// Whether a relay has run within `max_silence` (a relay records that it ran at most
+    /// once a second, idle or not): [`Health::RelayStale`] when none has — never, or not
     /// since — so that a relay that silently stopped turns a health check red instead of
     /// leaving messages unsent for days.
     pub async fn health<DB: Backend>(

@@ -132,7 +132,13 @@ pub struct Relay<'p, DB: Backend> {
     max_delay: Duration,
     poll: Duration,
     max_poll: Duration,
+    /// When this relay last recorded its sign of life ([`SEEN_EVERY`]).
+    seen: std::sync::Mutex<Option<std::time::Instant>>,
 }
+
+/// How often a relay records its sign of life for [`Outbox::health`] at most: once a
+/// second, whatever its batch rate — the relays of an outbox share that one row.
+const SEEN_EVERY: Duration = Duration::from_secs(1);
 
 impl Outbox {
     /// A relay for this outbox on `pool`: a 30 s lease renewed every 10 s, 10 attempts, 32
@@ -150,6 +156,7 @@ impl Outbox {
             max_delay: Duration::from_secs(300),
             poll: Duration::from_secs(1),
             max_poll: Duration::from_secs(4),
+            seen: std::sync::Mutex::new(None),
         }
     }
 }
@@ -221,9 +228,8 @@ impl<'p, DB: Backend> Relay<'p, DB> {
     }
 
     /// Claims up to [`batch`](Self::batch) rows and sends them one after the other: first
-    /// records that a relay ran ([`Outbox::health`]), buries the rows whose last attempt
-    /// ended with their relay gone, then claims — at
-    /// most one row whose claim's lease ended (a stopped relay's), then unsent rows that
+    /// records that a relay ran ([`Outbox::health`]; at most once a second), buries the
+    /// rows whose last attempt ended with their relay gone, then claims — at most one row whose claim's lease ended (a stopped relay's), then unsent rows that
     /// are due, the head of each ordering key only — and **commits the claim before it
     /// sends**. Each send is followed by its mark, by the row's id and this claim's owner
     /// token, or by its failure's backoff. Returns what it did; `claimed == 0` when
@@ -240,9 +246,13 @@ impl<'p, DB: Backend> Relay<'p, DB> {
         let (pool, table) = (self.pool, &self.outbox.table);
         let lease = micros(self.lease);
         let (batch, max_attempts) = (self.batch, self.max_attempts);
+        let last_seen = *self.seen.lock().expect("not poisoned");
+        let record = last_seen.is_none_or(|seen| seen.elapsed() >= SEEN_EVERY);
         let (buried, owner, messages) = retry_transient::<DB, _, _>(move || async move {
             let owner = new_token();
-            DB::outbox_seen(pool, table).await?;
+            if record {
+                DB::outbox_seen(pool, table).await?;
+            }
             let buried = DB::outbox_bury(pool, table, max_attempts).await?;
             let messages =
                 DB::outbox_claim(pool, table, &owner, lease, batch, max_attempts).await?;
@@ -250,6 +260,9 @@ impl<'p, DB: Backend> Relay<'p, DB> {
         })
         .await
         .map_err(|error| self.classify(error))?;
+        if record {
+            *self.seen.lock().expect("not poisoned") = Some(std::time::Instant::now());
+        }
         let mut relayed = Relayed {
             claimed: messages.len(),
             dead: buried as usize,
