@@ -229,9 +229,9 @@ impl<'p, DB: Backend> Relay<'p, DB> {
 
     /// Claims up to [`batch`](Self::batch) rows and sends them one after the other: first
     /// records that a relay ran ([`Outbox::health`]; at most once a second), buries the
-    /// rows whose last attempt ended with their relay gone, then claims — at most one row whose claim's lease ended (a stopped relay's), then unsent rows that
-    /// are due, the head of each ordering key only — and **commits the claim before it
-    /// sends**. Each send is followed by its mark, by the row's id and this claim's owner
+    /// rows whose last attempt ended with their relay gone, then claims — at most one row
+    /// whose claim's lease ended (a stopped relay's), then unsent rows that are due, the
+    /// head of each ordering key only — and **commits the claim before it sends**. Each send is followed by its mark, by the row's id and this claim's owner
     /// token, or by its failure's backoff. Returns what it did; `claimed == 0` when
     /// nothing was due.
     pub async fn relay_batch<P: Publisher>(&self, publisher: &P) -> Result<Relayed, OutboxError> {
