@@ -28,7 +28,7 @@ const SAVEPOINT_GONE: u16 = 1305;
 
 use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
 use crate::schema::Table;
-use crate::schema::mysql::{READ_COMMITTED, placeholders};
+use crate::schema::mysql::{Arg, READ_COMMITTED, placeholders, update_found};
 
 impl InboxBackend for MySql {
     fn inbox_ddl(table: &Table) -> Vec<String> {
@@ -141,25 +141,24 @@ impl InboxBackend for MySql {
         consumer: &'a str,
         max_attempts: u32,
     ) -> Result<u64, sqlx::Error> {
-        let sql = format!(
-            "UPDATE {} SET state = 3, owner = NULL, lease_until = NULL, \
-             last_error = CONCAT('attempt ', attempts, ?) \
-             WHERE consumer = ? AND state = 1 AND lease_until <= UTC_TIMESTAMP(6) \
-             AND attempts >= ?",
-            table.name()
-        );
-        // READ COMMITTED, as the claim: no next-key locks on the claimed rows' index range,
-        // which a worker's mark (it moves its row out of that range) would deadlock on,
-        // and rows other workers hold are passed over, not waited for.
-        let mut tx = pool.begin_with(READ_COMMITTED).await?;
-        let done = sqlx::query(AssertSqlSafe(sql))
-            .bind(STOPPED)
-            .bind(consumer)
-            .bind(max_attempts)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected())
+        // By primary key (`update_found`): a scan of `work_idx` that locks would deadlock
+        // with a worker's mark, which moves its row's entry in that index.
+        update_found(
+            pool,
+            table.name(),
+            "message_id",
+            (
+                "state = 3, owner = NULL, lease_until = NULL, \
+                 last_error = CONCAT('attempt ', attempts, ?)",
+                &[Arg::Text(STOPPED)],
+            ),
+            (
+                "consumer = ? AND state = 1 AND lease_until <= UTC_TIMESTAMP(6) \
+                 AND attempts >= ?",
+                &[Arg::Text(consumer), Arg::U32(max_attempts)],
+            ),
+        )
+        .await
     }
 
     /// `SELECT … FOR UPDATE SKIP LOCKED` (MariaDB 10.6, MySQL 8), then one `UPDATE` of the
@@ -308,21 +307,21 @@ impl InboxBackend for MySql {
         owner: &'a Owner,
         lease_us: i64,
     ) -> Result<u64, sqlx::Error> {
-        // READ COMMITTED, as the claim: no gap locks on the index range it scans.
-        let mut tx = pool.begin_with(READ_COMMITTED).await?;
-        let sql = format!(
-            "UPDATE {} SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-             WHERE consumer = ? AND state = 1 AND owner = ?",
-            table.name()
-        );
-        let done = sqlx::query(AssertSqlSafe(sql))
-            .bind(lease_us)
-            .bind(consumer)
-            .bind(&owner[..])
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected())
+        // By primary key, as the bury: the rows of other workers' marks are not touched.
+        update_found(
+            pool,
+            table.name(),
+            "message_id",
+            (
+                "lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND",
+                &[Arg::I64(lease_us)],
+            ),
+            (
+                "consumer = ? AND state = 1 AND owner = ?",
+                &[Arg::Text(consumer), Arg::Bytes(&owner[..])],
+            ),
+        )
+        .await
     }
 
     async fn inbox_fail<'a>(
@@ -371,17 +370,20 @@ impl InboxBackend for MySql {
         consumer: &'a str,
         owner: &'a Owner,
     ) -> Result<u64, sqlx::Error> {
-        let sql = format!(
-            "UPDATE {} SET state = 0, owner = NULL, lease_until = NULL, attempts = attempts - 1 \
-             WHERE consumer = ? AND owner = ? AND state = 1",
-            table.name()
-        );
-        let done = sqlx::query(AssertSqlSafe(sql))
-            .bind(consumer)
-            .bind(&owner[..])
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected())
+        update_found(
+            pool,
+            table.name(),
+            "message_id",
+            (
+                "state = 0, owner = NULL, lease_until = NULL, attempts = attempts - 1",
+                &[],
+            ),
+            (
+                "consumer = ? AND state = 1 AND owner = ?",
+                &[Arg::Text(consumer), Arg::Bytes(&owner[..])],
+            ),
+        )
+        .await
     }
 }
 

@@ -15,7 +15,7 @@ use crate::lease::Owner;
 
 use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
 use crate::schema::Table;
-use crate::schema::mysql::{READ_COMMITTED, placeholders};
+use crate::schema::mysql::{Arg, READ_COMMITTED, placeholders, update_found};
 
 impl OutboxBackend for MySql {
     fn outbox_ddl(table: &Table) -> Vec<String> {
@@ -110,20 +110,23 @@ impl OutboxBackend for MySql {
         table: &'a Table,
         max_attempts: u32,
     ) -> Result<u64, sqlx::Error> {
-        let sql = format!(
-            "UPDATE {} SET state = 3, owner = NULL, lease_until = NULL, \
-             last_error = CONCAT('attempt ', attempts, ?) \
-             WHERE state = 1 AND lease_until <= UTC_TIMESTAMP(6) AND attempts >= ?",
-            table.name()
-        );
-        let mut tx = pool.begin_with(READ_COMMITTED).await?;
-        let done = sqlx::query(AssertSqlSafe(sql))
-            .bind(STOPPED)
-            .bind(max_attempts)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected())
+        // By primary key (`update_found`): a scan of `unsent_idx` that locks would
+        // deadlock with a relay's sent mark, which moves its row's entry in that index.
+        update_found(
+            pool,
+            table.name(),
+            "id",
+            (
+                "state = 3, owner = NULL, lease_until = NULL, \
+                 last_error = CONCAT('attempt ', attempts, ?)",
+                &[Arg::Text(STOPPED)],
+            ),
+            (
+                "state = 1 AND lease_until <= UTC_TIMESTAMP(6) AND attempts >= ?",
+                &[Arg::U32(max_attempts)],
+            ),
+        )
+        .await
     }
 
     /// `SELECT … FOR UPDATE SKIP LOCKED`, then one `UPDATE` of the ids it locked and a
@@ -218,19 +221,17 @@ impl OutboxBackend for MySql {
         owner: &'a Owner,
         lease_us: i64,
     ) -> Result<u64, sqlx::Error> {
-        let sql = format!(
-            "UPDATE {} SET lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-             WHERE state = 1 AND owner = ?",
-            table.name()
-        );
-        let mut tx = pool.begin_with(READ_COMMITTED).await?;
-        let done = sqlx::query(AssertSqlSafe(sql))
-            .bind(lease_us)
-            .bind(&owner[..])
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(done.rows_affected())
+        update_found(
+            pool,
+            table.name(),
+            "id",
+            (
+                "lease_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND",
+                &[Arg::I64(lease_us)],
+            ),
+            ("state = 1 AND owner = ?", &[Arg::Bytes(&owner[..])]),
+        )
+        .await
     }
 
     async fn outbox_sent<'a>(
@@ -283,16 +284,17 @@ impl OutboxBackend for MySql {
         table: &'a Table,
         owner: &'a Owner,
     ) -> Result<u64, sqlx::Error> {
-        let sql = format!(
-            "UPDATE {} SET state = 0, owner = NULL, lease_until = NULL, attempts = attempts - 1 \
-             WHERE state = 1 AND owner = ?",
-            table.name()
-        );
-        let done = sqlx::query(AssertSqlSafe(sql))
-            .bind(&owner[..])
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected())
+        update_found(
+            pool,
+            table.name(),
+            "id",
+            (
+                "state = 0, owner = NULL, lease_until = NULL, attempts = attempts - 1",
+                &[],
+            ),
+            ("state = 1 AND owner = ?", &[Arg::Bytes(&owner[..])]),
+        )
+        .await
     }
 
     async fn outbox_seen<'a>(pool: &'a Pool<Self>, table: &'a Table) -> Result<(), sqlx::Error> {
