@@ -2,9 +2,18 @@
 //!
 //! ```text
 //! cargo bench --bench dedup                      # the full run: about 9 minutes
+//! cargo bench --bench dedup --features brokers    # the same, and the relay to the brokers
 //! DEDUP_BENCH_ROUNDS=5 cargo bench --bench dedup  # the same with 5 rounds instead of 15
-//! DEDUP_BENCH_SMOKE=1 cargo test --bench dedup   # CI smoke run: tiny sizes, debug build
+//! DEDUP_BENCH_SMOKE=1 cargo test --all-features --bench dedup  # CI smoke run: tiny sizes
 //! ```
+//!
+//! Every round also times the inbox (receiving, and workers processing) and the outbox:
+//! the handler with one `enqueue` against the same handler without it, call by call, and
+//! one relay moving 1,500 rows through a publisher that drops them (its own claims and
+//! marks); with the feature `brokers`, the same rows through the RabbitMQ publisher (the
+//! local broker, `DEDUP_TEST_AMQP_URL`; publisher confirms) and the JetStream one
+//! (`DEDUP_TEST_NATS_URL`; the stream's acknowledgement), reported as rows per second and
+//! as a ratio to the relay without a broker. A broker that cannot be reached fails the run.
 //!
 //! For 1, 4 and 8 concurrent tasks it times these variants of one consumer transaction,
 //! whose body inserts one row into `dedup_bench_effects`:
@@ -341,6 +350,10 @@ trait Target: Send + Sync + 'static {
 
 /// The outbox table of the benchmark.
 const OUTBOX_TABLE: &str = "dedup_bench_outbox";
+
+/// The destination of its rows: a RabbitMQ queue and a JetStream subject when the relay
+/// publishes to the brokers (feature `brokers`).
+const DESTINATION: &str = "dedup-bench.events";
 
 // ---------------------------------------------------------------------------------------
 // PostgreSQL
@@ -1043,7 +1056,7 @@ async fn enqueue_one<C: dedup_runtime::outbox::OutboxConnection>(
     let outbox = dedup_runtime::outbox::Outbox::with_table(OUTBOX_TABLE)
         .map_err(|error| sqlx::Error::InvalidArgument(error.to_string()))?;
     let cause = dedup_runtime::outbox::Cause::new(consumer, id)?;
-    let event = cause.outgoing("event", "bench.events", br#"{"paid": true}"#)?;
+    let event = cause.outgoing("event", DESTINATION, br#"{"paid": true}"#)?;
     outbox.enqueue(tx, &event).await?;
     Ok(())
 }
@@ -1071,6 +1084,8 @@ struct OutboxSample {
     cost: [f64; 2],
     /// Rows per second one relay claims, hands to a publisher that drops them, and marks.
     relay: f64,
+    /// The same with the RabbitMQ and the JetStream publisher (feature `brokers`).
+    brokers: Option<[f64; 2]>,
 }
 
 async fn measure_outbox<T: Target>(
@@ -1078,6 +1093,7 @@ async fn measure_outbox<T: Target>(
     pool: &Pool<T::Db>,
     config: &Config,
     seed: &mut u64,
+    #[cfg(feature = "brokers")] brokers: &Brokers,
 ) -> Result<OutboxSample, Error> {
     let ops = config.ops;
     let mut cost = [0.0; 2];
@@ -1123,7 +1139,44 @@ async fn measure_outbox<T: Target>(
         }
         cost[slot] = median(without) / median(with);
     }
-    // The relay: `ops` rows enqueued (100 per transaction, untimed), then one relay.
+    // The relay: `ops` rows enqueued (100 per transaction, untimed), then one relay; the
+    // same with each broker's publisher (feature `brokers`), in turn.
+    let relay_rate = relayed_per_second::<T, _>(pool, ops, seed, &Discard).await?;
+    #[cfg(feature = "brokers")]
+    let broker_rates = Some([
+        relayed_per_second::<T, _>(pool, ops, seed, &brokers.rabbitmq).await?,
+        relayed_per_second::<T, _>(pool, ops, seed, &brokers.jetstream).await?,
+    ]);
+    #[cfg(feature = "brokers")]
+    brokers.purge().await?;
+    #[cfg(not(feature = "brokers"))]
+    let broker_rates: Option<[f64; 2]> = None;
+    T::outbox_reset(pool).await?;
+    eprintln!(
+        "           {:<10} outbox: with / without one enqueue {:.3} / {:.3} (1 / 4 tasks), relay {relay_rate:.0} rows/s{}",
+        backend.name(),
+        cost[0],
+        cost[1],
+        broker_rates.map_or(String::new(), |[rabbitmq, jetstream]| format!(
+            "; to RabbitMQ {rabbitmq:.0}, to JetStream {jetstream:.0}"
+        ))
+    );
+    Ok(OutboxSample {
+        backend,
+        cost,
+        relay: relay_rate,
+        brokers: broker_rates,
+    })
+}
+
+/// Rows per second one relay moves through `publisher`: `ops` rows enqueued (100 per
+/// transaction, untimed), then relayed in batches of 32 until none is left.
+async fn relayed_per_second<T: Target, P: dedup_runtime::outbox::Publisher>(
+    pool: &Pool<T::Db>,
+    ops: usize,
+    seed: &mut u64,
+    publisher: &P,
+) -> Result<f64, Error> {
     T::outbox_reset(pool).await?;
     T::enqueue_rows(pool, &random_ids(ops, seed)).await?;
     let outbox = dedup_runtime::outbox::Outbox::with_table(OUTBOX_TABLE)?;
@@ -1131,28 +1184,85 @@ async fn measure_outbox<T: Target>(
     let began = Instant::now();
     let mut sent = 0;
     loop {
-        let relayed = relay.relay_batch(&Discard).await?;
+        let relayed = relay.relay_batch(publisher).await?;
         sent += relayed.sent;
         if relayed.claimed == 0 {
             break;
         }
     }
-    let relay_rate = sent as f64 / began.elapsed().as_secs_f64();
+    let rate = sent as f64 / began.elapsed().as_secs_f64();
     if sent != ops {
         return Err(format!("outbox figure: the relay sent {sent} of {ops}").into());
     }
-    T::outbox_reset(pool).await?;
-    eprintln!(
-        "           {:<10} outbox: with / without one enqueue {:.3} / {:.3} (1 / 4 tasks), relay {relay_rate:.0} rows/s",
-        backend.name(),
-        cost[0],
-        cost[1]
-    );
-    Ok(OutboxSample {
-        backend,
-        cost,
-        relay: relay_rate,
-    })
+    Ok(rate)
+}
+
+/// The brokers the relay publishes to (feature `brokers`): the local RabbitMQ
+/// (`DEDUP_TEST_AMQP_URL`) and NATS JetStream (`DEDUP_TEST_NATS_URL`), a queue and a
+/// stream for the rows' destination, emptied after each measure.
+#[cfg(feature = "brokers")]
+struct Brokers {
+    rabbitmq: dedup_runtime::lapin::RabbitMqPublisher,
+    channel: lapin::Channel,
+    jetstream: dedup_runtime::async_nats::JetStreamPublisher,
+    stream: async_nats::jetstream::stream::Stream,
+}
+
+#[cfg(feature = "brokers")]
+impl Brokers {
+    async fn connect() -> Result<Brokers, Error> {
+        let amqp = std::env::var("DEDUP_TEST_AMQP_URL")
+            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+        let nats = std::env::var("DEDUP_TEST_NATS_URL")
+            .unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
+        let connection = lapin::Connection::connect(&amqp, lapin::ConnectionProperties::default())
+            .await
+            .map_err(|error| format!("RabbitMQ at {amqp}: {error}"))?;
+        let channel = connection.create_channel().await?;
+        channel
+            .queue_declare(
+                DESTINATION.into(),
+                lapin::options::QueueDeclareOptions::durable(),
+                lapin::types::FieldTable::default(),
+            )
+            .await?;
+        let rabbitmq =
+            dedup_runtime::lapin::RabbitMqPublisher::new(connection.create_channel().await?, "")
+                .await?;
+        let client = async_nats::connect(&nats)
+            .await
+            .map_err(|error| format!("NATS at {nats}: {error}"))?;
+        let context = async_nats::jetstream::new(client);
+        // Made afresh: a stream left by an earlier run may capture other subjects.
+        let _ = context.delete_stream("DEDUP_BENCH_RELAY").await;
+        let stream = context
+            .create_stream(async_nats::jetstream::stream::Config {
+                name: "DEDUP_BENCH_RELAY".to_owned(),
+                subjects: vec![DESTINATION.to_owned()],
+                ..Default::default()
+            })
+            .await?;
+        let brokers = Brokers {
+            rabbitmq,
+            channel,
+            jetstream: dedup_runtime::async_nats::JetStreamPublisher::new(context),
+            stream,
+        };
+        brokers.purge().await?;
+        Ok(brokers)
+    }
+
+    /// Empties the queue and the stream.
+    async fn purge(&self) -> Result<(), Error> {
+        self.channel
+            .queue_purge(
+                DESTINATION.into(),
+                lapin::options::QueuePurgeOptions::default(),
+            )
+            .await?;
+        self.stream.purge().await?;
+        Ok(())
+    }
 }
 
 fn print_outbox(samples: &[OutboxSample]) {
@@ -1174,6 +1284,19 @@ fn print_outbox(samples: &[OutboxSample]) {
             med(&|s| s.cost[1]),
             med(&|s| s.relay)
         );
+        if mine.iter().all(|s| s.brokers.is_some()) {
+            let rate = |k: usize| med(&|s| s.brokers.map_or(0.0, |rates| rates[k]));
+            let ratio = |k: usize| med(&|s| s.brokers.map_or(0.0, |rates| rates[k]) / s.relay);
+            println!(
+                "{:<10}  one relay publishing: to RabbitMQ {:.0} rows/s ({:.3} of no broker), \
+                 to JetStream {:.0} rows/s ({:.3})",
+                backend.name(),
+                rate(0),
+                ratio(0),
+                rate(1),
+                ratio(1)
+            );
+        }
     }
 }
 
@@ -1976,6 +2099,8 @@ async fn run(config: Config) -> Result<(), Error> {
     let mut pair_samples = Vec::new();
     let mut inbox_samples = Vec::new();
     let mut outbox_samples = Vec::new();
+    #[cfg(feature = "brokers")]
+    let brokers = Brokers::connect().await?;
     for round in 0..config.rounds {
         for backend in [BackendName::Postgres, BackendName::Sqlite] {
             // The inbox's figures, interleaved with the handlers' in every round.
@@ -1995,10 +2120,26 @@ async fn run(config: Config) -> Result<(), Error> {
             });
             outbox_samples.push(match backend {
                 BackendName::Postgres => {
-                    measure_outbox::<Postgres>(backend, &pg, &config, &mut seed).await?
+                    measure_outbox::<Postgres>(
+                        backend,
+                        &pg,
+                        &config,
+                        &mut seed,
+                        #[cfg(feature = "brokers")]
+                        &brokers,
+                    )
+                    .await?
                 }
                 BackendName::Sqlite => {
-                    measure_outbox::<Sqlite>(backend, &lite, &config, &mut seed).await?
+                    measure_outbox::<Sqlite>(
+                        backend,
+                        &lite,
+                        &config,
+                        &mut seed,
+                        #[cfg(feature = "brokers")]
+                        &brokers,
+                    )
+                    .await?
                 }
             });
             for tasks in TASKS {

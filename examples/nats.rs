@@ -27,6 +27,8 @@
 //! | `MAX_DELIVER` | `20` | for a new consumer: deliveries before JetStream gives up |
 //! | `CONSUMERS` | `4` | tasks pulling from the durable consumer, one message at a time each |
 //! | `PREFETCH` | `16` | messages each task pulls per batch |
+//! | `FORWARD_TO` | unset | service A of a two-hop chain: also send an event to this subject, through the outbox |
+//! | `DEDUP_OUTBOX_TABLE` | `outbox_messages` | with `FORWARD_TO`: the outbox table |
 //! | `DEDUP_EXIT_WHEN_IDLE_MS` | unset: run forever | exit cleanly after this long without a delivery |
 //! | `DEDUP_CRASH_WINDOW_MS` | `0` | testing: pause between COMMIT and the acknowledgement |
 //!
@@ -59,6 +61,7 @@ use async_nats::jetstream;
 use async_nats::jetstream::consumer::pull::{self, MessagesErrorKind};
 use async_nats::jetstream::consumer::{AckPolicy as JetStreamAckPolicy, PullConsumer};
 use dedup_runtime::async_nats::{delivery_count, settle};
+use dedup_runtime::outbox::{Cause, Outbox};
 use dedup_runtime::{Ack, AckPolicy, Outcome, idempotent};
 use futures_util::StreamExt;
 use sqlx::postgres::PgPoolOptions;
@@ -92,6 +95,33 @@ async fn apply(tx: &mut PgConnection, msg: &Message) -> Result<(), sqlx::Error> 
         .bind(&msg.body)
         .execute(&mut *tx)
         .await?;
+    Ok(())
+}
+
+/// Where service A of a two-hop chain sends its events (`FORWARD_TO`).
+struct Forward {
+    to: String,
+    outbox: Outbox,
+}
+
+/// Service A of a two-hop chain: the effect row and an event for the next service, the
+/// event written to the outbox in the same transaction (`examples/outbox_relay.rs`
+/// publishes it). Its id is derived from this message's, so a second run of the handler
+/// would enqueue the same event, never another.
+#[idempotent(consumer = "nats-example-forward", key = msg.id)]
+async fn apply_and_forward(
+    tx: &mut PgConnection,
+    msg: &Message,
+    forward: &Forward,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO nats_example_effects (message_id, body) VALUES ($1, $2)")
+        .bind(&msg.id)
+        .bind(&msg.body)
+        .execute(&mut *tx)
+        .await?;
+    let cause = Cause::new("nats-example-forward", msg.id.as_str())?;
+    let event = cause.outgoing("event", &forward.to, msg.body.as_bytes())?;
+    forward.outbox.enqueue(&mut *tx, &event).await?;
     Ok(())
 }
 
@@ -140,6 +170,7 @@ struct Config {
     prefetch: usize,
     exit_when_idle: Option<Duration>,
     crash_window: Duration,
+    forward: Option<Forward>,
 }
 
 impl Config {
@@ -158,6 +189,16 @@ impl Config {
                 .map(|_| number("DEDUP_EXIT_WHEN_IDLE_MS", 0).map(Duration::from_millis))
                 .transpose()?,
             crash_window: Duration::from_millis(number("DEDUP_CRASH_WINDOW_MS", 0)?),
+            forward: match std::env::var("FORWARD_TO") {
+                Ok(to) => Some(Forward {
+                    to,
+                    outbox: Outbox::with_table(&var(
+                        "DEDUP_OUTBOX_TABLE",
+                        dedup_runtime::outbox::DEFAULT_TABLE,
+                    ))?,
+                }),
+                Err(_) => None,
+            },
         })
     }
 
@@ -285,7 +326,10 @@ async fn consume(
         let shown = if msg.id.is_empty() { "-" } else { &msg.id };
         println!("delivered {delivered} {shown}");
 
-        let result = apply(&pool, &msg).await;
+        let result = match &config.forward {
+            None => apply(&pool, &msg).await,
+            Some(forward) => apply_and_forward(&pool, &msg, forward).await,
+        };
         match &result {
             Ok(Outcome::Processed(())) => {
                 println!("committed {shown}");
@@ -340,6 +384,9 @@ async fn main() -> Result<(), Error> {
         .map_err(|error| format!("cannot connect to {}: {error}", config.database_url))?;
     dedup_runtime::migrate(&pool).await?;
     sqlx::query(CREATE_EFFECTS).execute(&pool).await?;
+    if let Some(forward) = &config.forward {
+        dedup_runtime::outbox::migrate_table(&pool, forward.outbox.table().name()).await?;
+    }
 
     let client = async_nats::connect(&config.nats_url)
         .await

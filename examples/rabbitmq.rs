@@ -21,6 +21,8 @@
 //! | `QUEUE` | `dedup-example.payments` | the queue to consume |
 //! | `CONSUMERS` | `4` | channels, each consuming one message at a time |
 //! | `PREFETCH` | `16` | unacknowledged messages the broker sends each channel ahead |
+//! | `FORWARD_TO` | unset | service A of a two-hop chain: also send an event to this queue, through the outbox |
+//! | `DEDUP_OUTBOX_TABLE` | `outbox_messages` | with `FORWARD_TO`: the outbox table |
 //! | `DEDUP_EXIT_WHEN_IDLE_MS` | unset: run forever | exit cleanly after this long without a delivery |
 //! | `DEDUP_CRASH_WINDOW_MS` | `0` | testing: pause between COMMIT and the acknowledgement |
 //!
@@ -50,6 +52,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dedup_runtime::lapin::{delivery_count, settle};
+use dedup_runtime::outbox::{Cause, Outbox};
 use dedup_runtime::{Ack, AckPolicy, Outcome, idempotent};
 use futures_util::StreamExt;
 use lapin::options::{
@@ -86,6 +89,33 @@ async fn apply(tx: &mut PgConnection, msg: &Message) -> Result<(), sqlx::Error> 
         .bind(&msg.body)
         .execute(&mut *tx)
         .await?;
+    Ok(())
+}
+
+/// Where service A of a two-hop chain sends its events (`FORWARD_TO`).
+struct Forward {
+    to: String,
+    outbox: Outbox,
+}
+
+/// Service A of a two-hop chain: the effect row and an event for the next service, the
+/// event written to the outbox in the same transaction (`examples/outbox_relay.rs`
+/// publishes it). Its id is derived from this message's, so a second run of the handler
+/// would enqueue the same event, never another.
+#[idempotent(consumer = "rabbitmq-example-forward", key = msg.id)]
+async fn apply_and_forward(
+    tx: &mut PgConnection,
+    msg: &Message,
+    forward: &Forward,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO rabbitmq_example_effects (message_id, body) VALUES ($1, $2)")
+        .bind(&msg.id)
+        .bind(&msg.body)
+        .execute(&mut *tx)
+        .await?;
+    let cause = Cause::new("rabbitmq-example-forward", msg.id.as_str())?;
+    let event = cause.outgoing("event", &forward.to, msg.body.as_bytes())?;
+    forward.outbox.enqueue(&mut *tx, &event).await?;
     Ok(())
 }
 
@@ -174,6 +204,7 @@ struct Config {
     prefetch: u16,
     exit_when_idle: Option<Duration>,
     crash_window: Duration,
+    forward: Option<Forward>,
 }
 
 impl Config {
@@ -188,6 +219,16 @@ impl Config {
                 .map(|_| number("DEDUP_EXIT_WHEN_IDLE_MS", 0).map(Duration::from_millis))
                 .transpose()?,
             crash_window: Duration::from_millis(number("DEDUP_CRASH_WINDOW_MS", 0)?),
+            forward: match std::env::var("FORWARD_TO") {
+                Ok(to) => Some(Forward {
+                    to,
+                    outbox: Outbox::with_table(&var(
+                        "DEDUP_OUTBOX_TABLE",
+                        dedup_runtime::outbox::DEFAULT_TABLE,
+                    ))?,
+                }),
+                Err(_) => None,
+            },
         })
     }
 }
@@ -275,7 +316,10 @@ async fn consume(
         let delivered = delivery_count(&delivery);
         println!("delivered {delivered} {shown}");
 
-        let result = apply(&pool, &message).await;
+        let result = match &config.forward {
+            None => apply(&pool, &message).await,
+            Some(forward) => apply_and_forward(&pool, &message, forward).await,
+        };
         match &result {
             Ok(Outcome::Processed(())) => {
                 println!("committed {shown}");
@@ -328,6 +372,9 @@ async fn main() -> Result<(), Error> {
         .map_err(|error| format!("cannot connect to {}: {error}", config.database_url))?;
     dedup_runtime::migrate(&pool).await?;
     sqlx::query(CREATE_EFFECTS).execute(&pool).await?;
+    if let Some(forward) = &config.forward {
+        dedup_runtime::outbox::migrate_table(&pool, forward.outbox.table().name()).await?;
+    }
 
     let connection = Connection::connect(&config.amqp_url, ConnectionProperties::default())
         .await

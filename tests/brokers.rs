@@ -23,6 +23,19 @@
 //! messages (and only they) dead-lettered. It prints what it saw: kills, the kills that
 //! caught a message between COMMIT and acknowledgement, redeliveries, duplicates.
 //!
+//! **Two hops** (`rabbitmq_two_hop_…`, `nats_two_hop_…`): the same input, consumed by
+//! service A (the example with `FORWARD_TO`: its `#[idempotent]` transaction writes the
+//! effect and enqueues an event for B in the outbox, the event's id derived from the
+//! input's); the relay (`examples/outbox_relay.rs`, a 1 s lease, a 5 ms pause after each
+//! send) publishes the events to a second queue or stream; service B (the plain example)
+//! consumes them. A, the relay and B are killed side by side, 60 SIGKILLs in all (24, 18,
+//! 18; the relay's on-commit kills land right after a send, before its mark), then each
+//! runs to the end in turn. The checks: every input's effect exactly once in A, every
+//! event sent and its effect exactly once in B, no event lost or dead, the relay sent some
+//! events twice and B took each re-send for a duplicate. (JetStream would drop a re-send
+//! within its duplicate window by `Nats-Msg-Id`; the events' stream has the least, 100 ms,
+//! so that every re-send reaches B.)
+//!
 //! The crate feature `brokers` builds it (and the examples it runs): `cargo test --features
 //! brokers --test brokers`, or `--all-features` as CI does. Larger runs:
 //! `DEDUP_CRASH_MESSAGES=50000 DEDUP_CRASH_KILLS=500 cargo test --features brokers --test brokers`.
@@ -151,7 +164,11 @@ fn poison_bodies() -> HashSet<String> {
 /// The example binaries, built once per test process with the test's own profile and the
 /// feature that enables them, `brokers`.
 fn example(name: &str) -> PathBuf {
-    dedup_suite::example_binary("brokers", &["rabbitmq", "rabbitmq_inbox", "nats"], name)
+    dedup_suite::example_binary(
+        "brokers",
+        &["rabbitmq", "rabbitmq_inbox", "nats", "outbox_relay"],
+        name,
+    )
 }
 
 /// When to kill a consumer process.
@@ -198,16 +215,24 @@ struct Tally {
     dead: usize,
 }
 
-/// Runs one life of the consumer `program`: killed as `kill` says, or (`None`) left to
-/// run until it exits by itself, within `patience`. Panics if it fails or exits when it
-/// should not.
-fn live(
+/// How one life of a child process ended.
+struct Ended {
+    killed: bool,
+    /// Killed after a pause, its trigger never having come (the work had run out).
+    timed_out: bool,
+}
+
+/// Runs one life of `program`: killed as `kill` says, or (`None`) left to run until it
+/// exits by itself, within `patience`. `on_line` reads each line of its output and says
+/// whether it is a trigger for [`Kill::OnCommit`] (a commit; a relay's send). Panics if
+/// it fails or exits when it should not.
+fn life(
     program: &Path,
     env: &[(&str, String)],
     kill: Option<Kill>,
     patience: Duration,
-    tally: &mut Tally,
-) {
+    mut on_line: impl FnMut(&str) -> bool,
+) -> Ended {
     let mut child = Command::new(program)
         .envs(env.iter().map(|(name, value)| (*name, value.as_str())))
         .stdin(Stdio::null())
@@ -233,16 +258,13 @@ fn live(
         text
     });
 
-    tally.lives += 1;
     let mut deadline = match kill {
         Some(Kill::AfterStart(after)) => started + after,
         _ => started + patience,
     };
     let mut killed = false;
     let mut timed_out = false;
-    let (mut commits, mut lines_seen) = (0, 0);
-    // Committed and not yet acknowledged, in this life.
-    let mut open: HashSet<String> = HashSet::new();
+    let (mut triggers, mut lines_seen) = (0, 0);
     loop {
         let wait = deadline.saturating_duration_since(Instant::now());
         let line = match receive.recv_timeout(wait) {
@@ -258,15 +280,16 @@ fn live(
                     Some(kind) => {
                         timed_out =
                             !matches!(kind, Kill::AfterStart(_)) && deadline >= started + patience;
-                        child.kill().expect("SIGKILL the consumer");
+                        child.kill().expect("SIGKILL the child");
                         killed = true;
                         continue;
                     }
                     None => {
                         child.kill().ok();
                         panic!(
-                            "the last consumer did not finish within {patience:?}; its \
+                            "the last life of {} did not finish within {patience:?}; its \
                              stderr:\n{}",
+                            program.display(),
                             errors.join().unwrap_or_default()
                         );
                     }
@@ -274,6 +297,48 @@ fn live(
             }
         };
         lines_seen += 1;
+        let trigger = on_line(&line);
+        triggers += usize::from(trigger);
+        if killed {
+            continue;
+        }
+        match kill {
+            Some(Kill::OnCommit(n)) if trigger && triggers == n => {
+                child.kill().expect("SIGKILL the child");
+                killed = true;
+            }
+            Some(Kill::AfterLine(n, after)) if lines_seen == n => {
+                deadline = Instant::now() + after;
+            }
+            _ => {}
+        }
+    }
+    let status = child.wait().expect("wait for the child");
+    reader.join().expect("stdout reader");
+    let stderr = errors.join().unwrap_or_default();
+    if !killed {
+        assert!(
+            kill.is_none() && status.success(),
+            "{} exited by itself ({status}) when it should have been killed or exited \
+             cleanly; its stderr:\n{stderr}",
+            program.display()
+        );
+    }
+    Ended { killed, timed_out }
+}
+
+/// One life of the consumer `program` ([`life`]), its lines counted into `tally`.
+fn live(
+    program: &Path,
+    env: &[(&str, String)],
+    kill: Option<Kill>,
+    patience: Duration,
+    tally: &mut Tally,
+) {
+    tally.lives += 1;
+    // Committed and not yet acknowledged, in this life.
+    let mut open: HashSet<String> = HashSet::new();
+    let ended = life(program, env, kill, patience, |line| {
         let mut words = line.splitn(3, ' ');
         let (event, first, rest) = (words.next(), words.next(), words.next());
         match (event, first, rest) {
@@ -286,9 +351,9 @@ fn live(
             }
             (Some("committed"), Some(id), None) => {
                 tally.committed += 1;
-                commits += 1;
                 tally.committed_ids.insert(id.to_owned());
                 open.insert(id.to_owned());
+                return true;
             }
             (Some("duplicate"), Some(id), None) => {
                 tally.duplicates += 1;
@@ -302,38 +367,65 @@ fn live(
             (Some("dead"), Some(_), Some(_)) => tally.dead += 1,
             _ => panic!("unexpected line from the consumer: {line:?}"),
         }
-        if killed {
-            continue;
-        }
-        match kill {
-            Some(Kill::OnCommit(n)) if commits == n && line.starts_with("committed ") => {
-                child.kill().expect("SIGKILL the consumer");
-                killed = true;
-            }
-            Some(Kill::AfterLine(n, after)) if lines_seen == n => {
-                deadline = Instant::now() + after;
-            }
-            _ => {}
-        }
-    }
-    let status = child.wait().expect("wait for the consumer");
-    reader.join().expect("stdout reader");
-    let stderr = errors.join().unwrap_or_default();
-    if killed {
+        false
+    });
+    if ended.killed {
         tally.kills += 1;
         tally.kills_by_kind[kill.map_or(0, Kill::kind)] += 1;
-        tally.kills_on_timeout += usize::from(timed_out);
+        tally.kills_on_timeout += usize::from(ended.timed_out);
         if !open.is_empty() {
             tally.kills_in_window += 1;
             tally.caught_in_window.extend(open);
         }
-    } else {
-        assert!(
-            kill.is_none() && status.success(),
-            "the consumer exited by itself ({status}) when it should have been killed or \
-             exited cleanly; its stderr:\n{stderr}"
-        );
     }
+}
+
+/// A random moment to kill a life at, given the work left for the kills left.
+fn draw_kill(k: usize, remaining: usize, kills_left: usize, random: &mut Shuffle) -> Kill {
+    // Spread the progress over the kills, so that the last ones still find work.
+    let budget = (remaining / (kills_left + 1)).max(1) as u64;
+    match (k % 5, random.next_u64() % 2) {
+        (0, _) => Kill::AfterStart(Duration::from_millis(random.next_u64() % 400)),
+        (_, 0) => Kill::OnCommit(1 + (random.next_u64() % (2 * budget)) as usize),
+        _ => Kill::AfterLine(
+            1 + (random.next_u64() % (6 * budget)) as usize,
+            Duration::from_millis(random.next_u64() % 15),
+        ),
+    }
+}
+
+/// A life whose trigger does not come within this long (the work ran out first) is
+/// killed anyway.
+const PATIENCE: Duration = Duration::from_secs(3);
+
+/// The lives of a crash loop that end in a SIGKILL: `scale.kills` of them.
+fn kill_lives(program: &Path, env: &[(&str, String)], scale: &Scale, tally: &mut Tally) {
+    let mut random = Shuffle::new(scale.seed ^ 0x6b11_1e55);
+    for k in 0..scale.kills {
+        // A message reported as a duplicate was committed, possibly by a process killed
+        // before it could say so.
+        let done = tally.committed_ids.union(&tally.duplicate_ids).count();
+        let remaining = scale.messages.saturating_sub(done);
+        let kill = draw_kill(k, remaining, scale.kills - k, &mut random);
+        live(program, env, Some(kill), PATIENCE, tally);
+    }
+}
+
+/// The last life of a crash loop: runs until it has been idle for `exit_when_idle`.
+fn last_life(
+    program: &Path,
+    env: &[(&str, String)],
+    scale: &Scale,
+    exit_when_idle: Duration,
+    tally: &mut Tally,
+) {
+    let mut last = env.to_vec();
+    last.push((
+        "DEDUP_EXIT_WHEN_IDLE_MS",
+        exit_when_idle.as_millis().to_string(),
+    ));
+    let patience = Duration::from_secs(60) + Duration::from_millis(20 * scale.messages as u64);
+    live(program, &last, None, patience, tally);
 }
 
 /// Kills the consumer `scale.kills` times at random moments, restarting it each time,
@@ -344,36 +436,9 @@ fn crash_loop(
     scale: &Scale,
     exit_when_idle: Duration,
 ) -> Tally {
-    let mut random = Shuffle::new(scale.seed ^ 0x6b11_1e55);
     let mut tally = Tally::default();
-    // A life whose trigger does not come within this long (the work ran out first) is
-    // killed anyway.
-    let patience = Duration::from_secs(3);
-    for k in 0..scale.kills {
-        let kills_left = scale.kills - k;
-        // A message reported as a duplicate was committed, possibly by a process killed
-        // before it could say so.
-        let done = tally.committed_ids.union(&tally.duplicate_ids).count();
-        let remaining = scale.messages.saturating_sub(done);
-        // Spread the progress over the kills, so that the last ones still find work.
-        let budget = (remaining / (kills_left + 1)).max(1) as u64;
-        let kill = match (k % 5, random.next_u64() % 2) {
-            (0, _) => Kill::AfterStart(Duration::from_millis(random.next_u64() % 400)),
-            (_, 0) => Kill::OnCommit(1 + (random.next_u64() % (2 * budget)) as usize),
-            _ => Kill::AfterLine(
-                1 + (random.next_u64() % (6 * budget)) as usize,
-                Duration::from_millis(random.next_u64() % 15),
-            ),
-        };
-        live(program, env, Some(kill), patience, &mut tally);
-    }
-    let mut last = env.to_vec();
-    last.push((
-        "DEDUP_EXIT_WHEN_IDLE_MS",
-        exit_when_idle.as_millis().to_string(),
-    ));
-    let patience = Duration::from_secs(60) + Duration::from_millis(20 * scale.messages as u64);
-    live(program, &last, None, patience, &mut tally);
+    kill_lives(program, env, scale, &mut tally);
+    last_life(program, env, scale, exit_when_idle, &mut tally);
     tally
 }
 
@@ -611,6 +676,497 @@ async fn forget_run_in(
     .expect("delete this run's dedup rows");
 }
 
+// ---------------------------------------------------------------------------------------
+// Two hops: A consumes and enqueues an event in its transaction, a relay publishes the
+// events, B consumes them
+// ---------------------------------------------------------------------------------------
+
+/// Service A's dedup consumer in `examples/rabbitmq.rs` and `examples/nats.rs` with
+/// `FORWARD_TO` set, and the consumer its events' ids derive from.
+fn forwarding_consumer(example: &str) -> String {
+    format!("{example}-example-forward")
+}
+
+/// The event A enqueues for each unique input message: its derived id, the input's body.
+fn events(published: &[Publish], forwarder: &str) -> Vec<Publish> {
+    let mut seen = HashSet::new();
+    published
+        .iter()
+        .filter_map(|message| {
+            let id = message.id.as_deref()?;
+            seen.insert(id).then(|| Publish {
+                id: Some(
+                    dedup_runtime::outbox::Cause::new(forwarder, id)
+                        .expect("a valid cause")
+                        .id("event")
+                        .expect("a valid slot")
+                        .to_string(),
+                ),
+                body: message.body.clone(),
+            })
+        })
+        .collect()
+}
+
+/// What the relay processes reported, over all their lives.
+#[derive(Default)]
+struct RelayTally {
+    lives: usize,
+    kills: usize,
+    kills_by_kind: [usize; 3],
+    kills_on_timeout: usize,
+    /// Kills on a `sent` line: the broker had the message, its row was not marked yet.
+    kills_after_send: usize,
+    /// Sends the broker confirmed, per event id.
+    sends: HashMap<String, usize>,
+    /// Rows whose mark found them another relay's (its lease had ended).
+    lost: usize,
+    dead: usize,
+}
+
+impl RelayTally {
+    /// Events sent more than once, and the extra sends.
+    fn resent(&self) -> (HashSet<&str>, usize) {
+        let resent = self
+            .sends
+            .iter()
+            .filter(|(_, sends)| **sends > 1)
+            .map(|(id, _)| id.as_str())
+            .collect();
+        let extra = self.sends.values().map(|sends| sends - 1).sum();
+        (resent, extra)
+    }
+}
+
+/// One life of the relay command, its lines counted into `tally`.
+fn relay_live(
+    program: &Path,
+    env: &[(&str, String)],
+    kill: Option<Kill>,
+    patience: Duration,
+    tally: &mut RelayTally,
+) {
+    tally.lives += 1;
+    let ended = life(program, env, kill, patience, |line| {
+        let words: Vec<&str> = line.split(' ').collect();
+        match words[..] {
+            ["sent", id] => {
+                *tally.sends.entry(id.to_owned()).or_default() += 1;
+                return true;
+            }
+            [
+                "relayed",
+                _,
+                "sent",
+                _,
+                "lost",
+                lost,
+                "failed",
+                _,
+                "dead",
+                dead,
+            ] => {
+                tally.lost += lost.parse::<usize>().expect("a count");
+                tally.dead += dead.parse::<usize>().expect("a count");
+            }
+            ["idle"] => {}
+            _ => panic!("unexpected line from the relay: {line:?}"),
+        }
+        false
+    });
+    if ended.killed {
+        tally.kills += 1;
+        tally.kills_by_kind[kill.map_or(0, Kill::kind)] += 1;
+        tally.kills_on_timeout += usize::from(ended.timed_out);
+        tally.kills_after_send += usize::from(matches!(kill, Some(Kill::OnCommit(_))));
+    }
+}
+
+/// A process of a two-hop run: its program, environment, kills and idle time at the end.
+struct Hop {
+    program: PathBuf,
+    env: Vec<(&'static str, String)>,
+    scale: Scale,
+    exit_when_idle: Duration,
+}
+
+/// The three crash loops of a two-hop run, side by side (each kills its own process, at
+/// random moments, `scale.kills` times), then the last lives one after the other: A until
+/// its queue is done, the relay until the outbox is, B until the events are.
+fn two_hop_lives(a: &Hop, relay: &Hop, b: &Hop) -> (Tally, RelayTally, Tally) {
+    let (mut tally_a, mut tally_relay, mut tally_b) = std::thread::scope(|scope| {
+        let a = scope.spawn(|| {
+            let mut tally = Tally::default();
+            kill_lives(&a.program, &a.env, &a.scale, &mut tally);
+            tally
+        });
+        let relay = scope.spawn(|| {
+            let mut tally = RelayTally::default();
+            let mut random = Shuffle::new(relay.scale.seed ^ 0x5e4d_0a11);
+            for k in 0..relay.scale.kills {
+                let remaining = relay.scale.messages.saturating_sub(tally.sends.len());
+                let kill = draw_kill(k, remaining, relay.scale.kills - k, &mut random);
+                relay_live(&relay.program, &relay.env, Some(kill), PATIENCE, &mut tally);
+            }
+            tally
+        });
+        let b = scope.spawn(|| {
+            let mut tally = Tally::default();
+            kill_lives(&b.program, &b.env, &b.scale, &mut tally);
+            tally
+        });
+        (
+            a.join().expect("A's crash loop"),
+            relay.join().expect("the relay's crash loop"),
+            b.join().expect("B's crash loop"),
+        )
+    });
+    last_life(&a.program, &a.env, &a.scale, a.exit_when_idle, &mut tally_a);
+    let mut env = relay.env.clone();
+    env.push((
+        "DEDUP_EXIT_WHEN_IDLE_MS",
+        relay.exit_when_idle.as_millis().to_string(),
+    ));
+    let patience =
+        Duration::from_secs(60) + Duration::from_millis(20 * relay.scale.messages as u64);
+    relay_live(&relay.program, &env, None, patience, &mut tally_relay);
+    last_life(&b.program, &b.env, &b.scale, b.exit_when_idle, &mut tally_b);
+    (tally_a, tally_relay, tally_b)
+}
+
+/// What the database holds for the ids `ids` (B's events): effect rows per id, and
+/// `consumer`'s dedup rows among them.
+async fn stored_ids(pool: &PgPool, effects_table: &str, consumer: &str, ids: &[String]) -> Stored {
+    let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT message_id, COUNT(*) FROM {effects_table} WHERE message_id = ANY($1) \
+         GROUP BY message_id"
+    )))
+    .bind(ids)
+    .fetch_all(pool)
+    .await
+    .expect("read the effects");
+    let dedup_rows: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM processed_messages WHERE consumer = $1 AND message_id = ANY($2)",
+    )
+    .bind(consumer)
+    .bind(ids)
+    .fetch_one(pool)
+    .await
+    .expect("count the dedup rows");
+    Stored {
+        effects: rows.into_iter().collect(),
+        dedup_rows,
+    }
+}
+
+/// The outbox's rows by state: every event sent, once each (the ids are its key), none
+/// left or dead.
+async fn check_outbox(pool: &PgPool, table: &str, events: &[Publish]) -> String {
+    let states: Vec<(i16, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT state::int2, COUNT(*) FROM {table} GROUP BY state ORDER BY state"
+    )))
+    .fetch_all(pool)
+    .await
+    .expect("read the outbox");
+    assert_eq!(
+        states,
+        [(2, events.len() as i64)],
+        "outbox rows by state (2: sent): every event sent, none unsent or dead"
+    );
+    let attempts: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT COALESCE(SUM(attempts), 0)::int8 FROM {table}"
+    )))
+    .fetch_one(pool)
+    .await
+    .expect("count the relay's attempts");
+    format!(
+        "{} rows, all sent, in {attempts} claims (a killed relay's claim is counted too)",
+        events.len()
+    )
+}
+
+/// The two-hop checks beyond each hop's own: the relay was killed between sends and
+/// marks and sent some events again, and B took every re-send for the duplicate it is.
+fn check_two_hop(relay: &RelayTally, b: &Tally, scale: &Scale) {
+    assert_eq!(relay.kills, scale.kills, "relay kills made");
+    assert_eq!(relay.dead, 0, "no event dead in the outbox");
+    let (resent, _) = relay.resent();
+    assert!(
+        !resent.is_empty(),
+        "no event was sent twice: the relay's kills ({} after a send) never caught a sent \
+         row unmarked",
+        relay.kills_after_send
+    );
+    let missed: Vec<&&str> = resent
+        .iter()
+        .filter(|id| !b.duplicate_ids.contains(**id))
+        .take(10)
+        .collect();
+    assert!(
+        missed.is_empty(),
+        "events sent twice that B never recognised as a duplicate, first 10: {missed:?}"
+    );
+}
+
+/// The figures of a two-hop run, in the form of [`report`].
+fn report_two_hop(
+    broker: &str,
+    spec: &TwoHop<'_>,
+    outcome: &TwoHopOutcome,
+    broker_state: &str,
+    elapsed: Duration,
+) {
+    let (published, seed, outbox) = (spec.published, spec.seed, &outcome.outbox);
+    let ((tally_a, stored_a), relay, (tally_b, stored_b)) =
+        (&outcome.a, &outcome.relay, &outcome.b);
+    let unique_ids: HashSet<&str> = published.iter().filter_map(|p| p.id.as_deref()).collect();
+    let with_id = published.iter().filter(|p| p.id.is_some()).count();
+    let (resent, extra_sends) = relay.resent();
+    let recognised = resent
+        .iter()
+        .filter(|id| tally_b.duplicate_ids.contains(**id))
+        .count();
+    let caught = |tally: &Tally| {
+        tally
+            .caught_in_window
+            .iter()
+            .filter(|id| tally.duplicate_ids.contains(*id))
+            .count()
+    };
+    let mut text = String::new();
+    let _ = writeln!(
+        text,
+        "\n== two-hop ({broker}): crash harness (seed {seed}) =="
+    );
+    let _ = writeln!(
+        text,
+        "published:      {} broker messages to A = {} unique ids + {} published duplicates + \
+         {POISON} poison (no id)",
+        published.len(),
+        unique_ids.len(),
+        with_id - unique_ids.len(),
+    );
+    let _ = writeln!(
+        text,
+        "kills:          {} SIGKILLs: A {} over {} lives, the relay {} over {} lives ({} right \
+         after a send, before its mark), B {} over {} lives",
+        tally_a.kills + relay.kills + tally_b.kills,
+        tally_a.kills,
+        tally_a.lives,
+        relay.kills,
+        relay.lives,
+        relay.kills_after_send,
+        tally_b.kills,
+        tally_b.lives,
+    );
+    let _ = writeln!(
+        text,
+        "commit→ack:     A: {} kills with a message committed, not acknowledged ({} messages, \
+         {} back as duplicates); B: {} kills ({} messages, {} back as duplicates)",
+        tally_a.kills_in_window,
+        tally_a.caught_in_window.len(),
+        caught(tally_a),
+        tally_b.kills_in_window,
+        tally_b.caught_in_window.len(),
+        caught(tally_b),
+    );
+    let _ = writeln!(
+        text,
+        "re-sends:       {} events sent more than once ({extra_sends} extra sends); B \
+         recognised {recognised} of the {} as duplicates; {} marks lost",
+        resent.len(),
+        resent.len(),
+        relay.lost,
+    );
+    let _ = writeln!(
+        text,
+        "deliveries:     A: {} ({} committed, {} duplicates, {} dead-lettered); B: {} ({} \
+         committed, {} duplicates, {} dead-lettered)",
+        tally_a.deliveries,
+        tally_a.committed,
+        tally_a.duplicates,
+        tally_a.dead,
+        tally_b.deliveries,
+        tally_b.committed,
+        tally_b.duplicates,
+        tally_b.dead,
+    );
+    let _ = writeln!(
+        text,
+        "effects:        A: {} rows for {} ids, each exactly once ({} dedup rows); B: {} rows \
+         for {} events, each exactly once ({} dedup rows); outbox: {outbox}",
+        stored_a.effects.values().sum::<i64>(),
+        stored_a.effects.len(),
+        stored_a.dedup_rows,
+        stored_b.effects.values().sum::<i64>(),
+        stored_b.effects.len(),
+        stored_b.dedup_rows,
+    );
+    let _ = writeln!(text, "broker:         {broker_state}");
+    let _ = writeln!(text, "duration:       {:.1} s", elapsed.as_secs_f64());
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// Each process's share of a two-hop run's kills (A, the relay, B), and its seed.
+fn two_hop_scales(scale: &Scale) -> [Scale; 3] {
+    let relay = scale.kills * 3 / 10;
+    let a = scale.kills - 2 * relay;
+    [(a, 1), (relay, 2), (relay, 3)].map(|(kills, salt)| Scale {
+        kills,
+        seed: scale.seed ^ salt,
+        ..scale.clone()
+    })
+}
+
+/// The environment of a child process.
+type Env = Vec<(&'static str, String)>;
+
+/// The three processes of a two-hop run, each with its share of `scale`'s kills:
+/// `consumer` as A (its environment `env_a` plus the forwarding to `output` through the
+/// run's outbox) and as B (`env_b`), and `relay` with `broker` (the variable naming its
+/// broker). The consumers' last lives end after `consumer_idle` without a delivery.
+fn hops(
+    spec: &TwoHop<'_>,
+    (consumer, relay): (PathBuf, PathBuf),
+    (mut env_a, env_b): (Env, Env),
+    broker: (&'static str, String),
+    output: &str,
+    scale: &Scale,
+    consumer_idle: Duration,
+) -> [Hop; 3] {
+    let [scale_a, scale_relay, scale_b] = two_hop_scales(scale);
+    env_a.push(("FORWARD_TO", output.to_owned()));
+    env_a.push(("DEDUP_OUTBOX_TABLE", spec.outbox_table.to_owned()));
+    let mut env_relay = relay_env(database_url(), spec.outbox_table);
+    env_relay.push(broker);
+    [
+        Hop {
+            program: consumer.clone(),
+            env: env_a,
+            scale: scale_a,
+            exit_when_idle: consumer_idle,
+        },
+        Hop {
+            program: relay,
+            env: env_relay,
+            scale: scale_relay,
+            exit_when_idle: Duration::from_millis(3000),
+        },
+        Hop {
+            program: consumer,
+            env: env_b,
+            scale: scale_b,
+            exit_when_idle: consumer_idle,
+        },
+    ]
+}
+
+/// The tables of a two-hop run, made before any service starts (as migrations run before
+/// a deployment's services): the effects table, and the run's outbox, which the relay
+/// needs from its first life.
+async fn two_hop_tables(pool: &PgPool, spec: &TwoHop<'_>) {
+    dedup_suite::ddl(
+        pool,
+        &format!(
+            "CREATE TABLE IF NOT EXISTS {} (message_id text NOT NULL, body text NOT NULL, \
+             applied_at timestamptz NOT NULL DEFAULT now())",
+            spec.effects_table
+        ),
+    )
+    .await;
+    dedup_runtime::outbox::migrate_table(pool, spec.outbox_table)
+        .await
+        .expect("create the run's outbox");
+}
+
+/// A two-hop run's database side: its input, the events A sends for it, where the
+/// effects and the dedup rows go.
+struct TwoHop<'a> {
+    run: &'a str,
+    seed: u64,
+    published: &'a [Publish],
+    events: &'a [Publish],
+    effects_table: &'a str,
+    /// A's dedup consumer, and the events' cause.
+    forwarder: &'a str,
+    /// B's dedup consumer.
+    consumer: &'a str,
+    outbox_table: &'a str,
+}
+
+/// What a two-hop run saw and stored.
+struct TwoHopOutcome {
+    a: (Tally, Stored),
+    relay: RelayTally,
+    b: (Tally, Stored),
+    outbox: String,
+}
+
+/// Runs the three processes of a two-hop run (`hops`: A, the relay, B) and checks the
+/// database: A's effects, the outbox, B's effects, the re-sends.
+async fn two_hop(pool: &PgPool, spec: &TwoHop<'_>, hops: [Hop; 3]) -> TwoHopOutcome {
+    let scales = [0, 1, 2].map(|k| hops[k].scale.clone());
+    let (tally_a, relay, tally_b) =
+        tokio::task::spawn_blocking(move || two_hop_lives(&hops[0], &hops[1], &hops[2]))
+            .await
+            .expect("the crash loops");
+    let stored_a = stored(pool, spec.effects_table, spec.forwarder, spec.run).await;
+    check(spec.published, &stored_a, &tally_a, &scales[0]);
+    let outbox = check_outbox(pool, spec.outbox_table, spec.events).await;
+    let ids: Vec<String> = spec.events.iter().filter_map(|e| e.id.clone()).collect();
+    let stored_b = stored_ids(pool, spec.effects_table, spec.consumer, &ids).await;
+    check(spec.events, &stored_b, &tally_b, &scales[2]);
+    check_two_hop(&relay, &tally_b, &scales[1]);
+    TwoHopOutcome {
+        a: (tally_a, stored_a),
+        relay,
+        b: (tally_b, stored_b),
+        outbox,
+    }
+}
+
+/// The relay's environment in a two-hop run: reports its sends, pauses 5 ms after each
+/// (the kills on a send land before its mark), and a 1 s lease, so that a killed relay's
+/// rows are taken over within the run.
+fn relay_env(database_url: String, outbox_table: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("DATABASE_URL", database_url),
+        ("DEDUP_OUTBOX_TABLE", outbox_table.to_owned()),
+        ("DEDUP_RELAY_LEASE_MS", "1000".to_owned()),
+        ("DEDUP_RELAY_MAX_ATTEMPTS", "1000".to_owned()),
+        ("DEDUP_REPORT_SENDS", "1".to_owned()),
+        ("DEDUP_CRASH_WINDOW_MS", "5".to_owned()),
+    ]
+}
+
+/// Deletes a passed two-hop run's rows: A's effects and dedup rows, B's, the outbox.
+async fn forget_two_hop(pool: &PgPool, spec: &TwoHop<'_>) {
+    let (effects_table, consumer, outbox_table) =
+        (spec.effects_table, spec.consumer, spec.outbox_table);
+    let events = spec.events;
+    forget_run(pool, effects_table, spec.forwarder, spec.run).await;
+    let ids: Vec<&str> = events.iter().filter_map(|e| e.id.as_deref()).collect();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DELETE FROM {effects_table} WHERE message_id = ANY($1)"
+    )))
+    .bind(&ids)
+    .execute(pool)
+    .await
+    .expect("delete B's effects");
+    sqlx::query("DELETE FROM processed_messages WHERE consumer = $1 AND message_id = ANY($2)")
+        .bind(consumer)
+        .bind(&ids)
+        .execute(pool)
+        .await
+        .expect("delete B's dedup rows");
+    for table in [outbox_table.to_owned(), format!("{outbox_table}_relay")] {
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE IF EXISTS {table}")))
+            .execute(pool)
+            .await
+            .expect("drop the run's outbox");
+    }
+}
+
 fn database_url() -> String {
     dedup_suite::postgres_url()
 }
@@ -718,6 +1274,167 @@ mod rabbitmq {
         .await;
     }
 
+    /// Publishes `published` to `queue` with publisher confirms.
+    async fn publish_all(channel: &Channel, queue: &str, published: &[Publish]) {
+        channel
+            .confirm_select(ConfirmSelectOptions::default())
+            .await
+            .expect("enable publisher confirms");
+        for message in published {
+            let mut properties = BasicProperties::default().with_delivery_mode(2);
+            if let Some(id) = &message.id {
+                properties = properties.with_message_id(id.as_str().into());
+            }
+            channel
+                .basic_publish(
+                    "".into(),
+                    queue.into(),
+                    BasicPublishOptions::default(),
+                    message.body.as_bytes(),
+                    properties,
+                )
+                .await
+                .expect("publish");
+        }
+        let returned = channel
+            .wait_for_confirms()
+            .await
+            .expect("publisher confirms");
+        assert!(
+            returned.is_empty(),
+            "the broker returned {} messages",
+            returned.len()
+        );
+        assert_eq!(
+            depth(channel, queue).await,
+            (published.len() as u32, 0),
+            "queue depth after publishing"
+        );
+    }
+
+    /// The bodies in `queue`'s dead-letter queue (read off it), and how many there were.
+    async fn dead_letters(channel: &Channel, queue: &str) -> (usize, HashSet<String>) {
+        let dead = format!("{queue}.dead");
+        let (count, _) = depth(channel, &dead).await;
+        let mut bodies = HashSet::new();
+        while let Some(message) = channel
+            .basic_get(dead.as_str().into(), BasicGetOptions { no_ack: true })
+            .await
+            .expect("read the dead-letter queue")
+        {
+            bodies.insert(String::from_utf8_lossy(&message.delivery.data).into_owned());
+        }
+        (count as usize, bodies)
+    }
+
+    /// Two hops over RabbitMQ: A (`examples/rabbitmq.rs` with `FORWARD_TO`) consumes the
+    /// input queue, writes its effect and enqueues an event in one `#[idempotent]`
+    /// transaction; the relay (`examples/outbox_relay.rs`) publishes the events to a
+    /// second queue; B (`examples/rabbitmq.rs`) consumes them. All three are killed at
+    /// random, side by side.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rabbitmq_two_hop_is_effectively_once_under_sigkill() {
+        let _alone = ONE_AT_A_TIME.lock().await;
+        let started = Instant::now();
+        let scale = Scale::from_env();
+        let run = dedup_suite::unique("two-hop");
+        let (input, output) = (
+            format!("dedup-crash.{run}.in"),
+            format!("dedup-crash.{run}.out"),
+        );
+        let outbox_table = dedup_suite::unique_table("two_hop_outbox");
+        let forwarder = forwarding_consumer("rabbitmq");
+        let url = amqp_url();
+        let connection = Connection::connect(&url, ConnectionProperties::default())
+            .await
+            .unwrap_or_else(|error| {
+                panic!(
+                    "RabbitMQ is not reachable at {url}: {error}. Start it (`rabbitmq-server \
+                     -detached`, or `bash .ci/run`) or set DEDUP_TEST_AMQP_URL"
+                )
+            });
+        let pool = dedup_suite::postgres().await;
+        let published = plan(&run, &scale, &mut Shuffle::new(scale.seed));
+        let events = events(&published, &forwarder);
+        let spec = TwoHop {
+            run: &run,
+            seed: scale.seed,
+            published: &published,
+            events: &events,
+            effects_table: "rabbitmq_example_effects",
+            forwarder: &forwarder,
+            consumer: "rabbitmq-example",
+            outbox_table: &outbox_table,
+        };
+
+        let body = async {
+            let channel = connection.create_channel().await.expect("open a channel");
+            dedup_suite::rabbitmq::declare(&channel, &input, false).await;
+            dedup_suite::rabbitmq::declare(&channel, &output, false).await;
+            two_hop_tables(&pool, &spec).await;
+            publish_all(&channel, &input, &published).await;
+
+            let programs =
+                tokio::task::spawn_blocking(|| (example("rabbitmq"), example("outbox_relay")))
+                    .await
+                    .expect("build the examples");
+            let consumer_env = |queue: &str| {
+                vec![
+                    ("AMQP_URL", url.clone()),
+                    ("DATABASE_URL", database_url()),
+                    ("QUEUE", queue.to_owned()),
+                    ("CONSUMERS", CONSUMERS.to_owned()),
+                    ("PREFETCH", PREFETCH.to_owned()),
+                    ("DEDUP_CRASH_WINDOW_MS", CRASH_WINDOW_MS.to_owned()),
+                ]
+            };
+            let hops = hops(
+                &spec,
+                programs,
+                (consumer_env(&input), consumer_env(&output)),
+                ("DEDUP_AMQP_URL", url.clone()),
+                &output,
+                &scale,
+                Duration::from_millis(1500),
+            );
+            let outcome = two_hop(&pool, &spec, hops).await;
+            for queue in [&input, &output] {
+                assert_eq!(
+                    depth(&channel, queue).await,
+                    (0, 0),
+                    "messages and consumers left on {queue}"
+                );
+            }
+            assert_eq!(
+                dead_letters(&channel, &input).await,
+                (POISON, poison_bodies()),
+                "A's dead-letter queue holds the poison messages, once each, and nothing else"
+            );
+            assert_eq!(
+                dead_letters(&channel, &output).await,
+                (0, HashSet::new()),
+                "B dead-lettered no event"
+            );
+            report_two_hop(
+                "RabbitMQ",
+                &spec,
+                &outcome,
+                &format!(
+                    "both queues empty (0 ready, 0 unacknowledged, 0 consumers); dead letters: \
+                     {POISON} on A's (the poison messages), 0 on B's"
+                ),
+                started.elapsed(),
+            );
+        };
+        let cleanup = async {
+            cleanup(&connection, &input).await;
+            cleanup(&connection, &output).await;
+        };
+        with_cleanup(body, cleanup).await;
+        forget_two_hop(&pool, &spec).await;
+        connection.close(200, "done".into()).await.ok();
+    }
+
     async fn harness(variant: &Variant) {
         let _alone = ONE_AT_A_TIME.lock().await;
         let started = Instant::now();
@@ -741,40 +1458,7 @@ mod rabbitmq {
             dedup_suite::ddl(&pool, variant.create_effects).await;
 
             let published = plan(&run, &scale, &mut Shuffle::new(scale.seed));
-            channel
-                .confirm_select(ConfirmSelectOptions::default())
-                .await
-                .expect("enable publisher confirms");
-            for message in &published {
-                let mut properties = BasicProperties::default().with_delivery_mode(2);
-                if let Some(id) = &message.id {
-                    properties = properties.with_message_id(id.as_str().into());
-                }
-                channel
-                    .basic_publish(
-                        "".into(),
-                        queue.as_str().into(),
-                        BasicPublishOptions::default(),
-                        message.body.as_bytes(),
-                        properties,
-                    )
-                    .await
-                    .expect("publish");
-            }
-            let returned = channel
-                .wait_for_confirms()
-                .await
-                .expect("publisher confirms");
-            assert!(
-                returned.is_empty(),
-                "the broker returned {} messages",
-                returned.len()
-            );
-            assert_eq!(
-                depth(&channel, &queue).await,
-                (published.len() as u32, 0),
-                "queue depth after publishing"
-            );
+            publish_all(&channel, &queue, &published).await;
 
             let name = variant.example;
             let program = tokio::task::spawn_blocking(move || example(name))
@@ -820,18 +1504,9 @@ mod rabbitmq {
                 (0, 0),
                 "messages and consumers left on the queue"
             );
-            let dead = format!("{queue}.dead");
-            let (dead_letters, _) = depth(&channel, &dead).await;
-            let mut dead_bodies = HashSet::new();
-            while let Some(message) = channel
-                .basic_get(dead.as_str().into(), BasicGetOptions { no_ack: true })
-                .await
-                .expect("read the dead-letter queue")
-            {
-                dead_bodies.insert(String::from_utf8_lossy(&message.delivery.data).into_owned());
-            }
+            let (dead_count, dead_bodies) = dead_letters(&channel, &queue).await;
             assert_eq!(
-                (dead_letters as usize, dead_bodies),
+                (dead_count, dead_bodies),
                 (POISON, poison_bodies()),
                 "the dead-letter queue holds the poison messages, once each, and nothing else"
             );
@@ -841,7 +1516,7 @@ mod rabbitmq {
                 &stored,
                 &tally,
                 &scale,
-                dead_letters as usize,
+                POISON,
                 "queue empty (0 ready, 0 unacknowledged, 0 consumers)",
                 started.elapsed(),
             );
@@ -880,6 +1555,102 @@ mod nats {
         }
     }
 
+    /// The durable pull consumer `examples/nats.rs` would create, with a short ack wait so
+    /// that a killed consumer's messages come back within the test.
+    async fn durable_consumer(
+        stream: &jetstream::stream::Stream,
+        durable: &str,
+    ) -> consumer::PullConsumer {
+        stream
+            .create_consumer(consumer::pull::Config {
+                durable_name: Some(durable.to_owned()),
+                ack_policy: consumer::AckPolicy::Explicit,
+                ack_wait: NATS_ACK_WAIT,
+                max_deliver: 100,
+                max_ack_pending: 10_000,
+                ..Default::default()
+            })
+            .await
+            .expect("create the durable consumer")
+    }
+
+    /// Publishes `published` to `subject`, each stored by the stream.
+    async fn publish_all(jetstream: &jetstream::Context, subject: &str, published: &[Publish]) {
+        let mut acks = Vec::with_capacity(published.len());
+        for message in published {
+            let mut headers = HeaderMap::new();
+            if let Some(id) = &message.id {
+                headers.insert("Message-Id", id.as_str());
+            }
+            let ack = jetstream
+                .publish_with_headers(subject.to_owned(), headers, message.body.clone().into())
+                .await
+                .expect("publish");
+            acks.push(ack);
+            if acks.len() == 500 {
+                for ack in acks.drain(..) {
+                    ack.await.expect("the stream stored the message");
+                }
+            }
+        }
+        for ack in acks {
+            ack.await.expect("the stream stored the message");
+        }
+    }
+
+    /// Asserts that `consumer` has nothing pending, unacknowledged or to redeliver, and its
+    /// ack floor at the stream's last sequence; returns that sequence.
+    async fn settled(
+        consumer: &mut consumer::PullConsumer,
+        stream: &jetstream::stream::Stream,
+    ) -> u64 {
+        let info = consumer.info().await.expect("consumer info").clone();
+        let last = stream
+            .get_info()
+            .await
+            .expect("stream info")
+            .state
+            .last_sequence;
+        assert_eq!(
+            (info.num_pending, info.num_ack_pending, info.num_redelivered),
+            (0, 0, 0),
+            "messages left pending, unacknowledged, or waiting for redelivery"
+        );
+        assert_eq!(
+            info.ack_floor.stream_sequence, last,
+            "every message up to the stream's last is acknowledged (or terminated)"
+        );
+        last
+    }
+
+    /// The messages in `{stream}_DEAD`, and their bodies.
+    async fn dead_letters(
+        jetstream: &jetstream::Context,
+        stream: &str,
+    ) -> (usize, HashSet<String>) {
+        let dead_stream = jetstream
+            .get_stream(format!("{stream}_DEAD"))
+            .await
+            .expect("the dead-letter stream");
+        let dead_state = dead_stream
+            .get_info()
+            .await
+            .expect("dead-letter stream info")
+            .state;
+        let mut bodies = HashSet::new();
+        for sequence in dead_state.first_sequence..=dead_state.last_sequence {
+            if dead_state.messages == 0 {
+                break;
+            }
+            let message = dead_stream
+                .get_raw_message(sequence)
+                .await
+                .expect("read a dead letter");
+            bodies.insert(String::from_utf8_lossy(&message.payload).into_owned());
+        }
+        (dead_state.messages as usize, bodies)
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn nats_consumer_is_effectively_once_under_sigkill() {
         let _alone = ONE_AT_A_TIME.lock().await;
@@ -905,17 +1676,7 @@ mod nats {
             // consumer's messages come back within the test.
             let (stream, _) =
                 dedup_suite::jetstream::streams(&jetstream, &url, &stream_name, &subject).await;
-            let mut consumer: consumer::PullConsumer = stream
-                .create_consumer(consumer::pull::Config {
-                    durable_name: Some(durable.to_owned()),
-                    ack_policy: consumer::AckPolicy::Explicit,
-                    ack_wait: NATS_ACK_WAIT,
-                    max_deliver: 100,
-                    max_ack_pending: 10_000,
-                    ..Default::default()
-                })
-                .await
-                .expect("create the durable consumer");
+            let mut consumer = durable_consumer(&stream, durable).await;
             sqlx::query(
                 "CREATE TABLE IF NOT EXISTS nats_example_effects (message_id text NOT NULL, \
                  body text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
@@ -925,26 +1686,7 @@ mod nats {
             .expect("create the effects table");
 
             let published = plan(&run, &scale, &mut Shuffle::new(scale.seed));
-            let mut acks = Vec::with_capacity(published.len());
-            for message in &published {
-                let mut headers = HeaderMap::new();
-                if let Some(id) = &message.id {
-                    headers.insert("Message-Id", id.as_str());
-                }
-                let ack = jetstream
-                    .publish_with_headers(subject.clone(), headers, message.body.clone().into())
-                    .await
-                    .expect("publish");
-                acks.push(ack);
-                if acks.len() == 500 {
-                    for ack in acks.drain(..) {
-                        ack.await.expect("the stream stored the message");
-                    }
-                }
-            }
-            for ack in acks {
-                ack.await.expect("the stream stored the message");
-            }
+            publish_all(&jetstream, &subject, &published).await;
             let info = consumer.info().await.expect("consumer info");
             assert_eq!(
                 info.num_pending,
@@ -977,42 +1719,8 @@ mod nats {
 
             let stored = stored(&pool, "nats_example_effects", "nats-example", &run).await;
             check(&published, &stored, &tally, &scale);
-            let info = consumer.info().await.expect("consumer info").clone();
-            let last = stream
-                .get_info()
-                .await
-                .expect("stream info")
-                .state
-                .last_sequence;
-            assert_eq!(
-                (info.num_pending, info.num_ack_pending, info.num_redelivered),
-                (0, 0, 0),
-                "messages left pending, unacknowledged, or waiting for redelivery"
-            );
-            assert_eq!(
-                info.ack_floor.stream_sequence, last,
-                "every message up to the stream's last is acknowledged (or terminated)"
-            );
-            let dead_stream = jetstream
-                .get_stream(format!("{stream_name}_DEAD"))
-                .await
-                .expect("the dead-letter stream");
-            let dead_state = dead_stream
-                .get_info()
-                .await
-                .expect("dead-letter stream info")
-                .state;
-            let mut dead_bodies = HashSet::new();
-            for sequence in dead_state.first_sequence..=dead_state.last_sequence {
-                if dead_state.messages == 0 {
-                    break;
-                }
-                let message = dead_stream
-                    .get_raw_message(sequence)
-                    .await
-                    .expect("read a dead letter");
-                dead_bodies.insert(String::from_utf8_lossy(&message.payload).into_owned());
-            }
+            let last = settled(&mut consumer, &stream).await;
+            let (dead_count, dead_bodies) = dead_letters(&jetstream, &stream_name).await;
             // A crash between the copy to the dead-letter subject and the `+TERM` copies a
             // poison message again on its redelivery: at least once each, nothing else.
             assert_eq!(
@@ -1026,7 +1734,7 @@ mod nats {
                 &stored,
                 &tally,
                 &scale,
-                dead_state.messages as usize,
+                dead_count,
                 &format!(
                     "consumer: 0 pending, 0 unacknowledged, ack floor at the stream's last \
                      sequence ({last})"
@@ -1036,5 +1744,130 @@ mod nats {
         };
         with_cleanup(body, cleanup(&jetstream, &stream_name)).await;
         forget_run(&pool, "nats_example_effects", "nats-example", &run).await;
+    }
+
+    /// Two hops over JetStream, as [the RabbitMQ one](super::rabbitmq): A and B are
+    /// `examples/nats.rs` (A with `FORWARD_TO`), the relay publishes with `Nats-Msg-Id`.
+    /// The events' stream keeps a 100 ms duplicate window (its least): JetStream's own dedup would
+    /// drop a re-send within its window (2 minutes by default), and this harness wants
+    /// every re-send to reach B, whose dedup must hold whatever comes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn nats_two_hop_is_effectively_once_under_sigkill() {
+        let _alone = ONE_AT_A_TIME.lock().await;
+        let started = Instant::now();
+        let scale = Scale::from_env();
+        let run = dedup_suite::unique("two-hop");
+        let (stream_in, stream_out) = (
+            format!("DEDUP_CRASH_{run}_IN"),
+            format!("DEDUP_CRASH_{run}_OUT"),
+        );
+        let (input, output) = (
+            format!("dedup-crash.{run}.in"),
+            format!("dedup-crash.{run}.out"),
+        );
+        let outbox_table = dedup_suite::unique_table("two_hop_outbox");
+        let forwarder = forwarding_consumer("nats");
+        let url = nats_url();
+        let client = async_nats::connect(&url).await.unwrap_or_else(|error| {
+            panic!(
+                "NATS is not reachable at {url}: {error}. Start it with JetStream (see \
+                 .ci/run) or set DEDUP_TEST_NATS_URL"
+            )
+        });
+        let jetstream = jetstream::new(client);
+        let pool = dedup_suite::postgres().await;
+        let published = plan(&run, &scale, &mut Shuffle::new(scale.seed));
+        let events = events(&published, &forwarder);
+        let spec = TwoHop {
+            run: &run,
+            seed: scale.seed,
+            published: &published,
+            events: &events,
+            effects_table: "nats_example_effects",
+            forwarder: &forwarder,
+            consumer: "nats-example",
+            outbox_table: &outbox_table,
+        };
+
+        let body = async {
+            let (in_stream, _) =
+                dedup_suite::jetstream::streams(&jetstream, &url, &stream_in, &input).await;
+            let (out_stream, _) =
+                dedup_suite::jetstream::streams(&jetstream, &url, &stream_out, &output).await;
+            let mut config = out_stream.cached_info().config.clone();
+            config.duplicate_window = Duration::from_millis(100);
+            jetstream
+                .update_stream(config)
+                .await
+                .expect("shorten the events' duplicate window");
+            let mut consumer_a = durable_consumer(&in_stream, "two-hop-a").await;
+            let mut consumer_b = durable_consumer(&out_stream, "two-hop-b").await;
+            two_hop_tables(&pool, &spec).await;
+            publish_all(&jetstream, &input, &published).await;
+
+            let programs =
+                tokio::task::spawn_blocking(|| (example("nats"), example("outbox_relay")))
+                    .await
+                    .expect("build the examples");
+            let consumer_env = |stream: &str, subject: &str, durable: &str| {
+                vec![
+                    ("NATS_URL", url.clone()),
+                    ("DATABASE_URL", database_url()),
+                    ("STREAM", stream.to_owned()),
+                    ("SUBJECT", subject.to_owned()),
+                    ("DURABLE", durable.to_owned()),
+                    ("CONSUMERS", CONSUMERS.to_owned()),
+                    ("PREFETCH", PREFETCH.to_owned()),
+                    ("DEDUP_CRASH_WINDOW_MS", CRASH_WINDOW_MS.to_owned()),
+                ]
+            };
+            // The consumers' last lives outlast the ack wait, to see the messages the
+            // kills left unacknowledged come back.
+            let hops = hops(
+                &spec,
+                programs,
+                (
+                    consumer_env(&stream_in, &input, "two-hop-a"),
+                    consumer_env(&stream_out, &output, "two-hop-b"),
+                ),
+                ("DEDUP_NATS_URL", url.clone()),
+                &output,
+                &scale,
+                NATS_ACK_WAIT + Duration::from_millis(1500),
+            );
+            let outcome = two_hop(&pool, &spec, hops).await;
+            let last_in = settled(&mut consumer_a, &in_stream).await;
+            let last_out = settled(&mut consumer_b, &out_stream).await;
+            let (_, dead_in) = dead_letters(&jetstream, &stream_in).await;
+            assert_eq!(
+                dead_in,
+                poison_bodies(),
+                "A's dead-letter stream holds the poison messages and nothing else"
+            );
+            assert_eq!(
+                dead_letters(&jetstream, &stream_out).await,
+                (0, HashSet::new()),
+                "B dead-lettered no event"
+            );
+            report_two_hop(
+                "JetStream",
+                &spec,
+                &outcome,
+                &format!(
+                    "both consumers: 0 pending, 0 unacknowledged, ack floors at their streams' \
+                     last sequences ({last_in} in, {last_out} out: {} events + {} re-sends); \
+                     dead letters: the {POISON} poison messages on A's, 0 on B's",
+                    events.len(),
+                    last_out.saturating_sub(events.len() as u64)
+                ),
+                started.elapsed(),
+            );
+        };
+        let cleanup = async {
+            cleanup(&jetstream, &stream_in).await;
+            cleanup(&jetstream, &stream_out).await;
+        };
+        with_cleanup(body, cleanup).await;
+        forget_two_hop(&pool, &spec).await;
     }
 }
