@@ -560,3 +560,89 @@ mod inbox {
         );
     }
 }
+
+/// A batch's size, its messages by outcome and its splits (SQLite), matching the rows.
+mod batch {
+    use super::*;
+    use dedup_runtime::batch::{Batch, BatchHandler};
+
+    /// Records nothing but fails on the id `poison`.
+    struct Fails;
+
+    impl BatchHandler<sqlx::Sqlite, Msg> for Fails {
+        type Error = std::io::Error;
+
+        async fn handle(
+            &self,
+            _: &mut sqlx::SqliteConnection,
+            fresh: &[&Msg],
+        ) -> Result<(), std::io::Error> {
+            if fresh.iter().any(|msg| msg.id == "poison") {
+                return Err(std::io::Error::other("poison"));
+            }
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn sizes_outcomes_and_splits_are_counted() {
+        let metrics = recorded(async {
+            let db = dedup_suite::sqlite().await;
+            let pool: &sqlx::SqlitePool = &db;
+            dedup_runtime::migrate(pool).await.unwrap();
+            let batch = Batch::new("metrics-batch").unwrap();
+            let msgs = |ids: &[&str]| -> Vec<Msg> {
+                ids.iter()
+                    .map(|id| Msg {
+                        id: (*id).to_owned(),
+                    })
+                    .collect()
+            };
+            batch
+                .run(pool, &msgs(&["a"]), |m| m.id.as_str(), &Fails)
+                .await
+                .unwrap();
+            let outcome = batch
+                .run(
+                    pool,
+                    &msgs(&["a", "b", "poison", "b", "", "c"]),
+                    |m| m.id.as_str(),
+                    &Fails,
+                )
+                .await
+                .unwrap();
+            assert_eq!(
+                (outcome.processed(), outcome.duplicates(), outcome.failed()),
+                (2, 1, 1)
+            );
+            assert_eq!(dedup_suite::claims(pool, "metrics-batch", "b").await, 1);
+            assert_eq!(
+                dedup_suite::claims(pool, "metrics-batch", "poison").await,
+                0
+            );
+        });
+        let labels = |outcome| [("consumer", "metrics-batch"), ("outcome", outcome)];
+        for (outcome, count) in [
+            ("processed", 3),
+            ("duplicate", 1),
+            ("failed", 1),
+            ("copy", 1),
+            ("invalid", 1),
+        ] {
+            assert_eq!(
+                metrics.counter("dedup_batch_messages_total", &labels(outcome)),
+                count,
+                "{outcome}"
+            );
+        }
+        assert_eq!(
+            metrics.samples("dedup_batch_size", &[("consumer", "metrics-batch")]),
+            [1.0, 6.0]
+        );
+        // Fresh: b, poison, c. Split into [b] and [poison, c], then [poison] and [c].
+        assert_eq!(
+            metrics.counter("dedup_batch_splits_total", &[("consumer", "metrics-batch")]),
+            2
+        );
+    }
+}

@@ -4,6 +4,7 @@
 //! | concern | trait | files |
 //! | --- | --- | --- |
 //! | begin, claim, commit, roll back | `ClaimBackend` | `claim.rs`, `claim/<db>.rs` |
+//! | a batch's claim and seal | `BatchBackend` | `batch.rs`, `batch/<db>.rs` |
 //! | what an error means | `ClassifyBackend` | `classify.rs`, `classify/<db>.rs` |
 //! | the dedup table's DDL | `SchemaBackend` | `schema.rs`, `schema/<db>.rs` |
 //! | pruning old ids | [`PruneBackend`](crate::PruneBackend) | `prune.rs`, `prune/<db>.rs` |
@@ -18,6 +19,7 @@
 
 use sqlx::Database;
 
+use crate::batch::BatchBackend;
 use crate::claim::ClaimBackend;
 use crate::classify::ClassifyBackend;
 use crate::inbox::{InboxBackend, InboxOperatorBackend};
@@ -48,6 +50,7 @@ use crate::schema::SchemaBackend;
 pub trait Backend:
     Database
     + ClaimBackend
+    + BatchBackend
     + ClassifyBackend
     + SchemaBackend
     + LedgerBackend

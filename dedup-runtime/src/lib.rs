@@ -162,6 +162,8 @@
 //   input.rs        what callers pass (`Db`: pool, connection, transaction) and what a
 //                   handler declares as its connection (`HandlerConnection`)
 //   claim/          begin, claim the message id, the checked commit, rollback, per backend
+//   batch/          N messages: their ids claimed in one statement, one body, one commit,
+//                   poison isolated by splitting (`Batch`)
 //   classify/       what an error means: transient, unique violation, database away
 //   chain.rs        the one walk along an error's sources, for every classification
 //   schema/         the dedup table: its name (`Table`), each backend's DDL and its upgrade
@@ -181,6 +183,7 @@ mod ack;
 #[cfg(feature = "async-nats")]
 pub mod async_nats;
 mod backend;
+pub mod batch;
 mod chain;
 mod claim;
 mod classify;

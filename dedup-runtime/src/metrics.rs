@@ -29,6 +29,14 @@
 //! | `dedup_inbox_rows` | gauge | `state`: `pending`, `claimed`, `processed`, `dead` | rows, at each [`Inbox::stats`](crate::inbox::Inbox::stats) |
 //! | `dedup_inbox_oldest_pending_seconds` | gauge | | the oldest pending row's age, at each `stats` (0 when none) |
 //!
+//! Batches ([`batch`](crate::batch)) record, with the label `consumer`:
+//!
+//! | name | kind | more labels | counts |
+//! | --- | --- | --- | --- |
+//! | `dedup_batch_size` | histogram | | messages per [`Batch::run`](crate::batch::Batch::run) |
+//! | `dedup_batch_messages_total` | counter | `outcome`: `processed`, `duplicate`, `failed`, `copy`, `invalid` | messages, as their [`BatchItem`](crate::batch::BatchItem) says |
+//! | `dedup_batch_splits_total` | counter | | failing transactions split in two |
+//!
 //! Capabilities added later record theirs here, under the same prefix and labels.
 
 #[cfg(feature = "metrics")]
@@ -246,6 +254,41 @@ pub(crate) fn inbox_count(
         metrics::with_recorder(|recorder| {
             recorder.register_counter(&key, &METADATA).increment(count);
         });
+    }
+}
+
+/// Records one [`Batch::run`](crate::batch::Batch::run): its size, its messages by
+/// outcome, its splits.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn batch_ran(
+    consumer: &str,
+    size: usize,
+    outcomes: [(&'static str, usize); 5],
+    splits: usize,
+) {
+    #[cfg(feature = "metrics")]
+    {
+        let label = || metrics::Label::new("consumer", consumer.to_owned());
+        let size_key = metrics::Key::from_parts("dedup_batch_size", vec![label()]);
+        let splits_key = metrics::Key::from_parts("dedup_batch_splits_total", vec![label()]);
+        metrics::with_recorder(|recorder| {
+            recorder
+                .register_histogram(&size_key, &METADATA)
+                .record(size as f64);
+            if splits > 0 {
+                recorder
+                    .register_counter(&splits_key, &METADATA)
+                    .increment(splits as u64);
+            }
+        });
+        for (outcome, count) in outcomes {
+            inbox_count(
+                "dedup_batch_messages_total",
+                consumer,
+                ("outcome", outcome),
+                count as u64,
+            );
+        }
     }
 }
 

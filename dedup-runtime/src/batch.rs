@@ -1,0 +1,573 @@
+//! Batches: N messages, their dedup rows claimed in one statement, one run of the body
+//! over the fresh ones, one commit.
+//!
+//! One message per transaction costs at least one commit (a WAL flush) and a few round
+//! trips, whatever the client. Brokers hand consumers batches (a JetStream fetch,
+//! RabbitMQ's prefetch, a Kafka poll); [`Batch::run`] takes one, claims every id in one
+//! statement in one transaction, runs the body once with the messages not processed
+//! before, and commits once:
+//!
+//! ```
+//! use dedup_runtime::batch::{Batch, BatchHandler};
+//!
+//! struct Paid { id: String, order: String }
+//!
+//! /// The body: one run for all the fresh messages of a batch, on its transaction.
+//! struct RecordPayments;
+//!
+//! impl BatchHandler<sqlx::Sqlite, Paid> for RecordPayments {
+//!     type Error = sqlx::Error;
+//!
+//!     async fn handle(
+//!         &self,
+//!         tx: &mut sqlx::SqliteConnection,
+//!         fresh: &[&Paid],
+//!     ) -> Result<(), sqlx::Error> {
+//!         // One multi-row statement would do; one per message is fine too.
+//!         for paid in fresh {
+//!             sqlx::query("INSERT INTO payments (order_id) VALUES (?1)")
+//!                 .bind(&paid.order)
+//!                 .execute(&mut *tx)
+//!                 .await?;
+//!         }
+//!         Ok(())
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+//! dedup_runtime::migrate(&pool).await?;
+//! # sqlx::raw_sql("CREATE TABLE payments (order_id TEXT NOT NULL)").execute(&pool).await?;
+//! let batch = Batch::new("billing")?;
+//! let delivered = [
+//!     Paid { id: "evt_1".into(), order: "o-1".into() },
+//!     Paid { id: "evt_2".into(), order: "o-2".into() },
+//!     Paid { id: "evt_1".into(), order: "o-1".into() }, // the broker's redelivery
+//! ];
+//! let outcome = batch.run(&pool, &delivered, |paid| paid.id.as_str(), &RecordPayments).await?;
+//! assert_eq!(outcome.processed(), 2); // evt_1 once, evt_2
+//! assert!((0..3).all(|n| outcome.ack(n))); // all three deliveries: acknowledge
+//!
+//! // Delivered again: duplicates, and the handler does not run.
+//! let again = batch.run(&pool, &delivered[..2], |paid| paid.id.as_str(), &RecordPayments).await?;
+//! assert_eq!(again.duplicates(), 2);
+//! # let payments: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM payments").fetch_one(&pool).await?;
+//! # assert_eq!(payments, 2);
+//! # Ok(()) }
+//! ```
+//!
+//! - **One claim statement per transaction**: PostgreSQL `INSERT … SELECT … FROM unnest(…)
+//!   ON CONFLICT DO NOTHING RETURNING`; SQLite a multi-row `INSERT … ON CONFLICT DO NOTHING
+//!   RETURNING`; MySQL and MariaDB a multi-row `INSERT … ON DUPLICATE KEY UPDATE` (a no-op
+//!   for the rows already there) that writes a token of this transaction's into the new
+//!   rows' `owner`, then a read of the ids holding it (MySQL has no `RETURNING`). The ids
+//!   go in byte order, so that overlapping batches lock their rows in one order: the later
+//!   waits for the earlier (and finds its ids processed, or free if it rolled back), never
+//!   deadlocks.
+//! - **In-batch copies collapse first**: the body sees each id once; a later copy's
+//!   outcome is [`BatchItem::SameAs`] the first's (acknowledge both, or neither).
+//! - **Poison isolation by splitting**: when the body fails, the transaction rolls back
+//!   and the fresh messages run again in two halves, each in its own transaction, down to
+//!   single messages: the good ones commit, and only a message that fails alone is
+//!   [`BatchItem::Failed`] — at most about 2·log₂ N extra transactions per poison message,
+//!   and a batch of N that all fail ends after 2N − 1. No savepoint per message (past 64
+//!   in one transaction, PostgreSQL's subtransactions slow every session).
+//! - **Transient failures retry the same batch**: a deadlock, a serialization failure, a
+//!   lock timeout (`SQLITE_BUSY`), or a transaction the database rolled back by itself,
+//!   whether from the claim, the body or the commit, runs the transaction again, after a
+//!   jittered backoff, up to [`MAX_ATTEMPTS`](crate::MAX_ATTEMPTS) times, without
+//!   splitting; a body that still fails that way then splits like any other failure.
+//! - **Business keys** ([`Batch::unique`]): a violation of a named unique constraint
+//!   inside a batch of several cannot say which message caused it, so it splits the
+//!   batch like a failure; the message that violates it alone is a duplicate
+//!   ([`Duplicate::BusinessKey`]), as in the single form.
+//! - **Bad ids** (empty, too long, with a NUL byte) are [`BatchItem::Invalid`], never
+//!   claimed; the rest of the batch is processed.
+//!
+//! A database failure of ours that persists (the claim or the commit failing for good,
+//! the database away) ends the call with the error: acknowledge nothing of the batch.
+//! What committed before it in this call comes back as duplicates.
+
+#[cfg(feature = "mysql")]
+mod mysql;
+#[cfg(feature = "postgres")]
+mod postgres;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+use std::collections::{HashMap, HashSet};
+use std::error::Error as StdError;
+use std::future::Future;
+use std::sync::atomic::AtomicBool;
+use std::time::Instant;
+
+use sqlx::{Database, Pool};
+
+use crate::backend::Backend;
+use crate::claim::Tx;
+use crate::classify;
+use crate::key::{InvalidMessageId, MessageKey};
+use crate::lease::{Guarded, new_token};
+use crate::ledger::{InvalidConsumer, check_consumer};
+use crate::outcome::Duplicate;
+use crate::rolled_back::RolledBack;
+use crate::schema::{DEFAULT_TABLE, InvalidTableName, Table};
+
+/// How one backend claims and seals a batch's dedup rows.
+#[doc(hidden)]
+pub trait BatchBackend: Database {
+    /// Inserts the dedup rows of `ids` (distinct, in byte order) that are not there yet,
+    /// in one statement where the backend allows it; returns the ids inserted now.
+    /// `token`: this transaction's own, for backends that read the new rows back by it.
+    fn claim_many<'c>(
+        conn: &'c mut Self::Connection,
+        table: &'c Table,
+        consumer: &'c str,
+        ids: &'c [&'c str],
+        token: &'c [u8; 16],
+    ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 'c;
+
+    /// Before the commit, on the rows `fresh` this transaction claimed: their
+    /// `processed_at` moved to now when the transaction was `slow` (PostgreSQL, SQLite;
+    /// MySQL always); and where a body that swallowed an error could have gone on in a
+    /// new transaction (MySQL: InnoDB ends one on a deadlock), a check that the rows are
+    /// still this transaction's own, [`RolledBack`] otherwise.
+    fn seal_many<'c>(
+        conn: &'c mut Self::Connection,
+        table: &'c Table,
+        consumer: &'c str,
+        fresh: &'c [&'c str],
+        token: &'c [u8; 16],
+        slow: bool,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+}
+
+/// The body of a batch handler: runs once per transaction on the messages of the batch
+/// not processed before (in input order, each id once), on that transaction's
+/// connection. Its effects commit with their dedup rows, or not at all.
+pub trait BatchHandler<DB: Backend, M>: Send + Sync {
+    /// The handler's error. A transient database error inside it (seen through
+    /// `source()`) retries the batch; any other splits it (see the [module](self)).
+    type Error: StdError + Send + 'static;
+
+    /// Processes `fresh` on `tx`.
+    fn handle<'c>(
+        &'c self,
+        tx: &'c mut DB::Connection,
+        fresh: &'c [&'c M],
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'c;
+}
+
+/// A batch handler's settings: its consumer, its dedup table and its business keys.
+/// Cheap to keep; [`run`](Self::run) it for each batch the broker hands over.
+#[derive(Debug, Clone)]
+pub struct Batch {
+    consumer: String,
+    table: Table,
+    unique: &'static [&'static str],
+}
+
+impl Batch {
+    /// A batch handler for `consumer` (the name `#[idempotent(consumer = …)]` would take;
+    /// the same rows as its single-message handlers), on `processed_messages`.
+    pub fn new(consumer: &str) -> Result<Batch, InvalidConsumer> {
+        check_consumer(consumer)?;
+        Ok(Batch {
+            consumer: consumer.to_owned(),
+            table: Table::new(DEFAULT_TABLE).expect("the default table name is valid"),
+            unique: &[],
+        })
+    }
+
+    /// Its dedup rows in `table` (as `#[idempotent(table = …)]`).
+    pub fn table(self, table: &str) -> Result<Batch, InvalidTableName> {
+        Ok(Batch {
+            table: Table::new(table)?,
+            ..self
+        })
+    }
+
+    /// Business keys (as `#[idempotent(unique = …)]`): a message whose body violates one
+    /// of these unique constraints on its own is a duplicate, [`Duplicate::BusinessKey`].
+    pub fn unique(self, constraints: &'static [&'static str]) -> Batch {
+        Batch {
+            unique: constraints,
+            ..self
+        }
+    }
+
+    /// The consumer.
+    pub fn consumer(&self) -> &str {
+        &self.consumer
+    }
+
+    /// Processes `messages`, keyed by `key`: claims their ids in one statement, runs
+    /// `handler` once on the connection of that transaction with the messages not
+    /// processed before (in input order, each id once), and commits; splits the fresh
+    /// messages when the handler fails (see the [module](self)). The outcome has one item
+    /// per message, in input order. `handler` is not called for a transaction with no
+    /// fresh message.
+    ///
+    /// # Errors
+    ///
+    /// A failure of ours that retries did not cure: the pool, the claim, the commit.
+    /// Nothing of the transaction in hand committed; sub-batches of this call that had
+    /// committed before come back as duplicates.
+    pub async fn run<DB, M, K, H>(
+        &self,
+        pool: &Pool<DB>,
+        messages: &[M],
+        key: impl Fn(&M) -> &K,
+        handler: &H,
+    ) -> Result<BatchOutcome<H::Error>, sqlx::Error>
+    where
+        DB: Backend,
+        M: Sync,
+        K: MessageKey + ?Sized,
+        H: BatchHandler<DB, M>,
+    {
+        let mut items: Vec<Option<BatchItem<H::Error>>> = Vec::with_capacity(messages.len());
+        // The distinct valid ids, each with the index of its first message.
+        let mut ids: Vec<(String, usize)> = Vec::new();
+        let mut first: HashMap<String, usize> = HashMap::new();
+        for (index, message) in messages.iter().enumerate() {
+            let id = key(message).message_id();
+            match id.validate() {
+                Err(invalid) => items.push(Some(BatchItem::Invalid(invalid))),
+                Ok(id) => match first.get(id) {
+                    Some(&earlier) => items.push(Some(BatchItem::SameAs { first: earlier })),
+                    None => {
+                        first.insert(id.to_owned(), index);
+                        ids.push((id.to_owned(), index));
+                        items.push(None);
+                    }
+                },
+            }
+        }
+        // Byte order: overlapping batches lock their rows in one order.
+        ids.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+        // Sub-batches still to run, as ranges of `ids` in input order of their messages.
+        let mut pending: Vec<Vec<usize>> = vec![(0..ids.len()).collect()];
+        let mut stats = Stats::default();
+        while let Some(part) = pending.pop() {
+            let ended = self
+                .transaction(pool, messages, &ids, &part, handler)
+                .await?;
+            stats.transactions += 1;
+            match ended {
+                Ended::Committed { fresh, duplicates } => {
+                    for k in fresh {
+                        items[ids[k].1] = Some(BatchItem::Processed);
+                    }
+                    for k in duplicates {
+                        items[ids[k].1] = Some(BatchItem::Duplicate(Duplicate::AlreadyProcessed));
+                    }
+                }
+                Ended::Failed {
+                    fresh,
+                    duplicates,
+                    error,
+                } => {
+                    for &k in &duplicates {
+                        items[ids[k].1] = Some(BatchItem::Duplicate(Duplicate::AlreadyProcessed));
+                    }
+                    match (fresh.len(), error) {
+                        (1, Failure::BusinessKey(constraint)) => {
+                            items[ids[fresh[0]].1] =
+                                Some(BatchItem::Duplicate(Duplicate::BusinessKey { constraint }));
+                        }
+                        (1, Failure::Body(error)) => {
+                            items[ids[fresh[0]].1] = Some(BatchItem::Failed(error));
+                        }
+                        (_, _) => {
+                            // Split: the halves run next, the first half first.
+                            stats.splits += 1;
+                            let (left, right) = fresh.split_at(fresh.len() / 2);
+                            pending.push(right.to_vec());
+                            pending.push(left.to_vec());
+                        }
+                    }
+                }
+            }
+        }
+        let items: Vec<BatchItem<H::Error>> = items
+            .into_iter()
+            .map(|item| item.expect("every message has an outcome"))
+            .collect();
+        let count =
+            |what: fn(&BatchItem<H::Error>) -> bool| items.iter().filter(|i| what(i)).count();
+        crate::metrics::batch_ran(
+            &self.consumer,
+            messages.len(),
+            [
+                ("processed", count(|i| matches!(i, BatchItem::Processed))),
+                ("duplicate", count(|i| matches!(i, BatchItem::Duplicate(_)))),
+                ("failed", count(|i| matches!(i, BatchItem::Failed(_)))),
+                ("copy", count(|i| matches!(i, BatchItem::SameAs { .. }))),
+                ("invalid", count(|i| matches!(i, BatchItem::Invalid(_)))),
+            ],
+            stats.splits,
+        );
+        tracing::debug!(
+            consumer = self.consumer,
+            messages = messages.len(),
+            transactions = stats.transactions,
+            splits = stats.splits,
+            "batch processed"
+        );
+        Ok(BatchOutcome {
+            items,
+            splits: stats.splits,
+        })
+    }
+
+    /// One sub-batch, `part` (indices into `ids`), in its own transaction, retried while
+    /// a failure is transient.
+    async fn transaction<DB, M, H>(
+        &self,
+        pool: &Pool<DB>,
+        messages: &[M],
+        ids: &[(String, usize)],
+        part: &[usize],
+        handler: &H,
+    ) -> Result<Ended<H::Error>, sqlx::Error>
+    where
+        DB: Backend,
+        M: Sync,
+        H: BatchHandler<DB, M>,
+    {
+        let business_keys = !self.unique.is_empty();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let retry = attempt < crate::retry::MAX_ATTEMPTS;
+            let token = new_token();
+            // Closed, not pooled, unless the transaction ends here as it should (a call
+            // cancelled mid-transaction, or a MySQL session left out of autocommit).
+            let mut conn = Guarded::new(pool.acquire().await?);
+            let unclean = AtomicBool::new(DB::CHANGES_SESSION);
+            let tx = match DB::begin_owned(&mut *conn, business_keys).await {
+                Ok(tx) => tx,
+                Err(error) if retry && transient::<DB>(&error) => {
+                    back_off(attempt).await;
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
+            let mut tx = Tx {
+                tx,
+                unclean: &unclean,
+            };
+            let wanted: Vec<&str> = part.iter().map(|&k| ids[k].0.as_str()).collect();
+            let claimed_at = Instant::now();
+            let claimed =
+                DB::claim_many(&mut *tx.tx, &self.table, &self.consumer, &wanted, &token).await;
+            let claimed: HashSet<String> = match claimed {
+                Ok(claimed) => claimed.into_iter().collect(),
+                Err(error) => {
+                    let _ = DB::rollback_owned(tx, true, true).await;
+                    if retry && transient::<DB>(&error) {
+                        back_off(attempt).await;
+                        continue;
+                    }
+                    return Err(error);
+                }
+            };
+            // The fresh ones in their messages' input order, for the body.
+            let (mut fresh, duplicates): (Vec<usize>, Vec<usize>) = part
+                .iter()
+                .partition(|&&k| claimed.contains(ids[k].0.as_str()));
+            fresh.sort_unstable_by_key(|&k| ids[k].1);
+            if fresh.is_empty() {
+                let _ = DB::rollback_owned(tx, true, false).await;
+                if !unclean.load(std::sync::atomic::Ordering::Relaxed) {
+                    conn.set_clean();
+                }
+                return Ok(Ended::Committed { fresh, duplicates });
+            }
+            let batch: Vec<&M> = fresh.iter().map(|&k| &messages[ids[k].1]).collect();
+            let ran = handler.handle(&mut *tx.tx, &batch).await;
+            let ended = match ran {
+                Ok(()) => {
+                    let sealed: Vec<&str> = fresh.iter().map(|&k| ids[k].0.as_str()).collect();
+                    let slow = claimed_at.elapsed() >= crate::run::STAMP_AFTER;
+                    let committed = match DB::seal_many(
+                        &mut *tx.tx,
+                        &self.table,
+                        &self.consumer,
+                        &sealed,
+                        &token,
+                        slow,
+                    )
+                    .await
+                    {
+                        Ok(()) => DB::commit_owned(tx, None, true).await,
+                        Err(error) => {
+                            let _ = DB::rollback_owned(tx, true, true).await;
+                            Err(error)
+                        }
+                    };
+                    match committed {
+                        Ok(()) => Ended::Committed { fresh, duplicates },
+                        Err(error)
+                            if retry
+                                && (transient::<DB>(&error)
+                                    || RolledBack::find(&error).is_some()) =>
+                        {
+                            back_off(attempt).await;
+                            continue;
+                        }
+                        Err(error) => return Err(error),
+                    }
+                }
+                Err(error) => {
+                    let cause: &(dyn StdError + 'static) = &error;
+                    let transient = classify::is_transient::<DB>(cause);
+                    let violation = if business_keys && fresh.len() == 1 {
+                        classify::unique_violation::<DB>(cause)
+                    } else {
+                        None
+                    };
+                    let business_key = match violation {
+                        Some(violation) => DB::matching(&mut *tx.tx, violation, self.unique).await,
+                        None => None,
+                    };
+                    let _ = DB::rollback_owned(tx, true, true).await;
+                    if business_key.is_none() && transient && retry {
+                        back_off(attempt).await;
+                        continue;
+                    }
+                    Ended::Failed {
+                        fresh,
+                        duplicates,
+                        error: match business_key {
+                            Some(constraint) => Failure::BusinessKey(constraint),
+                            None => Failure::Body(error),
+                        },
+                    }
+                }
+            };
+            if !unclean.load(std::sync::atomic::Ordering::Relaxed) {
+                conn.set_clean();
+            }
+            return Ok(ended);
+        }
+    }
+}
+
+fn transient<DB: Backend>(error: &sqlx::Error) -> bool {
+    classify::is_transient::<DB>(error)
+}
+
+async fn back_off(attempt: u32) {
+    tokio::time::sleep(crate::retry::backoff(attempt)).await;
+}
+
+#[derive(Default)]
+struct Stats {
+    transactions: usize,
+    splits: usize,
+}
+
+/// How one sub-batch's transaction ended.
+enum Ended<E> {
+    /// Committed (or nothing was fresh): `fresh` processed, `duplicates` were there.
+    Committed {
+        fresh: Vec<usize>,
+        duplicates: Vec<usize>,
+    },
+    /// The body failed on `fresh`, rolled back; `duplicates` were there before.
+    Failed {
+        fresh: Vec<usize>,
+        duplicates: Vec<usize>,
+        error: Failure<E>,
+    },
+}
+
+enum Failure<E> {
+    Body(E),
+    BusinessKey(&'static str),
+}
+
+/// One message's outcome in a [`BatchOutcome`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BatchItem<E> {
+    /// Its effects and its dedup row committed in this call: acknowledge.
+    Processed,
+    /// Processed before (or, with [`Batch::unique`], its business key was): acknowledge.
+    Duplicate(Duplicate),
+    /// The body failed on this message alone, with this error: rolled back, nothing of it
+    /// committed. Retry or dead-letter it as the single form's errors
+    /// ([`AckPolicy`](crate::AckPolicy) decides on the error).
+    Failed(E),
+    /// The same id as the message at index `first`, earlier in this batch (a broker's
+    /// redelivery within one fetch): that message's outcome is this one's too.
+    SameAs {
+        /// The index of the first message with the id.
+        first: usize,
+    },
+    /// Its id is refused (empty, too long, a NUL byte): never claimed, never processed.
+    Invalid(InvalidMessageId),
+}
+
+/// The outcome of [`Batch::run`]: one [`BatchItem`] per message, in input order.
+#[derive(Debug)]
+pub struct BatchOutcome<E> {
+    items: Vec<BatchItem<E>>,
+    splits: usize,
+}
+
+impl<E> BatchOutcome<E> {
+    /// The items, in input order.
+    pub fn items(&self) -> &[BatchItem<E>] {
+        &self.items
+    }
+
+    /// The items, in input order, by value.
+    pub fn into_items(self) -> Vec<BatchItem<E>> {
+        self.items
+    }
+
+    /// The item of message `index`, with a [`BatchItem::SameAs`] followed to the
+    /// message it refers to.
+    pub fn settled(&self, index: usize) -> &BatchItem<E> {
+        match &self.items[index] {
+            BatchItem::SameAs { first } => &self.items[*first],
+            item => item,
+        }
+    }
+
+    /// Whether message `index` can be acknowledged: processed or a duplicate (for a copy,
+    /// its first's outcome).
+    pub fn ack(&self, index: usize) -> bool {
+        matches!(
+            self.settled(index),
+            BatchItem::Processed | BatchItem::Duplicate(_)
+        )
+    }
+
+    /// Messages processed in this call (copies not counted).
+    pub fn processed(&self) -> usize {
+        self.count(|item| matches!(item, BatchItem::Processed))
+    }
+
+    /// Messages found processed before, or their business key (copies not counted).
+    pub fn duplicates(&self) -> usize {
+        self.count(|item| matches!(item, BatchItem::Duplicate(_)))
+    }
+
+    /// Messages the body failed on alone.
+    pub fn failed(&self) -> usize {
+        self.count(|item| matches!(item, BatchItem::Failed(_)))
+    }
+
+    /// How many times a failing transaction was split in two.
+    pub fn splits(&self) -> usize {
+        self.splits
+    }
+
+    fn count(&self, what: impl Fn(&BatchItem<E>) -> bool) -> usize {
+        self.items.iter().filter(|item| what(item)).count()
+    }
+}

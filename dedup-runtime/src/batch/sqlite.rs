@@ -1,0 +1,76 @@
+//! SQLite: a multi-row `INSERT … ON CONFLICT DO NOTHING RETURNING` (SQLite 3.35), in
+//! statements of at most [`ROWS`] rows (a statement's parameters are limited).
+
+use sqlx::sqlite::SqliteConnection;
+use sqlx::{AssertSqlSafe, Sqlite};
+
+use super::BatchBackend;
+use crate::schema::Table;
+
+/// Rows per statement: one parameter each, and the consumer.
+const ROWS: usize = 10_000;
+
+/// `?2, ?3, …` from `first`, one per row, each in `row`'s form.
+fn numbered(count: usize, first: usize, row: impl Fn(usize) -> String) -> String {
+    let mut list = String::with_capacity(12 * count);
+    for n in 0..count {
+        if n > 0 {
+            list.push_str(", ");
+        }
+        list.push_str(&row(first + n));
+    }
+    list
+}
+
+impl BatchBackend for Sqlite {
+    async fn claim_many<'c>(
+        conn: &'c mut SqliteConnection,
+        table: &'c Table,
+        consumer: &'c str,
+        ids: &'c [&'c str],
+        _: &'c [u8; 16],
+    ) -> Result<Vec<String>, sqlx::Error> {
+        let mut claimed = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(ROWS) {
+            let sql = format!(
+                "INSERT INTO {} (consumer, message_id) VALUES {} \
+                 ON CONFLICT DO NOTHING RETURNING message_id",
+                table.name(),
+                numbered(chunk.len(), 2, |n| format!("(?1, ?{n})"))
+            );
+            let mut query = sqlx::query_scalar::<_, String>(AssertSqlSafe(sql)).bind(consumer);
+            for id in chunk {
+                query = query.bind(*id);
+            }
+            claimed.extend(query.fetch_all(&mut *conn).await?);
+        }
+        Ok(claimed)
+    }
+
+    async fn seal_many<'c>(
+        conn: &'c mut SqliteConnection,
+        table: &'c Table,
+        consumer: &'c str,
+        fresh: &'c [&'c str],
+        _: &'c [u8; 16],
+        slow: bool,
+    ) -> Result<(), sqlx::Error> {
+        if !slow {
+            return Ok(());
+        }
+        for chunk in fresh.chunks(ROWS) {
+            let sql = format!(
+                "UPDATE {} SET processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+                 WHERE consumer = ?1 AND message_id IN ({})",
+                table.name(),
+                numbered(chunk.len(), 2, |n| format!("?{n}"))
+            );
+            let mut query = sqlx::query(AssertSqlSafe(sql)).bind(consumer);
+            for id in chunk {
+                query = query.bind(*id);
+            }
+            query.execute(&mut *conn).await?;
+        }
+        Ok(())
+    }
+}
