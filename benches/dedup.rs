@@ -3,9 +3,17 @@
 //! ```text
 //! cargo bench --bench dedup                      # the full run: about 9 minutes
 //! cargo bench --bench dedup --features brokers    # the same, and the relay to the brokers
+//! cargo bench --bench dedup -- batch              # the batch group alone (batch.csv)
 //! DEDUP_BENCH_ROUNDS=5 cargo bench --bench dedup  # the same with 5 rounds instead of 15
 //! DEDUP_BENCH_SMOKE=1 cargo test --all-features --bench dedup  # CI smoke run: tiny sizes
 //! ```
+//!
+//! The batch group (in every round, or alone with `-- batch`): `dedup_runtime::batch` on
+//! PostgreSQL and SQLite at 1 and 4 tasks, batches of 1, 10, 100 and 1,000 fresh
+//! messages, the body one multi-row insert over them, against the single-message
+//! generated handler at the same task count in the same round; and batches of 100 that are
+//! all duplicates. `target/dedup-bench/batch.csv` has
+//! `backend,tasks,batch,per_message_rate,ratio_vs_single` (medians over the rounds).
 //!
 //! Every round also times the inbox (receiving, and workers processing) and the outbox:
 //! the handler with one `enqueue` against the same handler without it, call by call, and
@@ -342,6 +350,12 @@ trait Target: Send + Sync + 'static {
         ids: &'a [String],
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
+    /// The batch handler: one multi-row statement inserting the fresh messages' effects.
+    type Batcher: dedup_runtime::batch::BatchHandler<Self::Db, String> + Default + 'static;
+
+    /// Empties the dedup table and the effects.
+    fn reset(pool: &Pool<Self::Db>) -> impl Future<Output = Result<(), sqlx::Error>> + Send + '_;
+
     /// Empties the outbox table.
     fn outbox_reset(
         pool: &Pool<Self::Db>,
@@ -362,6 +376,27 @@ const DESTINATION: &str = "dedup-bench.events";
 mod pg {
     use dedup_runtime::idempotent;
     use sqlx::{PgConnection, PgPool};
+
+    /// The batch handler's work: one `INSERT … SELECT unnest(…)` for all fresh messages.
+    #[derive(Default)]
+    pub struct BatchBody;
+
+    impl dedup_runtime::batch::BatchHandler<sqlx::Postgres, String> for BatchBody {
+        type Error = sqlx::Error;
+
+        async fn handle(
+            &self,
+            tx: &mut PgConnection,
+            fresh: &[&String],
+        ) -> Result<(), sqlx::Error> {
+            let ids: Vec<&str> = fresh.iter().map(|id| id.as_str()).collect();
+            sqlx::query("INSERT INTO dedup_bench_effects (message_id) SELECT unnest($1::text[])")
+                .bind(&ids)
+                .execute(&mut *tx)
+                .await?;
+            Ok(())
+        }
+    }
 
     /// The handler's work, the same in every variant.
     async fn body(tx: &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
@@ -471,6 +506,11 @@ impl Target for Postgres {
     }
 
     type Handler = pg::InboxBody;
+    type Batcher = pg::BatchBody;
+
+    async fn reset(pool: &Pool<sqlx::Postgres>) -> Result<(), sqlx::Error> {
+        postgres_reset(pool).await
+    }
 
     async fn inbox_reset(pool: &Pool<sqlx::Postgres>) -> Result<(), sqlx::Error> {
         execute(
@@ -507,6 +547,34 @@ impl Target for Postgres {
 mod lite {
     use dedup_runtime::idempotent;
     use sqlx::{SqliteConnection, SqlitePool};
+
+    /// The batch handler's work: one multi-row `INSERT` for all fresh messages.
+    #[derive(Default)]
+    pub struct BatchBody;
+
+    impl dedup_runtime::batch::BatchHandler<sqlx::Sqlite, String> for BatchBody {
+        type Error = sqlx::Error;
+
+        async fn handle(
+            &self,
+            tx: &mut SqliteConnection,
+            fresh: &[&String],
+        ) -> Result<(), sqlx::Error> {
+            let mut sql = String::from("INSERT INTO dedup_bench_effects (message_id) VALUES ");
+            for n in 1..=fresh.len() {
+                if n > 1 {
+                    sql.push_str(", ");
+                }
+                sql.push_str(&format!("(?{n})"));
+            }
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for id in fresh {
+                query = query.bind(id.as_str());
+            }
+            query.execute(&mut *tx).await?;
+            Ok(())
+        }
+    }
 
     /// The handler's work, the same in every variant.
     async fn body(tx: &mut SqliteConnection, id: &str) -> Result<(), sqlx::Error> {
@@ -617,6 +685,11 @@ impl Target for Sqlite {
     }
 
     type Handler = lite::InboxBody;
+    type Batcher = lite::BatchBody;
+
+    async fn reset(pool: &Pool<sqlx::Sqlite>) -> Result<(), sqlx::Error> {
+        sqlite_reset(pool).await
+    }
 
     async fn inbox_reset(pool: &Pool<sqlx::Sqlite>) -> Result<(), sqlx::Error> {
         execute(
@@ -1263,6 +1336,207 @@ impl Brokers {
         self.stream.purge().await?;
         Ok(())
     }
+}
+
+/// The batch sizes of the batch group.
+const BATCH_SIZES: [usize; 4] = [1, 10, 100, 1_000];
+
+/// The task counts of the batch group.
+const BATCH_TASKS: [usize; 2] = [1, 4];
+
+/// One round of the batch group on one backend and task count.
+struct BatchSample {
+    backend: BackendName,
+    tasks: usize,
+    /// The single-message generated handler's rate, in this round.
+    single: f64,
+    /// Per batch size: messages per second, fresh.
+    fresh: Vec<(usize, f64)>,
+    /// Batches of 100, every message a duplicate: messages per second.
+    duplicates: f64,
+}
+
+/// Runs `ids` through [`dedup_runtime::batch::Batch::run`] on `tasks` tasks, `batch`
+/// messages per call; `fresh`: whether every message must be processed (else every one
+/// must be a duplicate). Seconds from the moment all tasks are ready.
+async fn measure_batch<T: Target>(
+    pool: &Pool<T::Db>,
+    tasks: usize,
+    batch: usize,
+    ids: Arc<Vec<String>>,
+    fresh: bool,
+) -> Result<f64, Error> {
+    let per_task = ids.len() / tasks;
+    let start = Arc::new(tokio::sync::Barrier::new(tasks + 1));
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let (pool, ids, start) = (pool.clone(), ids.clone(), start.clone());
+            tokio::spawn(async move {
+                let runner =
+                    dedup_runtime::batch::Batch::new("bench-batch")?.table("dedup_bench")?;
+                let handler = T::Batcher::default();
+                start.wait().await;
+                let mut processed = 0;
+                for chunk in ids[task * per_task..(task + 1) * per_task].chunks(batch) {
+                    let outcome = runner.run(&pool, chunk, |id| id.as_str(), &handler).await?;
+                    processed += outcome.processed();
+                }
+                Ok::<usize, Error>(processed)
+            })
+        })
+        .collect();
+    start.wait().await;
+    let began = Instant::now();
+    let mut processed = 0;
+    for handle in handles {
+        processed += handle.await??;
+    }
+    let seconds = began.elapsed().as_secs_f64();
+    let expected = if fresh { per_task * tasks } else { 0 };
+    if processed != expected {
+        return Err(format!("batch of {batch}: {processed} processed, expected {expected}").into());
+    }
+    Ok(seconds)
+}
+
+/// One round of the batch group on `backend`: for 1 and 4 tasks, the single-message
+/// generated handler, then batches of each size (in an order that turns each round),
+/// then batches of 100 that are all duplicates.
+async fn measure_batches<T: Target>(
+    backend: BackendName,
+    pool: &Pool<T::Db>,
+    config: &Config,
+    round: usize,
+    seed: &mut u64,
+) -> Result<Vec<BatchSample>, Error> {
+    let mut samples = Vec::new();
+    for tasks in BATCH_TASKS {
+        T::reset(pool).await?;
+        let ids = Arc::new(random_ids(config.ops / tasks * tasks, seed));
+        let (seconds, _) =
+            measure::<T>(pool, Variant::Generated, tasks, config.smoke, ids.clone()).await?;
+        let single = ids.len() as f64 / seconds;
+        let mut sizes: Vec<usize> = BATCH_SIZES
+            .into_iter()
+            .filter(|&batch| !config.smoke || batch <= 100)
+            .collect();
+        let turn = round % sizes.len();
+        sizes.rotate_left(turn);
+        let mut fresh = Vec::new();
+        let mut duplicates = 0.0;
+        for batch in sizes {
+            // Enough messages for every task to run several batches.
+            let unit = batch * tasks;
+            let count = config.ops.max(8 * unit).div_ceil(unit) * unit;
+            let ids = Arc::new(random_ids(count, seed));
+            let seconds = measure_batch::<T>(pool, tasks, batch, ids.clone(), true).await?;
+            fresh.push((batch, count as f64 / seconds));
+            if batch == 100 {
+                let seconds = measure_batch::<T>(pool, tasks, batch, ids, false).await?;
+                duplicates = count as f64 / seconds;
+            }
+        }
+        fresh.sort_by_key(|(batch, _)| *batch);
+        eprintln!(
+            "           {:<10} batches, {tasks} task(s): single {single:.0}/s; {}; all duplicates (100) {duplicates:.0}/s",
+            backend.name(),
+            fresh
+                .iter()
+                .map(|(batch, rate)| format!("{batch}: {rate:.0}/s"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        samples.push(BatchSample {
+            backend,
+            tasks,
+            single,
+            fresh,
+            duplicates,
+        });
+    }
+    Ok(samples)
+}
+
+/// The batch group's medians over the rounds, printed, and `batch.csv`:
+/// `backend,tasks,batch,per_message_rate,ratio_vs_single` (the ratio taken within each
+/// round, then its median). `pgbench`: pgbench's rate per task count, when it ran.
+fn print_batches(
+    samples: &[BatchSample],
+    pgbench: &[(usize, f64)],
+    dir: &Path,
+) -> Result<(), Error> {
+    println!(
+        "\nbatches (dedup_runtime::batch, the body one multi-row statement): messages per \
+         second, medians over the rounds, and the ratio to the single-message generated \
+         handler at the same task count"
+    );
+    let mut csv = String::from("backend,tasks,batch,per_message_rate,ratio_vs_single\n");
+    for backend in [BackendName::Postgres, BackendName::Sqlite] {
+        for tasks in BATCH_TASKS {
+            let mine: Vec<&BatchSample> = samples
+                .iter()
+                .filter(|s| s.backend == backend && s.tasks == tasks)
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let single = median(mine.iter().map(|s| s.single).collect());
+            let mut line = format!(
+                "{:<10} {tasks} task(s): single {single:.0}/s",
+                backend.name()
+            );
+            for batch in BATCH_SIZES {
+                let rates: Vec<(f64, f64)> = mine
+                    .iter()
+                    .filter_map(|s| {
+                        s.fresh
+                            .iter()
+                            .find(|(b, _)| *b == batch)
+                            .map(|(_, rate)| (*rate, rate / s.single))
+                    })
+                    .collect();
+                if rates.is_empty() {
+                    continue;
+                }
+                let rate = median(rates.iter().map(|r| r.0).collect());
+                let ratio = median(rates.iter().map(|r| r.1).collect());
+                let _ = write!(line, "; {batch}: {rate:.0}/s ({ratio:.1}x)");
+                let _ = writeln!(
+                    csv,
+                    "{},{tasks},{batch},{rate:.1},{ratio:.3}",
+                    match backend {
+                        BackendName::Postgres => "postgres",
+                        BackendName::Sqlite => "sqlite",
+                    }
+                );
+            }
+            let duplicate_ratio = median(
+                mine.iter()
+                    .filter_map(|s| {
+                        let fresh = s.fresh.iter().find(|(b, _)| *b == 100)?.1;
+                        Some(s.duplicates / fresh)
+                    })
+                    .collect(),
+            );
+            let _ = write!(
+                line,
+                "; all duplicates / all fresh (100): {duplicate_ratio:.2}x"
+            );
+            if backend == BackendName::Postgres
+                && let Some((_, pgbench)) = pgbench.iter().find(|(t, _)| *t == tasks)
+            {
+                let hundred = median(
+                    mine.iter()
+                        .filter_map(|s| s.fresh.iter().find(|(b, _)| *b == 100).map(|(_, r)| *r))
+                        .collect(),
+                );
+                let _ = write!(line, "; batch 100 / pgbench: {:.1}x", hundred / pgbench);
+            }
+            println!("{line}");
+        }
+    }
+    std::fs::write(dir.join("batch.csv"), csv)?;
+    Ok(())
 }
 
 fn print_outbox(samples: &[OutboxSample]) {
@@ -2023,7 +2297,7 @@ fn svg(summary: &Summary, config: &Config, backends: &[BackendName]) -> String {
 // Main
 // ---------------------------------------------------------------------------------------
 
-async fn run(config: Config) -> Result<(), Error> {
+async fn run(config: Config, batch_only: bool) -> Result<(), Error> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = manifest.join("target/dedup-bench");
     std::fs::create_dir_all(&dir)?;
@@ -2059,6 +2333,25 @@ async fn run(config: Config) -> Result<(), Error> {
         .duration_since(UNIX_EPOCH)
         .map_or(1, |elapsed| elapsed.as_nanos() as u64)
         | 1;
+
+    // `cargo bench --bench dedup -- batch`: the batch group alone.
+    if batch_only {
+        let mut samples = Vec::new();
+        for round in 0..config.rounds {
+            eprintln!("round {}/{} batches", round + 1, config.rounds);
+            samples.extend(
+                measure_batches::<Postgres>(BackendName::Postgres, &pg, &config, round, &mut seed)
+                    .await?,
+            );
+            samples.extend(
+                measure_batches::<Sqlite>(BackendName::Sqlite, &lite, &config, round, &mut seed)
+                    .await?,
+            );
+        }
+        print_batches(&samples, &[], &dir)?;
+        println!("\nwritten: {}", dir.join("batch.csv").display());
+        return Ok(());
+    }
 
     // Statements (round trips) per call, counted once, untimed.
     let _ = tracing::subscriber::set_global_default(StatementCounter);
@@ -2099,6 +2392,7 @@ async fn run(config: Config) -> Result<(), Error> {
     let mut pair_samples = Vec::new();
     let mut inbox_samples = Vec::new();
     let mut outbox_samples = Vec::new();
+    let mut batch_samples = Vec::new();
     #[cfg(feature = "brokers")]
     let brokers = Brokers::connect().await?;
     for round in 0..config.rounds {
@@ -2140,6 +2434,14 @@ async fn run(config: Config) -> Result<(), Error> {
                         &brokers,
                     )
                     .await?
+                }
+            });
+            batch_samples.extend(match backend {
+                BackendName::Postgres => {
+                    measure_batches::<Postgres>(backend, &pg, &config, round, &mut seed).await?
+                }
+                BackendName::Sqlite => {
+                    measure_batches::<Sqlite>(backend, &lite, &config, round, &mut seed).await?
                 }
             });
             for tasks in TASKS {
@@ -2321,6 +2623,16 @@ async fn run(config: Config) -> Result<(), Error> {
     print_report(&summary, &config, &backends);
     print_inbox(&inbox_samples, &summary);
     print_outbox(&outbox_samples);
+    let pgbench: Vec<(usize, f64)> = BATCH_TASKS
+        .into_iter()
+        .filter_map(|tasks| {
+            let rate = summary
+                .rate
+                .get(&(BackendName::Postgres, tasks, Variant::Pgbench))?;
+            Some((tasks, *rate))
+        })
+        .collect();
+    print_batches(&batch_samples, &pgbench, &dir)?;
     print_prune(&prunes);
     println!(
         "\nqueries per call, as sqlx logs them (its transaction manager sends BEGIN unlogged, \
@@ -2348,7 +2660,8 @@ async fn run(config: Config) -> Result<(), Error> {
 }
 
 fn main() -> ExitCode {
-    // `cargo bench` passes `--bench`; there is nothing to filter.
+    // `cargo bench` passes `--bench`; `batch` runs the batch group alone.
+    let batch_only = std::env::args().skip(1).any(|arg| arg == "batch");
     let config = Config::from_env();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -2361,7 +2674,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(config)) {
+    match runtime.block_on(run(config, batch_only)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("dedup bench: {error}");

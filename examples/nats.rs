@@ -27,6 +27,7 @@
 //! | `MAX_DELIVER` | `20` | for a new consumer: deliveries before JetStream gives up |
 //! | `CONSUMERS` | `4` | tasks pulling from the durable consumer, one message at a time each |
 //! | `PREFETCH` | `16` | messages each task pulls per batch |
+//! | `BATCH` | `1` | over 1: up to this many pulled messages per transaction (`dedup_runtime::batch`) |
 //! | `FORWARD_TO` | unset | service A of a two-hop chain: also send an event to this subject, through the outbox |
 //! | `DEDUP_OUTBOX_TABLE` | `outbox_messages` | with `FORWARD_TO`: the outbox table |
 //! | `DEDUP_EXIT_WHEN_IDLE_MS` | unset: run forever | exit cleanly after this long without a delivery |
@@ -61,6 +62,7 @@ use async_nats::jetstream;
 use async_nats::jetstream::consumer::pull::{self, MessagesErrorKind};
 use async_nats::jetstream::consumer::{AckPolicy as JetStreamAckPolicy, PullConsumer};
 use dedup_runtime::async_nats::{delivery_count, settle};
+use dedup_runtime::batch::{Batch, BatchHandler, BatchItem};
 use dedup_runtime::outbox::{Cause, Outbox};
 use dedup_runtime::{Ack, AckPolicy, Outcome, idempotent};
 use futures_util::StreamExt;
@@ -168,6 +170,7 @@ struct Config {
     max_deliver: i64,
     consumers: u16,
     prefetch: usize,
+    batch: usize,
     exit_when_idle: Option<Duration>,
     crash_window: Duration,
     forward: Option<Forward>,
@@ -185,6 +188,7 @@ impl Config {
             max_deliver: number("MAX_DELIVER", 20)?,
             consumers: number("CONSUMERS", 4)?,
             prefetch: number("PREFETCH", 16)?,
+            batch: number("BATCH", 1)?,
             exit_when_idle: std::env::var_os("DEDUP_EXIT_WHEN_IDLE_MS")
                 .map(|_| number("DEDUP_EXIT_WHEN_IDLE_MS", 0).map(Duration::from_millis))
                 .transpose()?,
@@ -274,6 +278,111 @@ impl Activity {
     }
 }
 
+/// `BATCH` > 1: the same effect for a whole batch, one multi-row insert over the messages
+/// not processed before, in the transaction that claims their ids (consumer
+/// `nats-example`, as `apply`'s).
+struct ApplyBatch;
+
+impl BatchHandler<sqlx::Postgres, Message> for ApplyBatch {
+    type Error = sqlx::Error;
+
+    async fn handle(&self, tx: &mut PgConnection, fresh: &[&Message]) -> Result<(), sqlx::Error> {
+        let ids: Vec<&str> = fresh.iter().map(|msg| msg.id.as_str()).collect();
+        let bodies: Vec<&str> = fresh.iter().map(|msg| msg.body.as_str()).collect();
+        sqlx::query(
+            "INSERT INTO nats_example_effects (message_id, body) \
+             SELECT * FROM unnest($1::text[], $2::text[])",
+        )
+        .bind(&ids)
+        .bind(&bodies)
+        .execute(&mut *tx)
+        .await?;
+        Ok(())
+    }
+}
+
+/// A JetStream message's id (its `Message-Id` header; empty if it has none) and body.
+fn message_of(message: &jetstream::Message) -> Message {
+    Message {
+        id: message
+            .headers
+            .as_ref()
+            .and_then(|headers| headers.get(MESSAGE_ID))
+            .map(|id| id.as_str().to_owned())
+            .unwrap_or_default(),
+        body: String::from_utf8_lossy(&message.payload).into_owned(),
+    }
+}
+
+/// The id as the output lines show it (`-` for none).
+fn shown(message: &Message) -> &str {
+    if message.id.is_empty() {
+        "-"
+    } else {
+        &message.id
+    }
+}
+
+/// `BATCH` > 1: one transaction for the whole batch (`dedup_runtime::batch`), then each
+/// message settled as its outcome says, after the commit. A database failure retries the
+/// whole batch.
+async fn process_batch(
+    batch: &[jetstream::Message],
+    config: &Config,
+    pool: &PgPool,
+    policy: &AckPolicy<sqlx::Postgres>,
+) -> Result<(), Error> {
+    let messages: Vec<Message> = batch.iter().map(message_of).collect();
+    for (jet, message) in batch.iter().zip(&messages) {
+        println!("delivered {} {}", delivery_count(jet), shown(message));
+    }
+    let acks: Vec<Ack> = match Batch::new("nats-example")?
+        .run(pool, &messages, |msg| msg.id.as_str(), &ApplyBatch)
+        .await
+    {
+        Ok(outcome) => {
+            for (n, message) in messages.iter().enumerate() {
+                match &outcome.items()[n] {
+                    BatchItem::Processed => println!("committed {}", shown(message)),
+                    BatchItem::Duplicate(_) | BatchItem::SameAs { .. } => {
+                        println!("duplicate {}", shown(message));
+                    }
+                    _ => {}
+                }
+            }
+            if outcome.processed() > 0 && !config.crash_window.is_zero() {
+                tokio::time::sleep(config.crash_window).await;
+            }
+            (0..messages.len())
+                .map(|n| match outcome.settled(n) {
+                    BatchItem::Processed | BatchItem::Duplicate(_) => Ack::Ack,
+                    BatchItem::Failed(error) => {
+                        policy.decide_error(error, delivery_count(&batch[n]))
+                    }
+                    _ => Ack::DeadLetter, // an invalid id
+                })
+                .collect()
+        }
+        Err(error) => {
+            eprintln!("batch of {} failed: {error}", messages.len());
+            batch
+                .iter()
+                .map(|jet| policy.decide_error(&error, delivery_count(jet)))
+                .collect()
+        }
+    };
+    let dead_subject = config.dead_subject();
+    for ((jet, message), ack) in batch.iter().zip(&messages).zip(&acks) {
+        settle(jet, *ack, Some(&dead_subject)).await?;
+        match ack {
+            Ack::Ack => println!("acked {}", shown(message)),
+            Ack::Retry { .. } => println!("retry {}", shown(message)),
+            Ack::DeadLetter => println!("dead {} {}", shown(message), message.body),
+        }
+    }
+    Ok(())
+}
+
 /// One task pulling from the durable consumer: handles its messages one at a time until
 /// `stop` turns true.
 async fn consume(
@@ -312,18 +421,25 @@ async fn consume(
         };
         activity.in_flight.fetch_add(1, Ordering::SeqCst);
         activity.touch();
+        if config.batch > 1 {
+            // What the pull has already brought, up to `BATCH` messages.
+            let mut batch = vec![message];
+            while batch.len() < config.batch {
+                match tokio::time::timeout(Duration::from_millis(5), messages.next()).await {
+                    Ok(Some(Ok(message))) => batch.push(message),
+                    Ok(Some(Err(error))) => eprintln!("pulling: {error}"),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            process_batch(&batch, &config, &pool, &policy).await?;
+            activity.touch();
+            activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+            continue;
+        }
 
         let delivered = delivery_count(&message);
-        let msg = Message {
-            id: message
-                .headers
-                .as_ref()
-                .and_then(|headers| headers.get(MESSAGE_ID))
-                .map(|id| id.as_str().to_owned())
-                .unwrap_or_default(),
-            body: String::from_utf8_lossy(&message.payload).into_owned(),
-        };
-        let shown = if msg.id.is_empty() { "-" } else { &msg.id };
+        let msg = message_of(&message);
+        let shown = shown(&msg);
         println!("delivered {delivered} {shown}");
 
         let result = match &config.forward {

@@ -21,6 +21,7 @@
 //! | `QUEUE` | `dedup-example.payments` | the queue to consume |
 //! | `CONSUMERS` | `4` | channels, each consuming one message at a time |
 //! | `PREFETCH` | `16` | unacknowledged messages the broker sends each channel ahead |
+//! | `BATCH` | `1` | over 1: up to this many deliveries per transaction (`dedup_runtime::batch`), acknowledged with one multiple-ack |
 //! | `FORWARD_TO` | unset | service A of a two-hop chain: also send an event to this queue, through the outbox |
 //! | `DEDUP_OUTBOX_TABLE` | `outbox_messages` | with `FORWARD_TO`: the outbox table |
 //! | `DEDUP_EXIT_WHEN_IDLE_MS` | unset: run forever | exit cleanly after this long without a delivery |
@@ -51,13 +52,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use dedup_runtime::batch::{Batch, BatchHandler, BatchItem};
 use dedup_runtime::lapin::{delivery_count, settle};
 use dedup_runtime::outbox::{Cause, Outbox};
 use dedup_runtime::{Ack, AckPolicy, Outcome, idempotent};
 use futures_util::StreamExt;
+use lapin::message::Delivery;
 use lapin::options::{
-    BasicConsumeOptions, BasicPublishOptions, BasicQosOptions, ConfirmSelectOptions,
-    ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+    BasicAckOptions, BasicConsumeOptions, BasicPublishOptions, BasicQosOptions,
+    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, ExchangeKind};
@@ -117,6 +120,29 @@ async fn apply_and_forward(
     let event = cause.outgoing("event", &forward.to, msg.body.as_bytes())?;
     forward.outbox.enqueue(&mut *tx, &event).await?;
     Ok(())
+}
+
+/// `BATCH` > 1: the same effect for a whole batch, one multi-row insert over the messages
+/// not processed before, in the transaction that claims their ids (consumer
+/// `rabbitmq-example`, as `apply`'s).
+struct ApplyBatch;
+
+impl BatchHandler<sqlx::Postgres, Message> for ApplyBatch {
+    type Error = sqlx::Error;
+
+    async fn handle(&self, tx: &mut PgConnection, fresh: &[&Message]) -> Result<(), sqlx::Error> {
+        let ids: Vec<&str> = fresh.iter().map(|msg| msg.id.as_str()).collect();
+        let bodies: Vec<&str> = fresh.iter().map(|msg| msg.body.as_str()).collect();
+        sqlx::query(
+            "INSERT INTO rabbitmq_example_effects (message_id, body) \
+             SELECT * FROM unnest($1::text[], $2::text[])",
+        )
+        .bind(&ids)
+        .bind(&bodies)
+        .execute(&mut *tx)
+        .await?;
+        Ok(())
+    }
 }
 
 /// Declares the queue, its dead-letter exchange and dead-letter queue.
@@ -202,6 +228,7 @@ struct Config {
     queue: String,
     consumers: u16,
     prefetch: u16,
+    batch: usize,
     exit_when_idle: Option<Duration>,
     crash_window: Duration,
     forward: Option<Forward>,
@@ -215,6 +242,7 @@ impl Config {
             queue: var("QUEUE", "dedup-example.payments"),
             consumers: number("CONSUMERS", 4)?,
             prefetch: number("PREFETCH", 16)?,
+            batch: number("BATCH", 1)?,
             exit_when_idle: std::env::var_os("DEDUP_EXIT_WHEN_IDLE_MS")
                 .map(|_| number("DEDUP_EXIT_WHEN_IDLE_MS", 0).map(Duration::from_millis))
                 .transpose()?,
@@ -268,6 +296,94 @@ impl Activity {
     }
 }
 
+/// A delivery's id (its AMQP `message_id`; empty if it has none) and body.
+fn message_of(delivery: &Delivery) -> Message {
+    Message {
+        id: delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.as_str().to_owned())
+            .unwrap_or_default(),
+        body: String::from_utf8_lossy(&delivery.data).into_owned(),
+    }
+}
+
+/// The id as the output lines show it (`-` for none).
+fn shown(message: &Message) -> &str {
+    if message.id.is_empty() {
+        "-"
+    } else {
+        &message.id
+    }
+}
+
+/// `BATCH` > 1: one transaction for the whole batch (`dedup_runtime::batch`), then one
+/// multiple-ack up to its last delivery when every message can be acknowledged, or each
+/// settled as its own outcome says. A database failure retries the whole batch.
+async fn process_batch(
+    batch: &[Delivery],
+    config: &Config,
+    pool: &PgPool,
+    policy: &AckPolicy<sqlx::Postgres>,
+) -> Result<(), Error> {
+    let messages: Vec<Message> = batch.iter().map(message_of).collect();
+    for (delivery, message) in batch.iter().zip(&messages) {
+        println!("delivered {} {}", delivery_count(delivery), shown(message));
+    }
+    let acks: Vec<Ack> = match Batch::new("rabbitmq-example")?
+        .run(pool, &messages, |msg| msg.id.as_str(), &ApplyBatch)
+        .await
+    {
+        Ok(outcome) => {
+            for (n, message) in messages.iter().enumerate() {
+                match &outcome.items()[n] {
+                    BatchItem::Processed => println!("committed {}", shown(message)),
+                    BatchItem::Duplicate(_) | BatchItem::SameAs { .. } => {
+                        println!("duplicate {}", shown(message));
+                    }
+                    _ => {}
+                }
+            }
+            if outcome.processed() > 0 && !config.crash_window.is_zero() {
+                tokio::time::sleep(config.crash_window).await;
+            }
+            (0..messages.len())
+                .map(|n| match outcome.settled(n) {
+                    BatchItem::Processed | BatchItem::Duplicate(_) => Ack::Ack,
+                    BatchItem::Failed(error) => {
+                        policy.decide_error(error, delivery_count(&batch[n]))
+                    }
+                    _ => Ack::DeadLetter, // an invalid id
+                })
+                .collect()
+        }
+        Err(error) => {
+            eprintln!("batch of {} failed: {error}", messages.len());
+            batch
+                .iter()
+                .map(|delivery| policy.decide_error(&error, delivery_count(delivery)))
+                .collect()
+        }
+    };
+    if acks.iter().all(|ack| *ack == Ack::Ack) {
+        let last = batch.last().expect("a batch has a delivery");
+        last.acker.ack(BasicAckOptions { multiple: true }).await?;
+    } else {
+        for (delivery, ack) in batch.iter().zip(&acks) {
+            settle(delivery, *ack).await?;
+        }
+    }
+    for (message, ack) in messages.iter().zip(&acks) {
+        match ack {
+            Ack::Ack => println!("acked {}", shown(message)),
+            Ack::Retry { .. } => println!("retry {}", shown(message)),
+            Ack::DeadLetter => println!("dead {} {}", shown(message), message.body),
+        }
+    }
+    Ok(())
+}
+
 /// One channel's consumer: handles its deliveries one at a time until `stop` turns true.
 async fn consume(
     channel: Channel,
@@ -298,21 +414,23 @@ async fn consume(
         let delivery = delivery?;
         activity.in_flight.fetch_add(1, Ordering::SeqCst);
         activity.touch();
+        if config.batch > 1 {
+            // What the prefetch has already brought, up to `BATCH` deliveries.
+            let mut batch = vec![delivery];
+            while batch.len() < config.batch {
+                match tokio::time::timeout(Duration::from_millis(5), deliveries.next()).await {
+                    Ok(Some(delivery)) => batch.push(delivery?),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            process_batch(&batch, &config, &pool, &policy).await?;
+            activity.touch();
+            activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+            continue;
+        }
 
-        let message = Message {
-            id: delivery
-                .properties
-                .message_id()
-                .as_ref()
-                .map(|id| id.as_str().to_owned())
-                .unwrap_or_default(),
-            body: String::from_utf8_lossy(&delivery.data).into_owned(),
-        };
-        let shown = if message.id.is_empty() {
-            "-"
-        } else {
-            &message.id
-        };
+        let message = message_of(&delivery);
+        let shown = shown(&message);
         let delivered = delivery_count(&delivery);
         println!("delivered {delivered} {shown}");
 

@@ -23,6 +23,12 @@
 //! messages (and only they) dead-lettered. It prints what it saw: kills, the kills that
 //! caught a message between COMMIT and acknowledgement, redeliveries, duplicates.
 //!
+//! **Batches** (`rabbitmq_batch_…`, `nats_batch_…`): the same harness with the examples in
+//! batch mode (`BATCH=16`: up to 16 deliveries per transaction through
+//! `dedup_runtime::batch`, one claim statement and one commit for all; on RabbitMQ one
+//! multiple-ack), so that a kill between the commit and the acknowledgements catches up
+//! to 16 messages at once.
+//!
 //! **Two hops** (`rabbitmq_two_hop_…`, `nats_two_hop_…`): the same input, consumed by
 //! service A (the example with `FORWARD_TO`: its `#[idempotent]` transaction writes the
 //! effect and enqueues an event for B in the outbox, the event's id derived from the
@@ -1254,6 +1260,26 @@ mod rabbitmq {
         .await;
     }
 
+    /// Batch mode: `examples/rabbitmq.rs` with `BATCH=16` takes up to 16 deliveries per
+    /// transaction (`dedup_runtime::batch`: one claim statement, one multi-row insert, one
+    /// commit) and acknowledges them with one multiple-ack; kills land between that
+    /// commit and the ack, with up to 16 messages in the window.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn rabbitmq_batch_consumer_is_effectively_once_under_sigkill() {
+        harness(&Variant {
+            title: "RabbitMQ, batches of 16",
+            example: "rabbitmq",
+            effects_table: "rabbitmq_example_effects",
+            create_effects: "CREATE TABLE IF NOT EXISTS rabbitmq_example_effects (message_id \
+                             text NOT NULL, body text NOT NULL, applied_at timestamptz NOT NULL \
+                             DEFAULT now())",
+            dedup_table: "processed_messages",
+            consumer: "rabbitmq-example",
+            env: &[("BATCH", "16")],
+        })
+        .await;
+    }
+
     /// The inbox in front: `examples/rabbitmq_inbox.rs` stores each delivery and
     /// acknowledges it at once, its workers process the inbox (2 workers, a 2 s lease);
     /// kills land between the inbox's commit and the acknowledgement, and in workers'
@@ -1653,6 +1679,19 @@ mod nats {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn nats_consumer_is_effectively_once_under_sigkill() {
+        harness("NATS JetStream", &[]).await;
+    }
+
+    /// Batch mode: `examples/nats.rs` with `BATCH=16` takes up to 16 pulled messages per
+    /// transaction (`dedup_runtime::batch`) and acknowledges each after the commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn nats_batch_consumer_is_effectively_once_under_sigkill() {
+        harness("NATS JetStream, batches of 16", &[("BATCH", "16")]).await;
+    }
+
+    /// The JetStream crash harness, `title` in its report, `more` in the consumer's
+    /// environment.
+    async fn harness(title: &str, more: &[(&'static str, &str)]) {
         let _alone = ONE_AT_A_TIME.lock().await;
         let started = Instant::now();
         let scale = Scale::from_env();
@@ -1697,7 +1736,7 @@ mod nats {
             let program = tokio::task::spawn_blocking(|| example("nats"))
                 .await
                 .expect("build the examples");
-            let env = vec![
+            let mut env = vec![
                 ("NATS_URL", url.clone()),
                 ("DATABASE_URL", database_url()),
                 ("STREAM", stream_name.clone()),
@@ -1707,6 +1746,10 @@ mod nats {
                 ("PREFETCH", PREFETCH.to_owned()),
                 ("DEDUP_CRASH_WINDOW_MS", CRASH_WINDOW_MS.to_owned()),
             ];
+            env.extend(
+                more.iter()
+                    .map(|(name, value)| (*name, (*value).to_owned())),
+            );
             let tally = {
                 let scale = scale.clone();
                 // The last life must outlast the ack wait, to see the messages the kills
@@ -1729,7 +1772,7 @@ mod nats {
                 "the dead-letter stream holds the poison messages and nothing else"
             );
             report(
-                "NATS JetStream",
+                title,
                 &published,
                 &stored,
                 &tally,
