@@ -13,7 +13,8 @@
 //! messages, the body one multi-row insert over them, against the single-message
 //! generated handler at the same task count in the same round; and batches of 100 that are
 //! all duplicates. `target/dedup-bench/batch.csv` has
-//! `backend,tasks,batch,per_message_rate,ratio_vs_single` (medians over the rounds).
+//! `backend,tasks,batch,per_message_rate,ratio_vs_single` (medians over the rounds), and
+//! the curve `batch.svg`, copied to `docs/batch.svg` by a run that is not the smoke run.
 //!
 //! Every round also times the inbox (receiving, and workers processing) and the outbox:
 //! the handler with one `enqueue` against the same handler without it, call by call, and
@@ -1464,7 +1465,9 @@ fn print_batches(
     samples: &[BatchSample],
     pgbench: &[(usize, f64)],
     dir: &Path,
+    docs: Option<&Path>,
 ) -> Result<(), Error> {
+    let mut series: Vec<(String, Vec<f64>)> = Vec::new();
     println!(
         "\nbatches (dedup_runtime::batch, the body one multi-row statement): messages per \
          second, medians over the rounds, and the ratio to the single-message generated \
@@ -1481,6 +1484,7 @@ fn print_batches(
                 continue;
             }
             let single = median(mine.iter().map(|s| s.single).collect());
+            let mut curve = vec![single];
             let mut line = format!(
                 "{:<10} {tasks} task(s): single {single:.0}/s",
                 backend.name()
@@ -1500,6 +1504,7 @@ fn print_batches(
                 }
                 let rate = median(rates.iter().map(|r| r.0).collect());
                 let ratio = median(rates.iter().map(|r| r.1).collect());
+                curve.push(rate);
                 let _ = write!(line, "; {batch}: {rate:.0}/s ({ratio:.1}x)");
                 let _ = writeln!(
                     csv,
@@ -1533,10 +1538,105 @@ fn print_batches(
                 let _ = write!(line, "; batch 100 / pgbench: {:.1}x", hundred / pgbench);
             }
             println!("{line}");
+            series.push((
+                format!(
+                    "{}, {tasks} task{}",
+                    backend.name(),
+                    if tasks == 1 { "" } else { "s" }
+                ),
+                curve,
+            ));
         }
     }
     std::fs::write(dir.join("batch.csv"), csv)?;
+    let plot = batch_svg(&series);
+    std::fs::write(dir.join("batch.svg"), &plot)?;
+    if let Some(docs) = docs {
+        std::fs::write(docs.join("batch.svg"), &plot)?;
+    }
     Ok(())
+}
+
+/// The batch curve: messages per second (log scale) against the batch size, one line per
+/// backend and task count, the single-message generated handler first.
+fn batch_svg(series: &[(String, Vec<f64>)]) -> String {
+    const COLORS: [&str; 4] = ["#1f77b4", "#aec7e8", "#2ca02c", "#98df8a"];
+    let labels = ["single", "1", "10", "100", "1,000"];
+    let (left, top, width, height) = (70.0, 50.0, 560.0, 300.0);
+    let values = series.iter().flat_map(|(_, rates)| rates.iter().copied());
+    let (low, high) = values.fold((f64::MAX, 1.0_f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let (low, high) = (
+        10f64.powf(low.max(1.0).log10().floor()),
+        10f64.powf(high.log10().ceil()),
+    );
+    let x = |k: usize| left + width * k as f64 / (labels.len() - 1) as f64;
+    let y =
+        |v: f64| top + height - (v.log10() - low.log10()) / (high.log10() - low.log10()) * height;
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" \
+         viewBox=\"0 0 {w} {h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n\
+         <text x=\"{left}\" y=\"24\" font-size=\"16\" font-weight=\"bold\">dedup batches: \
+         messages per second by batch size (log scale; median of the rounds)</text>\n",
+        w = left + width + 190.0,
+        h = top + height + 50.0,
+    );
+    let mut decade = low;
+    while decade <= high * 1.001 {
+        let line_y = y(decade);
+        let _ = writeln!(
+            out,
+            "<line x1=\"{left}\" x2=\"{:.1}\" y1=\"{line_y:.1}\" y2=\"{line_y:.1}\" stroke=\"#ddd\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\" fill=\"#555\">{}</text>",
+            left + width,
+            left - 4.0,
+            line_y + 4.0,
+            thousands(decade as i64)
+        );
+        decade *= 10.0;
+    }
+    for (k, label) in labels.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{label}</text>",
+            x(k),
+            top + height + 20.0
+        );
+    }
+    for (n, (name, rates)) in series.iter().enumerate() {
+        let color = COLORS[n % COLORS.len()];
+        let points: Vec<String> = rates
+            .iter()
+            .enumerate()
+            .map(|(k, rate)| format!("{:.1},{:.1}", x(k), y(*rate)))
+            .collect();
+        let _ = writeln!(
+            out,
+            "<polyline points=\"{}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"2\"/>",
+            points.join(" ")
+        );
+        for (k, rate) in rates.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{color}\"><title>{name}, {}: {rate:.0}/s</title></circle>",
+                x(k),
+                y(*rate),
+                labels[k]
+            );
+        }
+        let ly = top + 16.0 * n as f64;
+        let _ = writeln!(
+            out,
+            "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{color}\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\">{name}</text>",
+            left + width + 20.0,
+            ly - 10.0,
+            left + width + 36.0,
+            ly
+        );
+    }
+    out.push_str("</svg>\n");
+    out
 }
 
 fn print_outbox(samples: &[OutboxSample]) {
@@ -2348,7 +2448,13 @@ async fn run(config: Config, batch_only: bool) -> Result<(), Error> {
                     .await?,
             );
         }
-        print_batches(&samples, &[], &dir)?;
+        let docs = manifest.join("docs");
+        print_batches(
+            &samples,
+            &[],
+            &dir,
+            (!config.smoke).then_some(docs.as_path()),
+        )?;
         println!("\nwritten: {}", dir.join("batch.csv").display());
         return Ok(());
     }
@@ -2632,7 +2738,13 @@ async fn run(config: Config, batch_only: bool) -> Result<(), Error> {
             Some((tasks, *rate))
         })
         .collect();
-    print_batches(&batch_samples, &pgbench, &dir)?;
+    let docs = manifest.join("docs");
+    print_batches(
+        &batch_samples,
+        &pgbench,
+        &dir,
+        (!config.smoke).then_some(docs.as_path()),
+    )?;
     print_prune(&prunes);
     println!(
         "\nqueries per call, as sqlx logs them (its transaction manager sends BEGIN unlogged, \

@@ -385,6 +385,18 @@ macro_rules! batch_suite {
                 assert_eq!(claims(&pool, &consumer, &ids).await, [1, 1, 1]);
             }
 
+            #[tokio::test]
+            async fn an_empty_batch_and_a_batch_of_bad_ids_run_nothing() {
+                let pool = pool().await;
+                let batch = Batch::new(&unique("batch-empty")).unwrap();
+                let seen = Apply::default();
+                let empty = run(&pool, &batch, &[], &seen).await;
+                assert!(empty.items().is_empty());
+                let bad = run(&pool, &batch, &[Msg::new(""), Msg::new("")], &seen).await;
+                assert_eq!(kinds(&bad), ["invalid", "invalid"], "each refused, none a copy");
+                assert!(seen.runs().is_empty(), "no body run");
+            }
+
             /// With `unique`, a message whose business key was processed before (under
             /// another id) is a duplicate; the batch splits to find it, the rest commit.
             #[tokio::test]

@@ -247,7 +247,12 @@ impl Batch {
         // Byte order: overlapping batches lock their rows in one order.
         ids.sort_unstable_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
         // Sub-batches still to run, as ranges of `ids` in input order of their messages.
-        let mut pending: Vec<Vec<usize>> = vec![(0..ids.len()).collect()];
+        // (None at all when no id is valid: no transaction for nothing.)
+        let mut pending: Vec<Vec<usize>> = if ids.is_empty() {
+            Vec::new()
+        } else {
+            vec![(0..ids.len()).collect()]
+        };
         let mut stats = Stats::default();
         while let Some(part) = pending.pop() {
             let ended = self
