@@ -62,8 +62,9 @@
 //!   for the rows already there) that writes a token of this transaction's into the new
 //!   rows' `owner`, then a read of the ids holding it (MySQL has no `RETURNING`). The ids
 //!   go in byte order, so that overlapping batches lock their rows in one order: the later
-//!   waits for the earlier (and finds its ids processed, or free if it rolled back), never
-//!   deadlocks.
+//!   waits for the earlier and finds its ids processed (or free, if it rolled back) instead
+//!   of deadlocking with it; a deadlock the database reports all the same (InnoDB's gap
+//!   locks) is transient, and retried.
 //! - **In-batch copies collapse first**: the body sees each id once; a later copy's
 //!   outcome is [`BatchItem::SameAs`] the first's (acknowledge both, or neither).
 //! - **Poison isolation by splitting**: when the body fails, the transaction rolls back
