@@ -426,6 +426,50 @@ macro_rules! batch_suite {
                 assert_eq!(claims(&pool, &consumer, &ids).await, rows, "no dedup row for it");
             }
 
+            /// In the caller's transaction: each sub-batch a savepoint, the processed
+            /// rows committed with the caller's transaction, or rolled back with it.
+            #[tokio::test]
+            async fn inside_a_callers_transaction_it_commits_and_rolls_back_with_it() {
+                let pool = pool().await;
+                let consumer = unique("batch-caller-tx");
+                let batch = Batch::new(&consumer).unwrap();
+                let ids = ids(&unique("caller-tx"), 10);
+                let mut msgs = messages(&ids);
+                msgs[6] = Msg::poison(&ids[6]);
+                let seen = Apply::default();
+
+                let mut tx = pool.begin().await.unwrap();
+                let outcome = batch
+                    .run_on(&mut *tx, &msgs, |m| m.id.as_str(), &seen)
+                    .await
+                    .unwrap();
+                assert_eq!((outcome.processed(), outcome.failed()), (9, 1));
+                assert!(outcome.splits() >= 1, "split around the poison");
+                tx.rollback().await.unwrap();
+                assert_eq!(effects(&pool, &ids).await, vec![0; 10], "rolled back with the caller's");
+                assert_eq!(claims(&pool, &consumer, &ids).await, vec![0; 10]);
+
+                let mut tx = pool.begin().await.unwrap();
+                let outcome = batch
+                    .run_on(&mut *tx, &msgs, |m| m.id.as_str(), &seen)
+                    .await
+                    .unwrap();
+                assert_eq!((outcome.processed(), outcome.failed()), (9, 1));
+                tx.commit().await.unwrap();
+                let mut rows = vec![1; 10];
+                rows[6] = 0;
+                assert_eq!(effects(&pool, &ids).await, rows, "committed with the caller's");
+                assert_eq!(claims(&pool, &consumer, &ids).await, rows);
+
+                // A plain connection, outside a transaction: as with the pool.
+                let mut conn = pool.acquire().await.unwrap();
+                let again = batch
+                    .run_on(&mut *conn, &msgs, |m| m.id.as_str(), &seen)
+                    .await
+                    .unwrap();
+                assert_eq!((again.duplicates(), again.failed()), (9, 1));
+            }
+
             #[tokio::test]
             async fn a_custom_table() {
                 let pool = pool().await;

@@ -102,7 +102,7 @@ use std::future::Future;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-use sqlx::{Database, Pool};
+use sqlx::{Connection, Database, Pool};
 
 use crate::backend::Backend;
 use crate::claim::Tx;
@@ -227,6 +227,55 @@ impl Batch {
         K: MessageKey + ?Sized,
         H: BatchHandler<DB, M>,
     {
+        self.run_from(Source::Pool(pool), messages, key, handler)
+            .await
+    }
+
+    /// [`run`](Self::run) on a connection of the caller's.
+    ///
+    /// Outside a transaction, it runs as `run` does, on that connection. Inside one (pass
+    /// `&mut *tx` of a `sqlx::Transaction`), each sub-batch is a savepoint in it, and what
+    /// it processed commits or rolls back with the caller's transaction:
+    ///
+    /// - nothing is retried there: a transient failure of ours (the claim, the check
+    ///   before the savepoint's release) ends the call with the error — the caller retries
+    ///   its transaction — and one of the handler's splits the batch like any failure;
+    /// - on MySQL and MariaDB a deadlock rolls the caller's whole transaction back (InnoDB
+    ///   does): the call ends with [`RolledBack`], or the database's
+    ///   error;
+    /// - a failing handler's splits add a savepoint each; PostgreSQL keeps up to 64
+    ///   subtransactions of a transaction in shared memory before every session slows
+    ///   down, so keep the caller's transaction short when batches may split often.
+    pub async fn run_on<DB, M, K, H>(
+        &self,
+        conn: &mut DB::Connection,
+        messages: &[M],
+        key: impl Fn(&M) -> &K,
+        handler: &H,
+    ) -> Result<BatchOutcome<H::Error>, sqlx::Error>
+    where
+        DB: Backend,
+        M: Sync,
+        K: MessageKey + ?Sized,
+        H: BatchHandler<DB, M>,
+    {
+        self.run_from(Source::Conn(conn), messages, key, handler)
+            .await
+    }
+
+    async fn run_from<DB, M, K, H>(
+        &self,
+        mut source: Source<'_, DB>,
+        messages: &[M],
+        key: impl Fn(&M) -> &K,
+        handler: &H,
+    ) -> Result<BatchOutcome<H::Error>, sqlx::Error>
+    where
+        DB: Backend,
+        M: Sync,
+        K: MessageKey + ?Sized,
+        H: BatchHandler<DB, M>,
+    {
         let mut items: Vec<Option<BatchItem<H::Error>>> = Vec::with_capacity(messages.len());
         // The distinct valid ids, each with the index of its first message.
         let mut ids: Vec<(String, usize)> = Vec::new();
@@ -257,7 +306,7 @@ impl Batch {
         let mut stats = Stats::default();
         while let Some(part) = pending.pop() {
             let ended = self
-                .transaction(pool, messages, &ids, &part, handler)
+                .transaction(&mut source, messages, &ids, &part, handler)
                 .await?;
             stats.transactions += 1;
             match ended {
@@ -327,11 +376,11 @@ impl Batch {
         })
     }
 
-    /// One sub-batch, `part` (indices into `ids`), in its own transaction, retried while
-    /// a failure is transient.
+    /// One sub-batch, `part` (indices into `ids`), in its own transaction (or savepoint),
+    /// retried while a failure is transient (not in a caller's transaction).
     async fn transaction<DB, M, H>(
         &self,
-        pool: &Pool<DB>,
+        source: &mut Source<'_, DB>,
         messages: &[M],
         ids: &[(String, usize)],
         part: &[usize],
@@ -342,121 +391,214 @@ impl Batch {
         M: Sync,
         H: BatchHandler<DB, M>,
     {
-        let business_keys = !self.unique.is_empty();
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let retry = attempt < crate::retry::MAX_ATTEMPTS;
-            let token = new_token();
-            // Closed, not pooled, unless the transaction ends here as it should (a call
-            // cancelled mid-transaction, or a MySQL session left out of autocommit).
-            let mut conn = Guarded::new(pool.acquire().await?);
-            let unclean = AtomicBool::new(DB::CHANGES_SESSION);
-            let tx = match DB::begin_owned(&mut *conn, business_keys).await {
-                Ok(tx) => tx,
-                Err(error) if retry && transient::<DB>(&error) => {
-                    back_off(attempt).await;
-                    continue;
-                }
-                Err(error) => return Err(error),
-            };
-            let mut tx = Tx {
-                tx,
-                unclean: &unclean,
-            };
-            let wanted: Vec<&str> = part.iter().map(|&k| ids[k].0.as_str()).collect();
-            let claimed_at = Instant::now();
-            let claimed =
-                DB::claim_many(&mut *tx.tx, &self.table, &self.consumer, &wanted, &token).await;
-            let claimed: HashSet<String> = match claimed {
-                Ok(claimed) => claimed.into_iter().collect(),
-                Err(error) => {
-                    let _ = DB::rollback_owned(tx, true, true).await;
-                    if retry && transient::<DB>(&error) {
-                        back_off(attempt).await;
-                        continue;
-                    }
-                    return Err(error);
-                }
-            };
-            // The fresh ones in their messages' input order, for the body.
-            let (mut fresh, duplicates): (Vec<usize>, Vec<usize>) = part
-                .iter()
-                .partition(|&&k| claimed.contains(ids[k].0.as_str()));
-            fresh.sort_unstable_by_key(|&k| ids[k].1);
-            if fresh.is_empty() {
-                let _ = DB::rollback_owned(tx, true, false).await;
-                if !unclean.load(std::sync::atomic::Ordering::Relaxed) {
-                    conn.set_clean();
-                }
-                return Ok(Ended::Committed { fresh, duplicates });
-            }
-            let batch: Vec<&M> = fresh.iter().map(|&k| &messages[ids[k].1]).collect();
-            let ran = handler.handle(&mut *tx.tx, &batch).await;
-            let ended = match ran {
-                Ok(()) => {
-                    let sealed: Vec<&str> = fresh.iter().map(|&k| ids[k].0.as_str()).collect();
-                    let slow = claimed_at.elapsed() >= crate::run::STAMP_AFTER;
-                    let committed = match DB::seal_many(
-                        &mut *tx.tx,
-                        &self.table,
-                        &self.consumer,
-                        &sealed,
-                        &token,
-                        slow,
-                    )
-                    .await
-                    {
-                        Ok(()) => DB::commit_owned(tx, None, true).await,
-                        Err(error) => {
-                            let _ = DB::rollback_owned(tx, true, true).await;
-                            Err(error)
-                        }
+            let last = attempt >= crate::retry::MAX_ATTEMPTS;
+            let step = match source {
+                Source::Pool(pool) => {
+                    // Closed, not pooled, unless the transaction ends here as it should (a
+                    // call cancelled mid-transaction, a MySQL session left out of
+                    // autocommit).
+                    let mut conn = Guarded::new(pool.acquire().await?);
+                    let ends = Ends {
+                        nested: false,
+                        pooled: true,
                     };
-                    match committed {
-                        Ok(()) => Ended::Committed { fresh, duplicates },
+                    let (step, clean) = self
+                        .attempt(&mut *conn, ends, last, messages, ids, part, handler)
+                        .await;
+                    if clean {
+                        conn.set_clean();
+                    }
+                    step
+                }
+                Source::Conn(conn) => {
+                    let ends = Ends {
+                        nested: conn.is_in_transaction(),
+                        pooled: false,
+                    };
+                    let last = last || ends.nested;
+                    self.attempt(&mut **conn, ends, last, messages, ids, part, handler)
+                        .await
+                        .0
+                }
+            };
+            match step {
+                Step::Ended(ended) => return Ok(ended),
+                Step::Error(error) => return Err(error),
+                Step::Retry => back_off(attempt).await,
+            }
+        }
+    }
+
+    /// One attempt of [`transaction`](Self::transaction) on `conn`; `last`: no retry
+    /// after it. Also says whether the connection was left as it was found (a pooled one
+    /// can go back to its pool).
+    #[allow(clippy::too_many_arguments)]
+    async fn attempt<DB, M, H>(
+        &self,
+        conn: &mut DB::Connection,
+        ends: Ends,
+        last: bool,
+        messages: &[M],
+        ids: &[(String, usize)],
+        part: &[usize],
+        handler: &H,
+    ) -> (Step<H::Error>, bool)
+    where
+        DB: Backend,
+        M: Sync,
+        H: BatchHandler<DB, M>,
+    {
+        let business_keys = !self.unique.is_empty();
+        let retry = !last;
+        let token = new_token();
+        let unclean = AtomicBool::new(DB::CHANGES_SESSION && !ends.nested);
+        let begun = if ends.nested {
+            DB::begin_nested(conn, business_keys).await
+        } else {
+            DB::begin_owned(conn, business_keys).await
+        };
+        let tx = match begun {
+            Ok(tx) => tx,
+            Err(error) if retry && transient::<DB>(&error) => return (Step::Retry, false),
+            Err(error) => return (Step::Error(error), false),
+        };
+        let mut tx = Tx {
+            tx,
+            unclean: &unclean,
+        };
+        let clean = |unclean: &AtomicBool| !unclean.load(std::sync::atomic::Ordering::Relaxed);
+        let wanted: Vec<&str> = part.iter().map(|&k| ids[k].0.as_str()).collect();
+        let claimed_at = Instant::now();
+        let claimed =
+            DB::claim_many(&mut *tx.tx, &self.table, &self.consumer, &wanted, &token).await;
+        let claimed: HashSet<String> = match claimed {
+            Ok(claimed) => claimed.into_iter().collect(),
+            Err(error) => {
+                ends.rollback(tx, true).await;
+                if retry && transient::<DB>(&error) {
+                    return (Step::Retry, false);
+                }
+                return (Step::Error(error), false);
+            }
+        };
+        // The fresh ones in their messages' input order, for the handler.
+        let (mut fresh, duplicates): (Vec<usize>, Vec<usize>) = part
+            .iter()
+            .partition(|&&k| claimed.contains(ids[k].0.as_str()));
+        fresh.sort_unstable_by_key(|&k| ids[k].1);
+        if fresh.is_empty() {
+            ends.rollback(tx, false).await;
+            return (
+                Step::Ended(Ended::Committed { fresh, duplicates }),
+                clean(&unclean),
+            );
+        }
+        let batch: Vec<&M> = fresh.iter().map(|&k| &messages[ids[k].1]).collect();
+        let ran = handler.handle(&mut *tx.tx, &batch).await;
+        let ended = match ran {
+            Ok(()) => {
+                let sealed: Vec<&str> = fresh.iter().map(|&k| ids[k].0.as_str()).collect();
+                let slow = claimed_at.elapsed() >= crate::run::STAMP_AFTER;
+                let committed = match DB::seal_many(
+                    &mut *tx.tx,
+                    &self.table,
+                    &self.consumer,
+                    &sealed,
+                    &token,
+                    slow,
+                )
+                .await
+                {
+                    Ok(()) => ends.commit(tx).await,
+                    Err(error) => {
+                        ends.rollback(tx, true).await;
                         Err(error)
-                            if retry
-                                && (transient::<DB>(&error)
-                                    || RolledBack::find(&error).is_some()) =>
-                        {
-                            back_off(attempt).await;
-                            continue;
-                        }
-                        Err(error) => return Err(error),
                     }
+                };
+                match committed {
+                    Ok(()) => Ended::Committed { fresh, duplicates },
+                    Err(error)
+                        if retry
+                            && (transient::<DB>(&error) || RolledBack::find(&error).is_some()) =>
+                    {
+                        return (Step::Retry, false);
+                    }
+                    Err(error) => return (Step::Error(error), false),
                 }
-                Err(error) => {
-                    let cause: &(dyn StdError + 'static) = &error;
-                    let transient = classify::is_transient::<DB>(cause);
-                    let violation = if business_keys && fresh.len() == 1 {
-                        classify::unique_violation::<DB>(cause)
-                    } else {
-                        None
-                    };
-                    let business_key = match violation {
-                        Some(violation) => DB::matching(&mut *tx.tx, violation, self.unique).await,
-                        None => None,
-                    };
-                    let _ = DB::rollback_owned(tx, true, true).await;
-                    if business_key.is_none() && transient && retry {
-                        back_off(attempt).await;
-                        continue;
-                    }
-                    Ended::Failed {
-                        fresh,
-                        duplicates,
-                        error: match business_key {
-                            Some(constraint) => Failure::BusinessKey(constraint),
-                            None => Failure::Body(error),
-                        },
-                    }
-                }
-            };
-            if !unclean.load(std::sync::atomic::Ordering::Relaxed) {
-                conn.set_clean();
             }
-            return Ok(ended);
+            Err(error) => {
+                let cause: &(dyn StdError + 'static) = &error;
+                let transient = classify::is_transient::<DB>(cause);
+                let violation = if business_keys && fresh.len() == 1 {
+                    classify::unique_violation::<DB>(cause)
+                } else {
+                    None
+                };
+                let business_key = match violation {
+                    Some(violation) => DB::matching(&mut *tx.tx, violation, self.unique).await,
+                    None => None,
+                };
+                ends.rollback(tx, true).await;
+                if business_key.is_none() && transient && retry {
+                    return (Step::Retry, false);
+                }
+                Ended::Failed {
+                    fresh,
+                    duplicates,
+                    error: match business_key {
+                        Some(constraint) => Failure::BusinessKey(constraint),
+                        None => Failure::Body(error),
+                    },
+                }
+            }
+        };
+        (Step::Ended(ended), clean(&unclean))
+    }
+}
+
+/// What one attempt leads to.
+enum Step<E> {
+    Ended(Ended<E>),
+    /// A transient failure: run the transaction again, after a backoff.
+    Retry,
+    Error(sqlx::Error),
+}
+
+/// Where a batch's transactions run.
+enum Source<'s, DB: Database> {
+    Pool(&'s Pool<DB>),
+    Conn(&'s mut DB::Connection),
+}
+
+/// How a sub-batch's transaction ends: a savepoint in the caller's transaction
+/// (`nested`), or a transaction of ours on a pooled connection or the caller's.
+#[derive(Clone, Copy)]
+struct Ends {
+    nested: bool,
+    pooled: bool,
+}
+
+impl Ends {
+    async fn commit<DB: Backend>(self, tx: Tx<'_, DB>) -> Result<(), sqlx::Error> {
+        if self.nested {
+            tx.tx.commit().await
+        } else {
+            DB::commit_owned(tx, None, self.pooled).await
+        }
+    }
+
+    /// Rolls back, the error that made us roll back being the one that matters.
+    async fn rollback<DB: Backend>(self, tx: Tx<'_, DB>, wrote: bool) {
+        let rolled_back = if self.nested {
+            tx.tx.rollback().await
+        } else {
+            DB::rollback_owned(tx, self.pooled, wrote).await
+        };
+        if let Err(error) = rolled_back {
+            tracing::debug!(%error, "batch: rollback failed; the transaction is discarded");
         }
     }
 }
