@@ -105,6 +105,18 @@ macro_rules! batch_suite {
                 }
             }
 
+            /// One effect row per message of `fresh`.
+            async fn insert_effects(tx: &mut $conn, fresh: &[&Msg]) -> Result<(), sqlx::Error> {
+                for msg in fresh {
+                    sqlx::query($insert)
+                        .bind(&msg.id)
+                        .bind(&msg.order)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                Ok(())
+            }
+
             impl BatchHandler<Db, Msg> for Apply {
                 type Error = BodyError;
 
@@ -113,13 +125,7 @@ macro_rules! batch_suite {
                         .lock()
                         .unwrap()
                         .push(fresh.iter().map(|m| m.id.clone()).collect());
-                    for msg in fresh {
-                        sqlx::query($insert)
-                            .bind(&msg.id)
-                            .bind(&msg.order)
-                            .execute(&mut *tx)
-                            .await?;
-                    }
+                    insert_effects(tx, fresh).await?;
                     if let Some(bad) = fresh.iter().find(|m| m.poison) {
                         return Err(BodyError::Poison(bad.id.clone()));
                     }
@@ -139,13 +145,7 @@ macro_rules! batch_suite {
 
                 async fn handle(&self, tx: &mut $conn, fresh: &[&Msg]) -> Result<(), BodyError> {
                     self.sizes.lock().unwrap().push(fresh.len());
-                    for msg in fresh {
-                        sqlx::query($insert)
-                            .bind(&msg.id)
-                            .bind(&msg.order)
-                            .execute(&mut *tx)
-                            .await?;
-                    }
+                    insert_effects(tx, fresh).await?;
                     if self.runs.fetch_add(1, Ordering::SeqCst) < 2 {
                         sqlx::raw_sql($raise).execute(&mut *tx).await?;
                     }

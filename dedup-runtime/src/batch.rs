@@ -345,21 +345,28 @@ impl Batch {
                 }
             }
         }
-        let items: Vec<BatchItem<H::Error>> = items
-            .into_iter()
-            .map(|item| item.expect("every message has an outcome"))
-            .collect();
-        let count =
-            |what: fn(&BatchItem<H::Error>) -> bool| items.iter().filter(|i| what(i)).count();
+        let outcome = BatchOutcome {
+            items: items
+                .into_iter()
+                .map(|item| item.expect("every message has an outcome"))
+                .collect(),
+            splits: stats.splits,
+        };
         crate::metrics::batch_ran(
             &self.consumer,
             messages.len(),
             [
-                ("processed", count(|i| matches!(i, BatchItem::Processed))),
-                ("duplicate", count(|i| matches!(i, BatchItem::Duplicate(_)))),
-                ("failed", count(|i| matches!(i, BatchItem::Failed(_)))),
-                ("copy", count(|i| matches!(i, BatchItem::SameAs { .. }))),
-                ("invalid", count(|i| matches!(i, BatchItem::Invalid(_)))),
+                ("processed", outcome.processed()),
+                ("duplicate", outcome.duplicates()),
+                ("failed", outcome.failed()),
+                (
+                    "copy",
+                    outcome.count(|i| matches!(i, BatchItem::SameAs { .. })),
+                ),
+                (
+                    "invalid",
+                    outcome.count(|i| matches!(i, BatchItem::Invalid(_))),
+                ),
             ],
             stats.splits,
         );
@@ -370,10 +377,7 @@ impl Batch {
             splits = stats.splits,
             "batch processed"
         );
-        Ok(BatchOutcome {
-            items,
-            splits: stats.splits,
-        })
+        Ok(outcome)
     }
 
     /// One sub-batch, `part` (indices into `ids`), in its own transaction (or savepoint),
