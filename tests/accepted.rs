@@ -342,3 +342,75 @@ async fn send_first_without_the_connection() {
     );
     assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
+
+/// The batch form (`batch = …`): a public handler with docs, an integer key by value, an
+/// alias return type, a custom table and `crate = "…"`, a body whose `use` shadows a name;
+/// the generated future is `Send`, so it can be spawned.
+mod batches {
+    use sqlx::SqliteConnection;
+
+    /// One delivery.
+    #[derive(Debug)]
+    pub struct Delivery {
+        pub seq: u64,
+    }
+
+    /// Records each fresh delivery.
+    #[::dedup_runtime::idempotent(consumer = "accepted-batch", batch = deliveries, key = |d| d.seq)]
+    pub async fn record(tx: &mut SqliteConnection, deliveries: &[&Delivery]) -> sqlx::Result<()> {
+        use ::std::result::Result as Outcome;
+        for delivery in deliveries {
+            let inserted: Outcome<(), sqlx::Error> =
+                super::insert(tx, &delivery.seq.to_string()).await;
+            inserted?;
+        }
+        Ok(())
+    }
+
+    #[::dedup_runtime::idempotent(
+        consumer = "accepted-batch-custom",
+        batch = deliveries,
+        key = |delivery: &Delivery| delivery.seq.to_string(),
+        table = "custom_batch_processed",
+        crate = "crate::reexport::dedup",
+    )]
+    pub async fn record_custom(
+        tx: &mut SqliteConnection,
+        deliveries: &[&Delivery],
+    ) -> Result<(), sqlx::Error> {
+        for delivery in deliveries {
+            super::insert(tx, &delivery.seq.to_string()).await?;
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn batch_form() {
+    let pool = pool().await;
+    let deliveries: Vec<batches::Delivery> = [1, 2, 1]
+        .into_iter()
+        .map(|seq| batches::Delivery { seq })
+        .collect();
+    let spawned = {
+        let pool = (*pool).clone();
+        tokio::spawn(async move { batches::record(&pool, &deliveries).await })
+    };
+    let outcome = spawned.await.unwrap().unwrap();
+    assert_eq!(outcome.processed(), 2);
+    assert!((0..3).all(|n| outcome.ack(n)));
+    assert_eq!(effects(&pool).await, 2);
+
+    dedup_runtime::migrate_table(&*pool, "custom_batch_processed")
+        .await
+        .unwrap();
+    let again = [batches::Delivery { seq: 2 }, batches::Delivery { seq: 3 }];
+    let outcome = batches::record_custom(&*pool, &again).await.unwrap();
+    assert_eq!(outcome.processed(), 2, "another consumer, another table");
+    let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM custom_batch_processed")
+        .fetch_one(&*pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 2);
+    assert_eq!(effects(&pool).await, 4);
+}

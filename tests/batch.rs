@@ -183,6 +183,98 @@ macro_rules! batch_suite {
                 counts
             }
 
+            /// The attribute form of `Apply`'s body: the generated `record(db, &[Msg])`.
+            #[dedup_runtime::idempotent(
+                consumer = "batch-attribute",
+                batch = orders,
+                key = |order| order.id.as_str(),
+                unique = "dedup_batch_effects_order_key",
+            )]
+            async fn record(tx: &mut $conn, orders: &[&Msg]) -> Result<(), BodyError> {
+                insert_effects(tx, orders).await?;
+                match orders.iter().find(|m| m.poison) {
+                    Some(bad) => Err(BodyError::Poison(bad.id.clone())),
+                    None => Ok(()),
+                }
+            }
+
+            /// Its consumer.
+            const ATTRIBUTE: &str = "batch-attribute";
+
+            #[tokio::test]
+            async fn the_attribute_form_processes_the_fresh_ones_once() {
+                let pool = pool().await;
+                let prefix = unique("attr");
+                let (a, b, c) = (format!("{prefix}-a"), format!("{prefix}-b"), format!("{prefix}-c"));
+                let outcome = record(&*pool, &messages(&[a.clone(), b.clone(), a.clone()]))
+                    .await
+                    .unwrap();
+                assert_eq!(kinds(&outcome), ["processed", "processed", "same as"]);
+                assert!((0..3).all(|n| outcome.ack(n)));
+                let again = record(&*pool, &messages(&[a.clone(), b.clone(), c.clone()]))
+                    .await
+                    .unwrap();
+                assert_eq!(kinds(&again), ["duplicate", "duplicate", "processed"]);
+                let all = [a, b, c];
+                assert_eq!(effects(&pool, &all).await, [1, 1, 1]);
+                assert_eq!(claims(&pool, ATTRIBUTE, &all).await, [1, 1, 1]);
+            }
+
+            #[tokio::test]
+            async fn the_attribute_form_isolates_a_poison_message() {
+                let pool = pool().await;
+                let ids = ids(&unique("attr-poison"), 20);
+                let mut msgs = messages(&ids);
+                msgs[7] = Msg::poison(&ids[7]);
+                let outcome = record(&*pool, &msgs).await.unwrap();
+                assert_eq!((outcome.processed(), outcome.failed()), (19, 1));
+                assert!(
+                    matches!(&outcome.items()[7], BatchItem::Failed(BodyError::Poison(id)) if *id == ids[7])
+                );
+                let mut expected = vec![1; 20];
+                expected[7] = 0;
+                assert_eq!(effects(&pool, &ids).await, expected);
+                assert_eq!(claims(&pool, ATTRIBUTE, &ids).await, expected);
+            }
+
+            #[tokio::test]
+            async fn the_attribute_form_reports_bad_ids_and_business_keys_per_message() {
+                let pool = pool().await;
+                let ids = ids(&unique("attr-keys"), 4);
+                let mut msgs = messages(&ids);
+                msgs[1].id = String::new();
+                // The same order as message 0, under another id: its business key.
+                msgs[3].order = msgs[0].order.clone();
+                let outcome = record(&*pool, &msgs).await.unwrap();
+                assert_eq!(kinds(&outcome), ["processed", "invalid", "processed", "business key"]);
+                assert!(matches!(outcome.items()[1], BatchItem::Invalid(InvalidMessageId::Empty)));
+                assert!(outcome.ack(3), "a business-key duplicate is acknowledged");
+                assert_eq!(effects(&pool, &ids).await, [1, 0, 1, 0]);
+                assert_eq!(claims(&pool, ATTRIBUTE, &ids).await, [1, 0, 1, 0]);
+            }
+
+            #[tokio::test]
+            async fn the_attribute_form_runs_in_the_callers_transaction() {
+                let pool = pool().await;
+                let ids = ids(&unique("attr-tx"), 5);
+                let mut tx = pool.begin().await.unwrap();
+                let outcome = record(&mut tx, &messages(&ids)).await.unwrap();
+                assert_eq!(outcome.processed(), 5);
+                tx.rollback().await.unwrap();
+                assert_eq!(effects(&pool, &ids).await, [0; 5], "rolled back with the caller");
+                assert_eq!(claims(&pool, ATTRIBUTE, &ids).await, [0; 5]);
+                let mut tx = pool.begin().await.unwrap();
+                let outcome = record(&mut *tx, &messages(&ids)).await.unwrap();
+                assert_eq!(outcome.processed(), 5);
+                tx.commit().await.unwrap();
+                assert_eq!(effects(&pool, &ids).await, [1; 5]);
+                assert_eq!(claims(&pool, ATTRIBUTE, &ids).await, [1; 5]);
+                // A plain connection: the batch's own transaction on it.
+                let mut conn = pool.acquire().await.unwrap();
+                let again = record(&mut conn, &messages(&ids)).await.unwrap();
+                assert_eq!(again.duplicates(), 5);
+            }
+
             #[tokio::test]
             async fn a_fresh_batch_is_processed_in_one_transaction() {
                 let pool = pool().await;

@@ -10,7 +10,7 @@ use syn::spanned::Spanned;
 use syn::{Expr, Ident, Lit, LitStr, Path, Token};
 
 /// Every argument the attribute knows, in the order the messages list them.
-const KNOWN: &str = "`consumer`, `key`, `unique`, `table`, `effect`, `lease`, `crate`";
+const KNOWN: &str = "`consumer`, `key`, `batch`, `unique`, `table`, `effect`, `lease`, `crate`";
 
 /// What `effect = "…"` declares for a body whose effect is outside the database.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,6 +34,11 @@ const DEFAULT_MARK_LEASE_MS: u64 = 60_000;
 pub struct Args {
     pub consumer: Option<LitStr>,
     pub key: Option<(Ident, Expr)>,
+    /// `batch = orders`: the parameter that holds the messages of a batch handler, whose
+    /// `key` is then a closure over one of them.
+    pub batch: Option<Ident>,
+    /// `batch` was written, whatever its value: the handler is meant as a batch handler.
+    pub batch_named: bool,
     /// The unique constraints of `unique = …`; empty when not given.
     pub unique: Vec<LitStr>,
     pub table: LitStr,
@@ -207,6 +212,8 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
     let mut effect = Once(None);
     let mut lease = Once(None);
     let mut lease_name: Option<Ident> = None;
+    let mut batch = Once(None);
+    let mut batch_name: Option<Ident> = None;
     for RawArg { name, value } in raw {
         match name.to_string().as_str() {
             "consumer" => {
@@ -219,6 +226,22 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
                 }
             }
             "key" => key.set(name, value, &mut errors),
+            "batch" => {
+                batch_name.get_or_insert_with(|| name.clone());
+                match ungrouped(&value) {
+                    Expr::Path(path) if path.qself.is_none() && path.path.get_ident().is_some() => {
+                        let ident = path.path.get_ident().cloned();
+                        if let Some(ident) = ident {
+                            batch.set(name, ident, &mut errors);
+                        }
+                    }
+                    _ => errors.add_spanned(
+                        &value,
+                        "`batch` names the handler's parameter that holds the messages, such \
+                         as `batch = orders` for `orders: &[&Order]`",
+                    ),
+                }
+            }
             "unique" => {
                 unique_named = true;
                 if let Some(names) = constraint_names(&value, &mut errors) {
@@ -286,7 +309,8 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
         // A misspelt or unreadable argument, or an invalid consumer, has been reported
         // already.
         _ if unread.any => {}
-        (None, _) if unknown_given || unique_given || effect_name.is_some() => {}
+        (None, _)
+            if unknown_given || unique_given || effect_name.is_some() || batch_name.is_some() => {}
         (Some(_), None) if consumer_given => {}
         (None, _) => errors.add(
             Span::call_site(),
@@ -355,9 +379,19 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
              whose body runs in the claim's transaction",
         );
     }
+    check_batch(
+        batch_name.as_ref(),
+        key.as_ref(),
+        effect_name.as_ref().or(lease_name.as_ref()),
+        // A misspelt `batch` has been reported: a closure `key` is no second mistake.
+        unread.any || (unknown_given && batch_name.is_none()),
+        &mut errors,
+    );
     let consumer = consumer.map(|(_, lit)| lit);
 
     let args = Args {
+        batch: batch.0.map(|(_, ident)| ident),
+        batch_named: batch_name.is_some(),
         consumer,
         key,
         unique: unique.0.map(|(_, names)| names).unwrap_or_default(),
@@ -375,6 +409,75 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
             .map_or_else(|| syn::parse_quote!(::dedup_runtime), |(_, path)| path),
     };
     (args, errors)
+}
+
+/// The batch form's rules: `batch = …` with a closure `key`, no effect outside the
+/// database; and a closure `key` only with `batch`.
+fn check_batch(
+    batch: Option<&Ident>,
+    key: Option<&(Ident, Expr)>,
+    effect: Option<&Ident>,
+    unread: bool,
+    errors: &mut Errors,
+) {
+    if unread {
+        return;
+    }
+    let closure = key.and_then(|(_, key)| match ungrouped(key) {
+        Expr::Closure(closure) => Some(closure),
+        _ => None,
+    });
+    match (batch, key) {
+        (Some(batch), None) => errors.add(
+            batch.span(),
+            "`batch` needs the id of each message: add `consumer = \"name\", \
+             key = |order| order.id`",
+        ),
+        (Some(_), Some((_, key))) => match closure {
+            None => errors.add_spanned(
+                key,
+                "in a batch handler `key` says where each message's id is: write a closure \
+                 over one message, such as `key = |order| order.id`",
+            ),
+            Some(closure) => {
+                if closure.inputs.len() != 1 {
+                    errors.add_spanned(
+                        &closure.inputs,
+                        "the `key` of a batch handler takes one message: write \
+                         `key = |order| order.id`",
+                    );
+                } else if let Some(asyncness) = &closure.asyncness {
+                    errors.add(
+                        asyncness.span,
+                        "the `key` of a batch handler is computed before the transaction \
+                         begins, and cannot await: remove `async`",
+                    );
+                }
+            }
+        },
+        (None, Some(_)) => {
+            if let Some(closure) = closure {
+                errors.add(
+                    closure.inputs_begin.span,
+                    "a closure `key` is for a batch handler: add `batch = orders`, naming the \
+                     parameter that holds the messages (`orders: &[&Order]`); for one message, \
+                     write its id, `key = msg.id`",
+                );
+            }
+        }
+        (None, None) => {}
+    }
+    if let (Some(batch), Some(effect)) = (batch, effect) {
+        errors.add(
+            effect.span(),
+            format_args!(
+                "`{effect}` is for a handler whose effect is outside the database, and the \
+                 body of a batch handler runs in the transaction of its claim, once for many \
+                 messages: remove `{effect}`, or handle those messages one at a time \
+                 (without `{batch}`)"
+            ),
+        );
+    }
 }
 
 /// The names of `unique = "name"` or `unique = ["a", "b"]`, each a constraint or index
@@ -460,7 +563,7 @@ fn closest(unknown: &str) -> Option<&'static str> {
     }
     let lower = unknown.to_ascii_lowercase();
     [
-        "consumer", "key", "unique", "table", "effect", "lease", "crate",
+        "consumer", "key", "batch", "unique", "table", "effect", "lease", "crate",
     ]
     .into_iter()
     .find(|known| distance(&lower, known) <= 2 && lower.len() + 2 > known.len())
@@ -731,6 +834,48 @@ mod tests {
                 "{messages:?}"
             );
         }
+    }
+
+    #[test]
+    fn batches() {
+        let (messages, args) = parsed(r#"consumer = "c", batch = orders, key = |o| o.id"#);
+        assert!(messages.is_empty(), "{messages:?}");
+        assert_eq!(args.batch.map(|b| b.to_string()).as_deref(), Some("orders"));
+        assert!(args.batch_named);
+        for (tokens, says) in [
+            (r#"consumer = "c", batch = orders"#, "`batch` needs the id"),
+            (
+                r#"consumer = "c", batch = orders, key = o.id"#,
+                "write a closure",
+            ),
+            (
+                r#"consumer = "c", batch = orders, key = |a, b| a.id"#,
+                "takes one message",
+            ),
+            (
+                r#"consumer = "c", batch = orders, key = async |o| o.id"#,
+                "cannot await",
+            ),
+            (r#"consumer = "c", key = |o| o.id"#, "add `batch = orders`"),
+            (
+                r#"consumer = "c", batch = "orders", key = |o| o.id"#,
+                "names the handler's",
+            ),
+            (
+                r#"consumer = "c", batch = orders, key = |o| o.id, effect = "send-first""#,
+                "remove `effect`",
+            ),
+        ] {
+            let (messages, _) = parsed(tokens);
+            assert_eq!(messages.len(), 1, "{tokens}: {messages:?}");
+            assert!(messages[0].contains(says), "{tokens}: {messages:?}");
+        }
+        let (messages, _) = parsed(r#"consumer = "c", batchh = orders, key = |o| o.id"#);
+        assert_eq!(messages.len(), 1, "{messages:?}");
+        assert!(
+            messages[0].contains("did you mean `batch`?"),
+            "{messages:?}"
+        );
     }
 
     #[test]

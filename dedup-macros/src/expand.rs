@@ -6,6 +6,7 @@ use syn::spanned::Spanned;
 use syn::{AttrStyle, FnArg, Ident, Item, ItemFn, LitStr, Path, ReturnType, Signature, Type};
 
 use crate::args::{self, Args, Effect};
+use crate::batch;
 use crate::handler::{self, Handler};
 use crate::unawaited;
 
@@ -39,9 +40,13 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
             key,
             args.effect_named,
             args.lease_ms.is_some() || args.lease_named,
+            args.batch_named,
             &mut errors,
         )
     });
+    if args.batch_named {
+        return batch_handler(&args, handler, item, item_is_fn, errors);
+    }
     let result = errors.finish();
     let mut tokens = match (&result, handler) {
         (Ok(()), Some(handler)) => return guarded_handler_fn(&args, handler),
@@ -49,6 +54,36 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
         // No connection or return type to build the signature from, or no path to the
         // runtime to name it with: the user's item as written, allowing the warnings its
         // unexpanded form may raise (an unused connection parameter).
+        _ if item_is_fn => quote!(#[allow(unused_variables, dead_code)] #item),
+        _ => item,
+    };
+    if let Err(error) = result {
+        tokens.extend(error.to_compile_error());
+    }
+    tokens
+}
+
+/// [`idempotent`] for the batch form (`batch = …`): the generated function, or the errors
+/// with a placeholder, as for a single handler.
+fn batch_handler(
+    args: &Args,
+    handler: Option<Handler>,
+    item: TokenStream,
+    item_is_fn: bool,
+    mut errors: args::Errors,
+) -> TokenStream {
+    let batch = match (handler, &args.batch) {
+        (Some(handler), Some(name)) => batch::analyze(handler, name, &args.krate, &mut errors),
+        _ => None,
+    };
+    let result = errors.finish();
+    let mut tokens = match (&result, batch) {
+        (Ok(()), Some(batch)) => {
+            let conn_ty = batch.connection_type().clone();
+            let placeholder = batch::placeholder(args, &batch);
+            return guarded(args, &conn_ty, batch::expand(args, batch), placeholder);
+        }
+        (Err(_), Some(batch)) if args.krate_known => batch::placeholder(args, &batch),
         _ if item_is_fn => quote!(#[allow(unused_variables, dead_code)] #item),
         _ => item,
     };
@@ -103,13 +138,14 @@ fn first_and_last(tokens: &impl ToTokens) -> (Span, Span) {
     (first, spans.last().unwrap_or(first))
 }
 
-// Input: `key = msg.id`.
+// Input: `key = msg.id`, and the runtime's function to call, `message_id`.
 // Output: `message_id(&msg.id)`, spanned so that an error on the key's type points at
 // exactly the key (parenthesised only where `&` would bind differently).
-fn key_call(private: &TokenStream, key: &syn::Expr) -> TokenStream {
+pub(crate) fn key_call(private: &TokenStream, function: &str, key: &syn::Expr) -> TokenStream {
     use syn::Expr;
     let (first, last) = first_and_last(key);
-    let path = respan(quote!(#private::message_id), first);
+    let function = Ident::new(function, Span::call_site());
+    let path = respan(quote!(#private::#function), first);
     let borrow = respan(quote!(&), first);
     let needs_parens = !matches!(
         key,
@@ -136,7 +172,7 @@ fn key_call(private: &TokenStream, key: &syn::Expr) -> TokenStream {
 
 /// Our own locals: mixed-site hygiene, so that neither the body nor a `use` inside it can
 /// see or shadow them.
-fn local(name: &str) -> Ident {
+pub(crate) fn local(name: &str) -> Ident {
     Ident::new(name, Span::mixed_site())
 }
 
@@ -210,15 +246,29 @@ fn handler_fn(args: &Args, handler: Handler) -> TokenStream {
 // With the feature it is the handler; without it, one error naming the feature
 // (`dedup-runtime/src/features.rs`) instead of a dozen about the connection type.
 fn guarded_handler_fn(args: &Args, handler: Handler) -> TokenStream {
-    let Some(backend) = handler::backend(&handler.connection.ty) else {
+    if handler::backend(&handler.connection.ty).is_none() {
         return handler_fn(args, handler);
-    };
+    }
     let placeholder = feature_placeholder(&args.krate, &handler);
-    let at = handler.connection.ty.span();
+    let conn_ty = handler.connection.ty.clone();
+    guarded(args, &conn_ty, handler_fn(args, handler), placeholder)
+}
+
+/// `handler` behind the guard of the backend `conn_ty` names, `placeholder` in its place
+/// when the runtime lacks that backend's feature.
+fn guarded(
+    args: &Args,
+    conn_ty: &Type,
+    handler: TokenStream,
+    placeholder: TokenStream,
+) -> TokenStream {
+    let Some(backend) = handler::backend(conn_ty) else {
+        return handler;
+    };
+    let at = conn_ty.span();
     let krate = &args.krate;
     let guard = Ident::new(&format!("backend_{backend}"), at);
     let path = respan(quote!(#krate::__private::#guard), at);
-    let handler = handler_fn(args, handler);
     quote! {
         #path! { { #handler } { #placeholder } }
     }
@@ -591,7 +641,7 @@ fn body(
     let metrics = local("__DEDUP_METRICS");
     let exit_value = match (&args.key, &args.consumer) {
         (Some((_, key)), Some(consumer)) => {
-            let message_id = key_call(&private, key);
+            let message_id = key_call(&private, "message_id", key);
             quote! {
                 match #message_id {
                     ::core::result::Result::Err(#error) => #private::Exit::Error(
@@ -709,7 +759,7 @@ fn leased_body(
         // `effect` without `key` is refused in `args`: nothing to expand.
         return quote!(::core::unreachable!());
     };
-    let message_id = key_call(&private, key);
+    let message_id = key_call(&private, "message_id", key);
     let (conn_pat, conn_ty) = (&connection.pat, &connection.ty);
     let fake_return = fake_return(output);
     let stmts = unawaited::check(&private, stmts);

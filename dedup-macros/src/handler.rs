@@ -62,6 +62,7 @@ pub fn analyze(
     key: Option<&Expr>,
     external: bool,
     leased: bool,
+    batch: bool,
     errors: &mut Errors,
 ) -> Option<Handler> {
     // The attribute below this one expands next and checks the same function: anything
@@ -82,7 +83,7 @@ pub fn analyze(
              transaction it awaits; write `async fn`",
         );
     }
-    let connection = connection(&item, external, leased, errors);
+    let connection = connection(&item, external, leased, batch, errors);
     if let (Some(connection), Some(key)) = (&connection, key) {
         check_key(key, connection, errors);
     }
@@ -370,6 +371,7 @@ fn connection(
     item: &ItemFn,
     external: bool,
     leased: bool,
+    batch: bool,
     errors: &mut Errors,
 ) -> Option<Connection> {
     let sig = &item.sig;
@@ -467,9 +469,21 @@ fn connection(
     // From here on the type is understood: a mistake in the binding is reported, and the
     // connection still returned, so that callers see the generated signature.
     if let Pat::Ident(binding) = &*arg.pat {
-        if !external
-            && find_use(|visitor| visitor.visit_block(&item.block), &binding.ident).is_none()
-        {
+        let unused = find_use(|visitor| visitor.visit_block(&item.block), &binding.ident).is_none();
+        if unused && batch {
+            errors.add(
+                binding.ident.span(),
+                format_args!(
+                    "the body never uses `{0}`, so its effects would not be atomic with the \
+                     batch's dedup records: run its queries on `{0}` (for example \
+                     `.execute(&mut *{0})`), so that they commit or roll back with them; for \
+                     an effect outside the database (an email, an HTTP call), handle the \
+                     messages one at a time and declare `effect = \"send-first\"` or \
+                     `effect = \"mark-first\"`",
+                    binding.ident.unraw_string()
+                ),
+            );
+        } else if !external && unused {
             errors.add(
                 binding.ident.span(),
                 format_args!(
@@ -893,6 +907,12 @@ pub fn backend(ty: &Type) -> Option<&'static str> {
         }),
         _ => None,
     }
+}
+
+/// Whether `ty` names `Transaction<…>` (`sqlx::Transaction<'_, Postgres>`).
+pub fn names_transaction(ty: &Type) -> bool {
+    matches!(ungrouped(ty), Type::Path(TypePath { path, .. })
+        if path.segments.last().is_some_and(|last| last.ident == "Transaction"))
 }
 
 /// The type with every lifetime replaced by `'static`, for naming its associated

@@ -5,6 +5,7 @@
 //! [`dedup_runtime::idempotent`](https://docs.rs/dedup-runtime/latest/dedup_runtime/attr.idempotent.html).
 
 mod args;
+mod batch;
 mod expand;
 mod handler;
 mod unawaited;

@@ -107,7 +107,8 @@ use sqlx::{Connection, Database, Pool};
 use crate::backend::Backend;
 use crate::claim::Tx;
 use crate::classify;
-use crate::key::{InvalidMessageId, MessageKey};
+use crate::input::{self, Handle};
+use crate::key::{InvalidMessageId, MessageId, MessageKey};
 use crate::lease::{Guarded, new_token};
 use crate::ledger::{InvalidConsumer, check_consumer};
 use crate::outcome::Duplicate;
@@ -149,7 +150,7 @@ pub trait BatchBackend: Database {
 pub trait BatchHandler<DB: Backend, M>: Send + Sync {
     /// The handler's error. A transient database error inside it (seen through
     /// `source()`) retries the batch; any other splits it (see the [module](self)).
-    type Error: StdError + Send + 'static;
+    type Error: BatchError;
 
     /// Processes `fresh` on `tx`.
     fn handle<'c>(
@@ -157,6 +158,33 @@ pub trait BatchHandler<DB: Backend, M>: Send + Sync {
         tx: &'c mut DB::Connection,
         fresh: &'c [&'c M],
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'c;
+}
+
+/// What a batch handler's error implements: `std::error::Error + Send + 'static`, so that
+/// the batch can look through its `source()` chain for a transient database error or a
+/// business key, and hand it back in [`BatchItem::Failed`]. Implemented for every such
+/// type; `anyhow::Error` is not one (it does not implement `std::error::Error`).
+#[diagnostic::on_unimplemented(
+    message = "the error type `{Self}` of a batch handler must implement \
+               `std::error::Error + Send + 'static`",
+    label = "`{Self}` does not implement `std::error::Error + Send + 'static`",
+    note = "the batch looks through the error's `source()` chain for a transient database \
+            error (the batch is retried) or a business key (a duplicate), and hands it back \
+            in `BatchItem::Failed`: return `sqlx::Error`, or an error enum of your own \
+            (thiserror's `#[from] sqlx::Error` keeps the chain); `anyhow::Error` does not \
+            implement `std::error::Error`"
+)]
+pub trait BatchError: Send + 'static {
+    /// The error, for a look through its `source()` chain.
+    #[doc(hidden)]
+    fn as_std_error(&self) -> &(dyn StdError + 'static);
+}
+
+#[diagnostic::do_not_recommend]
+impl<E: StdError + Send + 'static> BatchError for E {
+    fn as_std_error(&self) -> &(dyn StdError + 'static) {
+        self
+    }
 }
 
 /// A batch handler's settings: its consumer, its dedup table and its business keys.
@@ -227,7 +255,11 @@ impl Batch {
         K: MessageKey + ?Sized,
         H: BatchHandler<DB, M>,
     {
-        self.run_from(Source::Pool(pool), messages, key, handler)
+        let ids: Vec<MessageId<'_>> = messages
+            .iter()
+            .map(|message| key(message).message_id())
+            .collect();
+        self.run_from(Source::Pool(pool), messages, &ids, handler)
             .await
     }
 
@@ -259,29 +291,53 @@ impl Batch {
         K: MessageKey + ?Sized,
         H: BatchHandler<DB, M>,
     {
-        self.run_from(Source::Conn(conn), messages, key, handler)
+        let ids: Vec<MessageId<'_>> = messages
+            .iter()
+            .map(|message| key(message).message_id())
+            .collect();
+        self.run_from(Source::Conn(conn), messages, &ids, handler)
             .await
     }
 
-    async fn run_from<DB, M, K, H>(
+    /// The function `#[idempotent(batch = …)]` generates calls this, on what its caller
+    /// passed.
+    pub(crate) async fn run_handle<DB, M, H>(
         &self,
-        mut source: Source<'_, DB>,
+        handle: &mut Handle<'_, DB>,
         messages: &[M],
-        key: impl Fn(&M) -> &K,
+        key: fn(&M) -> MessageId<'static>,
         handler: &H,
     ) -> Result<BatchOutcome<H::Error>, sqlx::Error>
     where
         DB: Backend,
         M: Sync,
-        K: MessageKey + ?Sized,
+        H: BatchHandler<DB, M>,
+    {
+        let ids: Vec<MessageId<'static>> = messages.iter().map(key).collect();
+        let source = match &mut handle.source {
+            input::Source::Pool(pool, _) => Source::Pool(pool),
+            input::Source::Conn(conn) => Source::Conn(&mut **conn),
+        };
+        self.run_from(source, messages, &ids, handler).await
+    }
+
+    async fn run_from<DB, M, H>(
+        &self,
+        mut source: Source<'_, DB>,
+        messages: &[M],
+        keys: &[MessageId<'_>],
+        handler: &H,
+    ) -> Result<BatchOutcome<H::Error>, sqlx::Error>
+    where
+        DB: Backend,
+        M: Sync,
         H: BatchHandler<DB, M>,
     {
         let mut items: Vec<Option<BatchItem<H::Error>>> = Vec::with_capacity(messages.len());
         // The distinct valid ids, each with the index of its first message.
         let mut ids: Vec<(String, usize)> = Vec::new();
         let mut first: HashMap<String, usize> = HashMap::new();
-        for (index, message) in messages.iter().enumerate() {
-            let id = key(message).message_id();
+        for (index, id) in keys.iter().enumerate() {
             match id.validate() {
                 Err(invalid) => items.push(Some(BatchItem::Invalid(invalid))),
                 Ok(id) => match first.get(id) {
@@ -534,7 +590,7 @@ impl Batch {
                 }
             }
             Err(error) => {
-                let cause: &(dyn StdError + 'static) = &error;
+                let cause = error.as_std_error();
                 let transient = classify::is_transient::<DB>(cause);
                 let violation = if business_keys && fresh.len() == 1 {
                     classify::unique_violation::<DB>(cause)

@@ -53,6 +53,15 @@ impl<'a> MessageId<'a> {
         MessageId(Repr::Owned(id))
     }
 
+    /// The same id, owning its text (a borrowed one is copied).
+    pub(crate) fn into_owned(self) -> MessageId<'static> {
+        match self.0 {
+            Repr::Borrowed(id) => MessageId(Repr::Owned(id.to_owned())),
+            Repr::Owned(id) => MessageId(Repr::Owned(id)),
+            Repr::Inline { bytes, len } => MessageId(Repr::Inline { bytes, len }),
+        }
+    }
+
     /// The id as text, whether or not it is valid.
     pub fn as_str(&self) -> &str {
         match &self.0 {
