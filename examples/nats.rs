@@ -27,7 +27,7 @@
 //! | `MAX_DELIVER` | `20` | for a new consumer: deliveries before JetStream gives up |
 //! | `CONSUMERS` | `4` | tasks pulling from the durable consumer, one message at a time each |
 //! | `PREFETCH` | `16` | messages each task pulls per batch |
-//! | `BATCH` | `1` | over 1: up to this many pulled messages per transaction (`dedup_runtime::batch`) |
+//! | `BATCH` | `1` | over 1: up to this many pulled messages per transaction (`#[idempotent(batch = …)]`) |
 //! | `FORWARD_TO` | unset | service A of a two-hop chain: also send an event to this subject, through the outbox |
 //! | `DEDUP_OUTBOX_TABLE` | `outbox_messages` | with `FORWARD_TO`: the outbox table |
 //! | `DEDUP_EXIT_WHEN_IDLE_MS` | unset: run forever | exit cleanly after this long without a delivery |
@@ -62,7 +62,7 @@ use async_nats::jetstream;
 use async_nats::jetstream::consumer::pull::{self, MessagesErrorKind};
 use async_nats::jetstream::consumer::{AckPolicy as JetStreamAckPolicy, PullConsumer};
 use dedup_runtime::async_nats::{delivery_count, settle};
-use dedup_runtime::batch::{Batch, BatchHandler, BatchItem};
+use dedup_runtime::batch::BatchItem;
 use dedup_runtime::outbox::{Cause, Outbox};
 use dedup_runtime::{Ack, AckPolicy, Outcome, idempotent};
 use futures_util::StreamExt;
@@ -281,24 +281,19 @@ impl Activity {
 /// `BATCH` > 1: the same effect for a whole batch, one multi-row insert over the messages
 /// not processed before, in the transaction that claims their ids (consumer
 /// `nats-example`, as `apply`'s).
-struct ApplyBatch;
-
-impl BatchHandler<sqlx::Postgres, Message> for ApplyBatch {
-    type Error = sqlx::Error;
-
-    async fn handle(&self, tx: &mut PgConnection, fresh: &[&Message]) -> Result<(), sqlx::Error> {
-        let ids: Vec<&str> = fresh.iter().map(|msg| msg.id.as_str()).collect();
-        let bodies: Vec<&str> = fresh.iter().map(|msg| msg.body.as_str()).collect();
-        sqlx::query(
-            "INSERT INTO nats_example_effects (message_id, body) \
-             SELECT * FROM unnest($1::text[], $2::text[])",
-        )
-        .bind(&ids)
-        .bind(&bodies)
-        .execute(&mut *tx)
-        .await?;
-        Ok(())
-    }
+#[idempotent(consumer = "nats-example", batch = fresh, key = |msg| msg.id.as_str())]
+async fn apply_batch(tx: &mut PgConnection, fresh: &[&Message]) -> Result<(), sqlx::Error> {
+    let ids: Vec<&str> = fresh.iter().map(|msg| msg.id.as_str()).collect();
+    let bodies: Vec<&str> = fresh.iter().map(|msg| msg.body.as_str()).collect();
+    sqlx::query(
+        "INSERT INTO nats_example_effects (message_id, body) \
+         SELECT * FROM unnest($1::text[], $2::text[])",
+    )
+    .bind(&ids)
+    .bind(&bodies)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
 }
 
 /// A JetStream message's id (its `Message-Id` header; empty if it has none) and body.
@@ -323,7 +318,7 @@ fn shown(message: &Message) -> &str {
     }
 }
 
-/// `BATCH` > 1: one transaction for the whole batch (`dedup_runtime::batch`), then each
+/// `BATCH` > 1: one transaction for the whole batch (`apply_batch`, the attribute's batch form), then each
 /// message settled as its outcome says, after the commit. A database failure retries the
 /// whole batch.
 async fn process_batch(
@@ -336,10 +331,7 @@ async fn process_batch(
     for (jet, message) in batch.iter().zip(&messages) {
         println!("delivered {} {}", delivery_count(jet), shown(message));
     }
-    let acks: Vec<Ack> = match Batch::new("nats-example")?
-        .run(pool, &messages, |msg| msg.id.as_str(), &ApplyBatch)
-        .await
-    {
+    let acks: Vec<Ack> = match apply_batch(pool, &messages).await {
         Ok(outcome) => {
             for (n, message) in messages.iter().enumerate() {
                 match &outcome.items()[n] {

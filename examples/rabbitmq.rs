@@ -21,7 +21,7 @@
 //! | `QUEUE` | `dedup-example.payments` | the queue to consume |
 //! | `CONSUMERS` | `4` | channels, each consuming one message at a time |
 //! | `PREFETCH` | `16` | unacknowledged messages the broker sends each channel ahead |
-//! | `BATCH` | `1` | over 1: up to this many deliveries per transaction (`dedup_runtime::batch`), acknowledged with one multiple-ack |
+//! | `BATCH` | `1` | over 1: up to this many deliveries per transaction (`#[idempotent(batch = …)]`), acknowledged with one multiple-ack |
 //! | `FORWARD_TO` | unset | service A of a two-hop chain: also send an event to this queue, through the outbox |
 //! | `DEDUP_OUTBOX_TABLE` | `outbox_messages` | with `FORWARD_TO`: the outbox table |
 //! | `DEDUP_EXIT_WHEN_IDLE_MS` | unset: run forever | exit cleanly after this long without a delivery |
@@ -52,7 +52,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use dedup_runtime::batch::{Batch, BatchHandler, BatchItem};
+use dedup_runtime::batch::BatchItem;
 use dedup_runtime::lapin::{delivery_count, settle};
 use dedup_runtime::outbox::{Cause, Outbox};
 use dedup_runtime::{Ack, AckPolicy, Outcome, idempotent};
@@ -125,24 +125,19 @@ async fn apply_and_forward(
 /// `BATCH` > 1: the same effect for a whole batch, one multi-row insert over the messages
 /// not processed before, in the transaction that claims their ids (consumer
 /// `rabbitmq-example`, as `apply`'s).
-struct ApplyBatch;
-
-impl BatchHandler<sqlx::Postgres, Message> for ApplyBatch {
-    type Error = sqlx::Error;
-
-    async fn handle(&self, tx: &mut PgConnection, fresh: &[&Message]) -> Result<(), sqlx::Error> {
-        let ids: Vec<&str> = fresh.iter().map(|msg| msg.id.as_str()).collect();
-        let bodies: Vec<&str> = fresh.iter().map(|msg| msg.body.as_str()).collect();
-        sqlx::query(
-            "INSERT INTO rabbitmq_example_effects (message_id, body) \
-             SELECT * FROM unnest($1::text[], $2::text[])",
-        )
-        .bind(&ids)
-        .bind(&bodies)
-        .execute(&mut *tx)
-        .await?;
-        Ok(())
-    }
+#[idempotent(consumer = "rabbitmq-example", batch = fresh, key = |msg| msg.id.as_str())]
+async fn apply_batch(tx: &mut PgConnection, fresh: &[&Message]) -> Result<(), sqlx::Error> {
+    let ids: Vec<&str> = fresh.iter().map(|msg| msg.id.as_str()).collect();
+    let bodies: Vec<&str> = fresh.iter().map(|msg| msg.body.as_str()).collect();
+    sqlx::query(
+        "INSERT INTO rabbitmq_example_effects (message_id, body) \
+         SELECT * FROM unnest($1::text[], $2::text[])",
+    )
+    .bind(&ids)
+    .bind(&bodies)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
 }
 
 /// Declares the queue, its dead-letter exchange and dead-letter queue.
@@ -318,7 +313,7 @@ fn shown(message: &Message) -> &str {
     }
 }
 
-/// `BATCH` > 1: one transaction for the whole batch (`dedup_runtime::batch`), then one
+/// `BATCH` > 1: one transaction for the whole batch (`apply_batch`, the attribute's batch form), then one
 /// multiple-ack up to its last delivery when every message can be acknowledged, or each
 /// settled as its own outcome says. A database failure retries the whole batch.
 async fn process_batch(
@@ -331,10 +326,7 @@ async fn process_batch(
     for (delivery, message) in batch.iter().zip(&messages) {
         println!("delivered {} {}", delivery_count(delivery), shown(message));
     }
-    let acks: Vec<Ack> = match Batch::new("rabbitmq-example")?
-        .run(pool, &messages, |msg| msg.id.as_str(), &ApplyBatch)
-        .await
-    {
+    let acks: Vec<Ack> = match apply_batch(pool, &messages).await {
         Ok(outcome) => {
             for (n, message) in messages.iter().enumerate() {
                 match &outcome.items()[n] {

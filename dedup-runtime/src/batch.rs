@@ -56,6 +56,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! The attribute writes that handler for you: `#[idempotent(consumer = "billing",
+//! batch = fresh, key = |paid| paid.id)]` on `async fn record(tx: &mut SqliteConnection,
+//! fresh: &[&Paid]) -> Result<(), sqlx::Error>` generates `record(&pool, &delivered)`,
+//! the call above ([`idempotent`](crate::idempotent#batches) has the details). Write the
+//! impl yourself when the body needs state: settings, a client.
+//!
 //! - **One claim statement per transaction**: PostgreSQL `INSERT … SELECT … FROM unnest(…)
 //!   ON CONFLICT DO NOTHING RETURNING`; SQLite a multi-row `INSERT … ON CONFLICT DO NOTHING
 //!   RETURNING`; MySQL and MariaDB a multi-row `INSERT … ON DUPLICATE KEY UPDATE` (a no-op

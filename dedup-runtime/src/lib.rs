@@ -415,6 +415,9 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 ///   the mark is held before its outcome counts as unknown (default a minute,
 ///   [`DEFAULT_MARK_LEASE`]). A whole number and a unit, `ms`, `s`, `m` or `h`, from 1 ms
 ///   to `24h`. Not with `unique`.
+/// - `batch = orders` — a batch handler: `orders` is its parameter holding the messages
+///   (`orders: &[&Order]`), and `key` a closure over one of them, `key = |order| order.id`.
+///   Not with `effect` or `lease`. See [Batches](#batches).
 /// - `crate = "path"` — where this crate is, when it is re-exported or renamed.
 ///
 /// # The handler
@@ -687,6 +690,72 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 /// renewal, means a redelivery arrives while the owner still works — it is told "in
 /// progress" and comes back after the time left, never runs the call a second time while
 /// the lease holds. Pruning never deletes a row whose `state` is set.
+///
+/// # Batches
+///
+/// With `batch = …` the handler takes many messages (a JetStream fetch, RabbitMQ's
+/// prefetch, a Kafka poll), claims all their ids in **one statement**, runs its body
+/// **once** with the messages not processed before, and commits once:
+///
+/// ```
+/// use dedup_runtime::batch::BatchItem;
+/// use dedup_runtime::idempotent;
+/// use sqlx::SqliteConnection;
+///
+/// struct Paid { id: String, order: String }
+///
+/// #[idempotent(consumer = "payments", batch = fresh, key = |paid| paid.id)]
+/// async fn record(tx: &mut SqliteConnection, fresh: &[&Paid]) -> Result<(), sqlx::Error> {
+///     // The fresh messages only, each id once, in delivery order.
+///     for paid in fresh {
+///         sqlx::query("INSERT INTO payments (order_id) VALUES (?1)")
+///             .bind(&paid.order)
+///             .execute(&mut *tx)
+///             .await?;
+///     }
+///     Ok(())
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+/// # dedup_runtime::migrate(&pool).await?;
+/// # sqlx::raw_sql("CREATE TABLE payments (order_id TEXT NOT NULL)").execute(&pool).await?;
+/// let delivered = [
+///     Paid { id: "evt_1".into(), order: "o-1".into() },
+///     Paid { id: "evt_2".into(), order: "o-2".into() },
+///     Paid { id: "evt_1".into(), order: "o-1".into() }, // redelivered within the fetch
+/// ];
+/// // The generated function: `record(db, &[Paid]) -> Result<BatchOutcome<sqlx::Error>, sqlx::Error>`.
+/// let outcome = record(&pool, &delivered).await?;
+/// assert_eq!(outcome.processed(), 2);
+/// assert!(matches!(outcome.items()[2], BatchItem::SameAs { first: 0 }));
+/// assert!((0..3).all(|n| outcome.ack(n))); // one answer per delivery, in order
+/// // Delivered again: duplicates, and the body does not run.
+/// assert_eq!(record(&pool, &delivered[1..]).await?.duplicates(), 2);
+/// # let rows: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM payments").fetch_one(&pool).await?;
+/// # assert_eq!(rows, 2);
+/// # Ok(()) }
+/// ```
+///
+/// - **The handler**: `async fn h(tx: &mut PgConnection, orders: &[&Order]) -> Result<(), E>`
+///   — its connection and its messages, nothing else; no `self`, no generics; `E` implements
+///   `std::error::Error + Send + 'static` ([`batch::BatchError`]: the batch looks through its
+///   `source()` chain; `anyhow::Error` is not one); the body's future is `Send`. For state
+///   (settings, a client), implement [`batch::BatchHandler`] on a struct that holds it and
+///   call [`batch::Batch::run`]: the attribute is that, written for you.
+/// - **The generated function** takes `db` as the single form does (`&Pool`, or `&mut` a
+///   connection or transaction of yours, in which each sub-batch is a savepoint) and
+///   `orders: &[Order]`, and returns `Result<`[`batch::BatchOutcome`]`<E>, sqlx::Error>`: one
+///   [`batch::BatchItem`] per message, in input order — processed, duplicate (a business key
+///   too), failed with the body's error, the same id as an earlier message, or an invalid
+///   id. `Err` is a failure of ours that retries did not cure: acknowledge nothing.
+/// - **`key = |order| <expr>`** is evaluated once per message before the transaction
+///   begins; `<expr>` is borrowed as the single form's key is (`order.id`, `order.seq`,
+///   `order.id.as_str()` all work), and a bad id is that message's `BatchItem::Invalid`.
+/// - **Failures**: a transient one retries the batch; any other splits it in halves down
+///   to single messages, so the good ones commit and only a message that fails alone is
+///   `Failed`. `unique = …` works per message: the one that violates the constraint alone
+///   is a duplicate. The [`batch`] module says how each backend claims and splits.
 ///
 /// # The caller's connection
 ///
