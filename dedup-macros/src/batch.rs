@@ -37,6 +37,7 @@ pub fn analyze(
     errors: &mut Errors,
 ) -> Option<Batch> {
     let sig = &handler.item.sig;
+    let block_tokens = &handler.item.block;
     let mut ok = true;
     if let Some(receiver) = sig.receiver() {
         errors.add_spanned(
@@ -62,6 +63,15 @@ pub fn analyze(
             &handler.connection.ty,
             "the body of a batch handler runs on the batch's transaction as a connection: \
              write `&mut PgConnection` (or `SqliteConnection`, `MySqlConnection`)",
+        );
+        ok = false;
+    }
+    // The body moves into an impl of its own, where `Self` is another type.
+    if let Some(at) = self_type(quote!(#sig #block_tokens)) {
+        errors.add(
+            at,
+            "the body of a batch handler runs in an impl of its own, where `Self` is not \
+             your type: write the type's name instead of `Self`",
         );
         ok = false;
     }
@@ -160,6 +170,15 @@ impl Batch {
     pub fn connection_type(&self) -> &Type {
         &self.handler.connection.ty
     }
+}
+
+/// The span of the first `Self` in `tokens`, at any depth.
+fn self_type(tokens: TokenStream) -> Option<Span> {
+    tokens.into_iter().find_map(|tree| match tree {
+        proc_macro2::TokenTree::Ident(ident) if ident == "Self" => Some(ident.span()),
+        proc_macro2::TokenTree::Group(group) => self_type(group.stream()),
+        _ => None,
+    })
 }
 
 /// `M` of `&[&M]`; otherwise what to show as `M` in the message.

@@ -913,7 +913,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
     }
 
     fn count_received(&self, outcome: &'static str, count: u64) {
-        crate::metrics::inbox_count(
+        crate::metrics::consumer_count(
             "dedup_inbox_received_total",
             &self.consumer,
             ("outcome", outcome),

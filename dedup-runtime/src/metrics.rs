@@ -234,9 +234,10 @@ pub(crate) fn retried(metrics: &HandlerMetrics, handler: &'static str, consumer:
     }
 }
 
-/// Adds `count` to the inbox counter `name` of `consumer`, with one more label.
+/// Adds `count` to the counter `name` of `consumer` (the inbox's, the batches'), with one
+/// more label.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn inbox_count(
+pub(crate) fn consumer_count(
     name: &'static str,
     consumer: &str,
     label: (&'static str, &'static str),
@@ -282,7 +283,7 @@ pub(crate) fn batch_ran(
             }
         });
         for (outcome, count) in outcomes {
-            inbox_count(
+            consumer_count(
                 "dedup_batch_messages_total",
                 consumer,
                 ("outcome", outcome),

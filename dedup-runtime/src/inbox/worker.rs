@@ -340,7 +340,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
             ("lost", batch.lost),
             ("released", batch.released),
         ] {
-            crate::metrics::inbox_count(
+            crate::metrics::consumer_count(
                 "dedup_inbox_processed_total",
                 consumer,
                 ("outcome", outcome),
