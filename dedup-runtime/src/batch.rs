@@ -261,10 +261,7 @@ impl Batch {
         K: MessageKey + ?Sized,
         H: BatchHandler<DB, M>,
     {
-        let ids: Vec<MessageId<'_>> = messages
-            .iter()
-            .map(|message| key(message).message_id())
-            .collect();
+        let ids = ids_of(messages, key);
         self.run_from(Source::Pool(pool), messages, &ids, handler)
             .await
     }
@@ -297,10 +294,7 @@ impl Batch {
         K: MessageKey + ?Sized,
         H: BatchHandler<DB, M>,
     {
-        let ids: Vec<MessageId<'_>> = messages
-            .iter()
-            .map(|message| key(message).message_id())
-            .collect();
+        let ids = ids_of(messages, key);
         self.run_from(Source::Conn(conn), messages, &ids, handler)
             .await
     }
@@ -623,6 +617,17 @@ impl Batch {
         };
         (Step::Ended(ended), clean(&unclean))
     }
+}
+
+/// The message id of each of `messages`, in order, as `key` finds it.
+fn ids_of<'m, M, K: MessageKey + ?Sized + 'm>(
+    messages: &'m [M],
+    key: impl Fn(&'m M) -> &'m K,
+) -> Vec<MessageId<'m>> {
+    messages
+        .iter()
+        .map(|message| key(message).message_id())
+        .collect()
 }
 
 /// What one attempt leads to.
