@@ -1,7 +1,7 @@
 //! Real brokers, real crashes: the consumers of `examples/rabbitmq.rs`,
-//! `examples/nats.rs`, `examples/redis_streams.rs` and `examples/mqtt.rs`, run as child
-//! processes and killed with SIGKILL again and again, still apply every message's effect
-//! exactly once.
+//! `examples/nats.rs`, `examples/kafka.rs`, `examples/redis_streams.rs` and
+//! `examples/mqtt.rs`, run as child processes and killed with SIGKILL again and again,
+//! still apply every message's effect exactly once.
 //!
 //! For each broker the harness publishes 5,000 messages, 500 of them a second time (a
 //! separate broker message with the same message id: the broker cannot know, dedup must
@@ -49,8 +49,19 @@
 //! `DEDUP_CRASH_SEED` fixes the random choices (the timing of a real crash is not
 //! reproducible, the plan is). The services are the machine's: RabbitMQ on
 //! 127.0.0.1:5672 (`DEDUP_TEST_AMQP_URL`), NATS with JetStream on 127.0.0.1:4222
-//! (`DEDUP_TEST_NATS_URL`), PostgreSQL as for the other tests. A broker that cannot be
-//! reached fails its test: nothing skips.
+//! (`DEDUP_TEST_NATS_URL`), a Kafka-protocol broker on 127.0.0.1:19092
+//! (`DEDUP_TEST_KAFKA_BROKERS`; `.ci/run` starts tansu there), Redis on 127.0.0.1:6379
+//! (`DEDUP_TEST_REDIS_URL`), PostgreSQL as for the other tests; the MQTT harness starts a
+//! Mosquitto of its own. A broker that cannot be reached fails its test: nothing skips.
+//!
+//! **Kafka** (`kafka_…`): a topic of 4 partitions, the records spread round-robin over
+//! them; one consumer-group member with a worker per partition, a 1 s session timeout
+//! (a killed member's partitions go to the next life about a second later). Kafka keeps
+//! no delivery count: the harness counts a record (`topic/partition/offset`) delivered
+//! again after a kill itself. The checks: the group's committed offset of every
+//! partition at its end (from the delivery reports: tansu's ListOffsets answers short
+//! ends for multi-record batches), and the dead-letter topic holding the poison messages
+//! and nothing else.
 
 use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
@@ -180,6 +191,7 @@ fn example(name: &str) -> PathBuf {
             "outbox_relay",
             "redis_streams",
             "mqtt",
+            "kafka",
         ],
         name,
     )
@@ -220,6 +232,11 @@ struct Tally {
     caught_in_window: HashSet<String>,
     deliveries: usize,
     redeliveries: usize,
+    /// The records (`topic/partition/offset`, where a consumer's `delivered` lines say
+    /// it: Kafka's) delivered so far, and how many deliveries were of one delivered to an
+    /// earlier life or attempt already.
+    records: HashSet<String>,
+    reread: usize,
     committed: usize,
     committed_ids: HashSet<String>,
     duplicates: usize,
@@ -357,10 +374,16 @@ fn live(
         let (event, first, rest) = (words.next(), words.next(), words.next());
         match (event, first, rest) {
             (Some("ready"), None, None) => {}
-            (Some("delivered"), Some(count), Some(_id)) => {
+            (Some("delivered"), Some(count), Some(rest)) => {
                 tally.deliveries += 1;
                 if count.parse::<u64>().is_ok_and(|count| count > 1) {
                     tally.redeliveries += 1;
+                }
+                // `<id> <topic>/<partition>/<offset>`, from a consumer that says where.
+                if let Some((_id, record)) = rest.split_once(' ')
+                    && !tally.records.insert(record.to_owned())
+                {
+                    tally.reread += 1;
                 }
             }
             (Some("committed"), Some(id), None) => {
@@ -2493,5 +2516,276 @@ mod mqtt {
         );
         drop(broker);
         forget_run(&pool, "mqtt_example_effects", "mqtt-example", &run).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Kafka (a Kafka-protocol broker: tansu in CI)
+// ---------------------------------------------------------------------------------------
+
+mod kafka {
+    use super::*;
+    use ::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use ::rdkafka::client::DefaultClientContext;
+    use ::rdkafka::config::ClientConfig;
+    use ::rdkafka::consumer::{BaseConsumer, Consumer};
+    use ::rdkafka::message::{Header, Message as _, OwnedHeaders};
+    use ::rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
+    use ::rdkafka::util::Timeout;
+    use ::rdkafka::{Offset, TopicPartitionList};
+
+    /// Partitions of the harness's topic: one worker each in the consumer.
+    const PARTITIONS: i32 = 4;
+    /// The consumer's `session.timeout.ms`: a killed member's partitions are handed on
+    /// after this long, so that the next life is assigned them within a second or two.
+    const SESSION_TIMEOUT_MS: &str = "1000";
+    /// Each worker's records ahead of its offset commits.
+    const KAFKA_PREFETCH: &str = "16";
+
+    fn brokers() -> String {
+        std::env::var("DEDUP_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:19092".to_owned())
+    }
+
+    fn client() -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", brokers());
+        config
+    }
+
+    /// Panics, saying how to start one, when no Kafka-protocol broker answers.
+    fn reachable() {
+        let probe: BaseConsumer = client().create().expect("a Kafka client");
+        if let Err(error) = probe.fetch_metadata(None, Duration::from_secs(10)) {
+            panic!(
+                "no Kafka-protocol broker answers at {}: {error}. Start one (.ci/run starts \
+                 tansu on 127.0.0.1:19092) or set DEDUP_TEST_KAFKA_BROKERS",
+                brokers()
+            );
+        }
+    }
+
+    async fn create_topics(topic: &str, dead: &str) {
+        let admin: AdminClient<DefaultClientContext> = client().create().expect("admin client");
+        let topics = [
+            NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1)),
+            NewTopic::new(dead, 1, TopicReplication::Fixed(1)),
+        ];
+        for result in admin
+            .create_topics(&topics, &AdminOptions::new())
+            .await
+            .expect("CreateTopics")
+        {
+            result.unwrap_or_else(|(topic, code)| panic!("create the topic {topic}: {code}"));
+        }
+    }
+
+    async fn delete_topics(topic: &str, dead: &str, group: &str) {
+        let admin: AdminClient<DefaultClientContext> = client().create().expect("admin client");
+        let options = AdminOptions::new();
+        if let Err(error) = admin.delete_topics(&[topic, dead], &options).await {
+            eprintln!("could not delete the topics {topic} and {dead}: {error}");
+        }
+        if let Err(error) = admin.delete_groups(&[group], &options).await {
+            eprintln!("could not delete the group {group}: {error}");
+        }
+    }
+
+    /// Produces `published` round-robin over the partitions, a header `id` (when it has
+    /// one), the body as the value. Returns each partition's end: the offset after its
+    /// last record, from the delivery reports (tansu's ListOffsets answers short ends for
+    /// batches of several records).
+    async fn publish_all(topic: &str, published: &[Publish]) -> HashMap<i32, i64> {
+        let producer: FutureProducer = client()
+            .set("acks", "all")
+            .set("linger.ms", "5")
+            .create()
+            .expect("a producer");
+        let mut ends = HashMap::new();
+        for (chunk_index, chunk) in published.chunks(500).enumerate() {
+            let sends = chunk.iter().enumerate().map(|(k, message)| {
+                let partition = ((chunk_index * 500 + k) % PARTITIONS as usize) as i32;
+                let mut record = FutureRecord::<(), _>::to(topic)
+                    .partition(partition)
+                    .payload(&message.body);
+                if let Some(id) = &message.id {
+                    record = record.headers(OwnedHeaders::new().insert(Header {
+                        key: "id",
+                        value: Some(id),
+                    }));
+                }
+                producer.send(record, Timeout::After(Duration::from_secs(30)))
+            });
+            for sent in futures_util::future::join_all(sends).await {
+                let delivery = sent.unwrap_or_else(|(error, _)| panic!("produce: {error}"));
+                let end = ends.entry(delivery.partition).or_insert(0);
+                *end = (*end).max(delivery.offset + 1);
+            }
+        }
+        producer
+            .flush(Duration::from_secs(30))
+            .expect("flush the producer");
+        ends
+    }
+
+    /// The group's committed offset of each partition.
+    fn committed(group: &str, topic: &str) -> HashMap<i32, Offset> {
+        let consumer: BaseConsumer = client()
+            .set("group.id", group)
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("a consumer");
+        let mut partitions = TopicPartitionList::new();
+        for partition in 0..PARTITIONS {
+            partitions.add_partition(topic, partition);
+        }
+        consumer
+            .committed_offsets(partitions, Duration::from_secs(10))
+            .expect("OffsetFetch")
+            .elements()
+            .iter()
+            .map(|element| (element.partition(), element.offset()))
+            .collect()
+    }
+
+    /// The records of the dead-letter topic (one partition), read from its start until
+    /// none has come for a while: their values.
+    fn dead_letters(dead: &str) -> Vec<String> {
+        let consumer: BaseConsumer = client()
+            .set("group.id", format!("{dead}.check"))
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("a consumer");
+        let mut partitions = TopicPartitionList::new();
+        partitions
+            .add_partition_offset(dead, 0, Offset::Beginning)
+            .expect("the dead-letter partition");
+        consumer.assign(&partitions).expect("assign");
+        let mut values = Vec::new();
+        let mut quiet_since = Instant::now();
+        while quiet_since.elapsed() < Duration::from_secs(3) {
+            match consumer.poll(Duration::from_millis(200)) {
+                Some(Ok(record)) => {
+                    values.push(
+                        String::from_utf8_lossy(record.payload().unwrap_or_default()).into_owned(),
+                    );
+                    quiet_since = Instant::now();
+                }
+                Some(Err(error)) => eprintln!("reading the dead letters: {error}"),
+                None => {}
+            }
+        }
+        values
+    }
+
+    /// The crash harness on Kafka: `examples/kafka.rs`, one consumer-group member with one
+    /// worker per partition (4), the offset committed after the database commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kafka_consumer_is_effectively_once_under_sigkill() {
+        let _alone = ONE_AT_A_TIME.lock().await;
+        let started = Instant::now();
+        let scale = Scale::from_env();
+        let run = dedup_suite::unique("kafka");
+        let topic = format!("dedup-crash-{run}");
+        let dead = format!("{topic}.dead");
+        let group = format!("crash-harness-{run}");
+        tokio::task::spawn_blocking(reachable)
+            .await
+            .expect("the broker check");
+        let pool = dedup_suite::postgres().await;
+
+        let body = async {
+            create_topics(&topic, &dead).await;
+            sqlx::query(
+                "CREATE TABLE IF NOT EXISTS kafka_example_effects (message_id text NOT NULL, \
+                 body text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+            )
+            .execute(&pool)
+            .await
+            .expect("create the effects table");
+
+            let published = plan(&run, &scale, &mut Shuffle::new(scale.seed));
+            let ends = publish_all(&topic, &published).await;
+            assert_eq!(
+                ends.values().sum::<i64>(),
+                published.len() as i64,
+                "records in the topic after publishing (offsets start at 0 per partition)"
+            );
+
+            let program = tokio::task::spawn_blocking(|| example("kafka"))
+                .await
+                .expect("build the examples");
+            let env = vec![
+                ("KAFKA_BROKERS", brokers()),
+                ("DATABASE_URL", database_url()),
+                ("TOPIC", topic.clone()),
+                ("GROUP", group.clone()),
+                ("PREFETCH", KAFKA_PREFETCH.to_owned()),
+                ("SESSION_TIMEOUT_MS", SESSION_TIMEOUT_MS.to_owned()),
+                ("DEDUP_CRASH_WINDOW_MS", CRASH_WINDOW_MS.to_owned()),
+            ];
+            let tally = {
+                let scale = scale.clone();
+                // The idle clock starts at the assignment; 1.5 s also covers the first
+                // in-process retry's backoff (1 s).
+                let idle = Duration::from_millis(1500);
+                tokio::task::spawn_blocking(move || crash_loop(&program, &env, &scale, idle))
+                    .await
+                    .expect("the crash loop")
+            };
+
+            let stored = stored(&pool, "kafka_example_effects", "kafka-example", &run).await;
+            check(&published, &stored, &tally, &scale);
+            let (group_name, topic_name) = (group.clone(), topic.clone());
+            let committed =
+                tokio::task::spawn_blocking(move || committed(&group_name, &topic_name))
+                    .await
+                    .expect("read the committed offsets");
+            for (partition, end) in &ends {
+                assert_eq!(
+                    committed.get(partition),
+                    Some(&Offset::Offset(*end)),
+                    "partition {partition}: the group's committed offset is the partition's \
+                     end, nothing left unacknowledged (all: {committed:?})"
+                );
+            }
+            let dead_name = dead.clone();
+            let dead_values = tokio::task::spawn_blocking(move || dead_letters(&dead_name))
+                .await
+                .expect("read the dead letters");
+            let dead_bodies: HashSet<String> = dead_values.iter().cloned().collect();
+            // A crash between the copy to the dead-letter topic and the offset commit
+            // copies a poison message again on its redelivery: at least once each,
+            // nothing else.
+            assert_eq!(
+                dead_bodies,
+                poison_bodies(),
+                "the dead-letter topic holds the poison messages and nothing else"
+            );
+            let mut ends_listed: Vec<_> = ends.iter().collect();
+            ends_listed.sort();
+            let ends_text = ends_listed
+                .iter()
+                .map(|(partition, end)| format!("p{partition} {end}"))
+                .collect::<Vec<_>>()
+                .join(", ");
+            report(
+                "Kafka (tansu)",
+                &published,
+                &stored,
+                &tally,
+                &scale,
+                dead_values.len(),
+                &format!(
+                    "group {group}: committed offset at every partition's end ({ends_text}); \
+                     {} deliveries of a record delivered before (Kafka keeps no delivery \
+                     count: a record past the committed offset read again by the next \
+                     life, or an in-process retry)",
+                    tally.reread
+                ),
+                started.elapsed(),
+            );
+        };
+        with_cleanup(body, delete_topics(&topic, &dead, &group)).await;
+        forget_run(&pool, "kafka_example_effects", "kafka-example", &run).await;
     }
 }
