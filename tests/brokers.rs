@@ -674,6 +674,42 @@ fn report(
     let _ = std::io::stderr().lock().write_all(text.as_bytes());
 }
 
+/// An example consumer under the harness: its example's name, its effects table and its
+/// dedup consumer name.
+struct Subject {
+    example: &'static str,
+    effects_table: &'static str,
+    consumer: &'static str,
+}
+
+/// The part of a consumer's crash harness after its broker holds `published`: builds the
+/// example, kills it `scale.kills` times and runs it to the end with `env`
+/// ([`crash_loop`], the last life exiting once idle for `idle`), then reads the run's
+/// effect and dedup rows back and [`check`]s them.
+async fn crash_and_check(
+    pool: &PgPool,
+    subject: &Subject,
+    env: Vec<(&'static str, String)>,
+    scale: &Scale,
+    idle: Duration,
+    run: &str,
+    published: &[Publish],
+) -> (Tally, Stored) {
+    let name = subject.example;
+    let program = tokio::task::spawn_blocking(move || example(name))
+        .await
+        .expect("build the examples");
+    let tally = {
+        let scale = scale.clone();
+        tokio::task::spawn_blocking(move || crash_loop(&program, &env, &scale, idle))
+            .await
+            .expect("the crash loop")
+    };
+    let stored = stored(pool, subject.effects_table, subject.consumer, run).await;
+    check(published, &stored, &tally, scale);
+    (tally, stored)
+}
+
 /// Runs `body`, then `cleanup` whatever happened, then re-raises a panic of `body`.
 async fn with_cleanup<T>(body: impl Future<Output = T>, cleanup: impl Future<Output = ()>) -> T {
     let outcome = AssertUnwindSafe(body).catch_unwind().await;
@@ -1764,9 +1800,6 @@ mod nats {
                 "messages pending for the consumer after publishing"
             );
 
-            let program = tokio::task::spawn_blocking(|| example("nats"))
-                .await
-                .expect("build the examples");
             let mut env = vec![
                 ("NATS_URL", url.clone()),
                 ("DATABASE_URL", database_url()),
@@ -1781,18 +1814,16 @@ mod nats {
                 more.iter()
                     .map(|(name, value)| (*name, (*value).to_owned())),
             );
-            let tally = {
-                let scale = scale.clone();
-                // The last life must outlast the ack wait, to see the messages the kills
-                // left unacknowledged come back.
-                let idle = NATS_ACK_WAIT + Duration::from_millis(1500);
-                tokio::task::spawn_blocking(move || crash_loop(&program, &env, &scale, idle))
-                    .await
-                    .expect("the crash loop")
+            // The last life must outlast the ack wait, to see the messages the kills
+            // left unacknowledged come back.
+            let idle = NATS_ACK_WAIT + Duration::from_millis(1500);
+            let under_test = Subject {
+                example: "nats",
+                effects_table: "nats_example_effects",
+                consumer: "nats-example",
             };
-
-            let stored = stored(&pool, "nats_example_effects", "nats-example", &run).await;
-            check(&published, &stored, &tally, &scale);
+            let (tally, stored) =
+                crash_and_check(&pool, &under_test, env, &scale, idle, &run, &published).await;
             let last = settled(&mut consumer, &stream).await;
             let (dead_count, dead_bodies) = dead_letters(&jetstream, &stream_name).await;
             // A crash between the copy to the dead-letter subject and the `+TERM` copies a
@@ -2149,9 +2180,6 @@ mod redis {
                 "entries in the stream after publishing"
             );
 
-            let program = tokio::task::spawn_blocking(|| example("redis_streams"))
-                .await
-                .expect("build the examples");
             let env = vec![
                 ("REDIS_URL", url.clone()),
                 ("DATABASE_URL", database_url()),
@@ -2166,18 +2194,16 @@ mod redis {
                 ("MAX_DELIVER", "100".to_owned()),
                 ("DEDUP_CRASH_WINDOW_MS", CRASH_WINDOW_MS.to_owned()),
             ];
-            let tally = {
-                let scale = scale.clone();
-                // The last life must outlast the claim idle time, to see entries left
-                // pending (for a retry, or with a consumer no process runs) taken over.
-                let idle = CLAIM_IDLE + Duration::from_millis(1500);
-                tokio::task::spawn_blocking(move || crash_loop(&program, &env, &scale, idle))
-                    .await
-                    .expect("the crash loop")
+            // The last life must outlast the claim idle time, to see entries left
+            // pending (for a retry, or with a consumer no process runs) taken over.
+            let idle = CLAIM_IDLE + Duration::from_millis(1500);
+            let under_test = Subject {
+                example: "redis_streams",
+                effects_table: "redis_example_effects",
+                consumer: "redis-example",
             };
-
-            let stored = stored(&pool, "redis_example_effects", "redis-example", &run).await;
-            check(&published, &stored, &tally, &scale);
+            let (tally, stored) =
+                crash_and_check(&pool, &under_test, env, &scale, idle, &run, &published).await;
             let last = settled(&mut redis, &stream, group).await;
             let (dead_count, dead_bodies) = dead_letters(&mut redis, &stream).await;
             // A crash between the copy to the dead-letter stream and the `XACK` copies a
@@ -2456,9 +2482,6 @@ mod mqtt {
         let published = plan(&run, &scale, &mut Shuffle::new(scale.seed));
         publish_all(port, &topic, &published).await;
 
-        let program = tokio::task::spawn_blocking(|| example("mqtt"))
-            .await
-            .expect("build the examples");
         let env = vec![
             ("MQTT_URL", format!("mqtt://127.0.0.1:{port}")),
             ("DATABASE_URL", database_url()),
@@ -2466,18 +2489,16 @@ mod mqtt {
             ("CLIENT_ID", CLIENT_ID.to_owned()),
             ("DEDUP_CRASH_WINDOW_MS", CRASH_WINDOW_MS.to_owned()),
         ];
-        let tally = {
-            let scale = scale.clone();
-            // Nothing to outlast: the broker sends a session's messages as soon as it
-            // reconnects. 1.5 s also covers the first in-process retry's backoff (1 s).
-            let idle = Duration::from_millis(1500);
-            tokio::task::spawn_blocking(move || crash_loop(&program, &env, &scale, idle))
-                .await
-                .expect("the crash loop")
+        // Nothing to outlast: the broker sends a session's messages as soon as it
+        // reconnects. 1.5 s also covers the first in-process retry's backoff (1 s).
+        let idle = Duration::from_millis(1500);
+        let under_test = Subject {
+            example: "mqtt",
+            effects_table: "mqtt_example_effects",
+            consumer: "mqtt-example",
         };
-
-        let stored = stored(&pool, "mqtt_example_effects", "mqtt-example", &run).await;
-        check(&published, &stored, &tally, &scale);
+        let (tally, stored) =
+            crash_and_check(&pool, &under_test, env, &scale, idle, &run, &published).await;
         // Nothing left for the consumer: no message queued or unacknowledged (which the
         // broker would send again on this reconnect, with the DUP flag). Not acknowledged
         // here, should there be any.
@@ -2564,7 +2585,16 @@ mod kafka {
         }
     }
 
-    async fn create_topics(topic: &str, dead: &str) {
+    /// The topic (`PARTITIONS` partitions), its dead-letter topic, and the example's
+    /// effects table.
+    async fn prepare(pool: &PgPool, topic: &str, dead: &str) {
+        sqlx::query(
+            "CREATE TABLE IF NOT EXISTS kafka_example_effects (message_id text NOT NULL, \
+             body text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .execute(pool)
+        .await
+        .expect("create the effects table");
         let admin: AdminClient<DefaultClientContext> = client().create().expect("admin client");
         let topics = [
             NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1)),
@@ -2579,14 +2609,14 @@ mod kafka {
         }
     }
 
-    async fn delete_topics(topic: &str, dead: &str, group: &str) {
+    async fn delete_topics(topic: &str, dead: &str, groups: &[&str]) {
         let admin: AdminClient<DefaultClientContext> = client().create().expect("admin client");
         let options = AdminOptions::new();
         if let Err(error) = admin.delete_topics(&[topic, dead], &options).await {
             eprintln!("could not delete the topics {topic} and {dead}: {error}");
         }
-        if let Err(error) = admin.delete_groups(&[group], &options).await {
-            eprintln!("could not delete the group {group}: {error}");
+        if let Err(error) = admin.delete_groups(groups, &options).await {
+            eprintln!("could not delete the groups {groups:?}: {error}");
         }
     }
 
@@ -2694,14 +2724,7 @@ mod kafka {
         let pool = dedup_suite::postgres().await;
 
         let body = async {
-            create_topics(&topic, &dead).await;
-            sqlx::query(
-                "CREATE TABLE IF NOT EXISTS kafka_example_effects (message_id text NOT NULL, \
-                 body text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())",
-            )
-            .execute(&pool)
-            .await
-            .expect("create the effects table");
+            prepare(&pool, &topic, &dead).await;
 
             let published = plan(&run, &scale, &mut Shuffle::new(scale.seed));
             let ends = publish_all(&topic, &published).await;
@@ -2711,9 +2734,6 @@ mod kafka {
                 "records in the topic after publishing (offsets start at 0 per partition)"
             );
 
-            let program = tokio::task::spawn_blocking(|| example("kafka"))
-                .await
-                .expect("build the examples");
             let env = vec![
                 ("KAFKA_BROKERS", brokers()),
                 ("DATABASE_URL", database_url()),
@@ -2723,18 +2743,16 @@ mod kafka {
                 ("SESSION_TIMEOUT_MS", SESSION_TIMEOUT_MS.to_owned()),
                 ("DEDUP_CRASH_WINDOW_MS", CRASH_WINDOW_MS.to_owned()),
             ];
-            let tally = {
-                let scale = scale.clone();
-                // The idle clock starts at the assignment; 1.5 s also covers the first
-                // in-process retry's backoff (1 s).
-                let idle = Duration::from_millis(1500);
-                tokio::task::spawn_blocking(move || crash_loop(&program, &env, &scale, idle))
-                    .await
-                    .expect("the crash loop")
+            // The idle clock starts at the assignment; 1.5 s also covers the first
+            // in-process retry's backoff (1 s).
+            let idle = Duration::from_millis(1500);
+            let under_test = Subject {
+                example: "kafka",
+                effects_table: "kafka_example_effects",
+                consumer: "kafka-example",
             };
-
-            let stored = stored(&pool, "kafka_example_effects", "kafka-example", &run).await;
-            check(&published, &stored, &tally, &scale);
+            let (tally, stored) =
+                crash_and_check(&pool, &under_test, env, &scale, idle, &run, &published).await;
             let (group_name, topic_name) = (group.clone(), topic.clone());
             let committed =
                 tokio::task::spawn_blocking(move || committed(&group_name, &topic_name))
@@ -2785,7 +2803,114 @@ mod kafka {
                 started.elapsed(),
             );
         };
-        with_cleanup(body, delete_topics(&topic, &dead, &group)).await;
+        with_cleanup(body, delete_topics(&topic, &dead, &[&group])).await;
+        forget_run(&pool, "kafka_example_effects", "kafka-example", &run).await;
+    }
+
+    /// One life of the example, run to its end (idle for 1.5 s after its assignment).
+    fn run_to_end(program: &Path, env: &[(&str, String)]) -> Tally {
+        let mut env = env.to_vec();
+        env.push(("DEDUP_EXIT_WHEN_IDLE_MS", "1500".to_owned()));
+        let mut tally = Tally::default();
+        live(program, &env, None, Duration::from_secs(60), &mut tally);
+        tally
+    }
+
+    /// The other two `MESSAGE_ID`s of `examples/kafka.rs`. `offset`: a second group reading
+    /// the topic from its start (as after an offset reset) finds every record's
+    /// `topic/partition/offset` recorded, so all are duplicates. `key`: two records with
+    /// one key are one message.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kafka_message_ids_from_the_offset_and_the_key() {
+        let _alone = ONE_AT_A_TIME.lock().await;
+        tokio::task::spawn_blocking(reachable)
+            .await
+            .expect("the broker check");
+        // The topic is the run's name, so that `topic/partition/offset` ids fall under the
+        // run's `run/` prefix like every other id of the harness.
+        let run = dedup_suite::unique("kafka-ids");
+        let dead = format!("{run}.dead");
+        let pool = dedup_suite::postgres().await;
+        let groups = [1, 2, 3].map(|n| format!("{run}-group-{n}"));
+        let body = async {
+            prepare(&pool, &run, &dead).await;
+            // 20 records, no id header, 10 keys each on two records.
+            let producer: FutureProducer = client().create().expect("a producer");
+            let keys: Vec<String> = (0..20).map(|n| format!("{run}/key-{}", n % 10)).collect();
+            let bodies: Vec<String> = (0..20).map(|n| format!("record-{n}")).collect();
+            let sends = (0..20).map(|n| {
+                let record = FutureRecord::to(&run)
+                    .partition(n as i32 % PARTITIONS)
+                    .key(&keys[n])
+                    .payload(&bodies[n]);
+                producer.send(record, Timeout::After(Duration::from_secs(30)))
+            });
+            for sent in futures_util::future::join_all(sends).await {
+                sent.unwrap_or_else(|(error, _)| panic!("produce: {error}"));
+            }
+
+            let program = tokio::task::spawn_blocking(|| example("kafka"))
+                .await
+                .expect("build the examples");
+            let env = |message_id: &str, group: &str| {
+                vec![
+                    ("KAFKA_BROKERS", brokers()),
+                    ("DATABASE_URL", database_url()),
+                    ("TOPIC", run.clone()),
+                    ("GROUP", group.to_owned()),
+                    ("MESSAGE_ID", message_id.to_owned()),
+                    ("SESSION_TIMEOUT_MS", SESSION_TIMEOUT_MS.to_owned()),
+                ]
+            };
+            let runs = [
+                env("offset", &groups[0]),
+                env("offset", &groups[1]),
+                env("key", &groups[2]),
+            ];
+            let [by_offset, again, by_key] =
+                tokio::task::spawn_blocking(move || runs.map(|env| run_to_end(&program, &env)))
+                    .await
+                    .expect("the consumer runs");
+            assert_eq!(
+                (by_offset.committed, by_offset.duplicates, by_offset.dead),
+                (20, 0, 0),
+                "MESSAGE_ID=offset: every record is its own message"
+            );
+            assert_eq!(
+                (again.committed, again.duplicates),
+                (0, 20),
+                "a second group re-reading the topic: the same offsets, all duplicates"
+            );
+            assert_eq!(
+                (by_key.committed, by_key.duplicates, by_key.dead),
+                (10, 10, 0),
+                "MESSAGE_ID=key: two records per key, one message"
+            );
+
+            let stored = stored(&pool, "kafka_example_effects", "kafka-example", &run).await;
+            let offsets = stored
+                .effects
+                .keys()
+                .filter(|id| !id.contains("/key-"))
+                .count();
+            assert_eq!(
+                offsets, 20,
+                "effects of 20 offset ids: {:?}",
+                stored.effects
+            );
+            assert!(
+                stored.effects.values().all(|rows| *rows == 1),
+                "each id's effect once: {:?}",
+                stored.effects
+            );
+            assert_eq!(
+                (stored.effects.len(), stored.dedup_rows),
+                (30, 30),
+                "20 offset ids and 10 key ids, each with one effect and one dedup row"
+            );
+        };
+        let group_names = groups.each_ref().map(String::as_str);
+        with_cleanup(body, delete_topics(&run, &dead, &group_names)).await;
         forget_run(&pool, "kafka_example_effects", "kafka-example", &run).await;
     }
 }
