@@ -669,8 +669,7 @@ async fn consume(shared: Arc<Shared>) -> Result<(), Error> {
     while let Some(finished) = workers.join_next().await {
         finished??;
     }
-    let last = shared.clone();
-    tokio::task::spawn_blocking(move || last.commit_finished()).await??;
+    tokio::task::spawn_blocking(move || shared.commit_finished()).await??;
     Ok(())
 }
 
@@ -734,7 +733,7 @@ async fn main() -> Result<(), Error> {
         finished: Mutex::new(HashMap::new()),
         config,
     });
-    consume(shared.clone()).await?;
+    consume(shared).await?;
     pool.close().await;
     Ok(())
 }
