@@ -99,3 +99,12 @@ mod inbox_killer_buried_its_claim;
 // ("MySQL: inbox and relay updates by state go by primary key").
 #[path = "regressions/mysql_bury_deadlocked_with_a_mark.rs"]
 mod mysql_bury_deadlocked_with_a_mark;
+
+// Issue 24, items 14, 15 and 16: PostgreSQL's outbox prune failed on a very large age
+// (an interval overflow) instead of deleting nothing; SQLite's relay on a missing table
+// gave an untyped error (the classifier knew the outbox table's name, not
+// `<table>_relay`'s); the README said an empty payload is refused, and it is accepted.
+// Fixed in the commit that adds this fixture ("Outbox: a huge prune age deletes
+// nothing, the relays' table is a missing table too, empty payloads said accepted").
+#[path = "regressions/outbox_prune_age_and_relay_table.rs"]
+mod outbox_prune_age_and_relay_table;

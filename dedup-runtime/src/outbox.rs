@@ -800,11 +800,16 @@ impl Outbox {
     /// row's only use left is to make a handler that runs again for its cause find it
     /// (`Enqueued::Duplicate`); once pruned, such a handler sends the message again
     /// with the same id, which the consumer downstream dedups.
+    ///
+    /// An age over [`MAX_PRUNE_AGE`](crate::MAX_PRUNE_AGE) (about 1,000 years, what every
+    /// backend can subtract from its clock) counts as that age: nothing is that old, and
+    /// nothing is deleted.
     pub async fn prune<DB: Backend>(
         &self,
         pool: &Pool<DB>,
         older_than: Duration,
     ) -> Result<u64, OutboxError> {
+        let older_than = older_than.min(crate::MAX_PRUNE_AGE);
         let older_than_us = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
         let mut deleted = 0;
         loop {
@@ -888,8 +893,14 @@ impl Outbox {
         Ok(())
     }
 
+    /// `MissingTable` when the outbox table, or the relays' table beside it
+    /// ([`relay_table`]: `migrate` creates both), does not exist.
     fn classify<DB: Backend>(&self, error: sqlx::Error) -> OutboxError {
-        if DB::is_missing_table(&error, &self.table) {
+        let relay_table_missing = || {
+            Table::new(&relay_table(&self.table))
+                .is_ok_and(|relay| DB::is_missing_table(&error, &relay))
+        };
+        if DB::is_missing_table(&error, &self.table) || relay_table_missing() {
             OutboxError::MissingTable {
                 table: self.table.clone(),
                 error,
