@@ -108,3 +108,10 @@ mod mysql_bury_deadlocked_with_a_mark;
 // nothing, the relays' table is a missing table too, empty payloads said accepted").
 #[path = "regressions/outbox_prune_age_and_relay_table.rs"]
 mod outbox_prune_age_and_relay_table;
+
+// Issue 24, item 13: `Lease::extend` after `Lease::transaction` failed with `LeaseLost`
+// (the completion transaction had already marked the row processed, and the renewal
+// requires a row in progress). Fixed in the commit that adds this fixture ("Lease::extend
+// after the completion transaction: nothing to renew, not a lost lease").
+#[path = "regressions/lease_extend_after_transaction.rs"]
+mod lease_extend_after_transaction;

@@ -564,7 +564,15 @@ impl<DB: Backend> Lease<'_, DB> {
     /// database's clock. For calls longer than the lease: renew well before it ends (every
     /// third of it, say). Fails with [`LeaseLost`] if the lease is no longer this call's
     /// (another delivery took it over after it expired): stop, the other owner calls.
+    ///
+    /// Once [`transaction`](Self::transaction) has opened the completion transaction, the
+    /// row is marked processed in it and locked until its commit: nobody can take the
+    /// lease over any more, so there is nothing to renew, and `extend` returns `Ok(())`
+    /// without a statement.
     pub async fn extend(&mut self) -> Result<(), sqlx::Error> {
+        if self.conn.is_some() {
+            return Ok(());
+        }
         let lease_us = micros(self.lease);
         let sql = self.sql.extend;
         let owner = self.owner;
@@ -573,13 +581,8 @@ impl<DB: Backend> Lease<'_, DB> {
             id: self.id,
             owner: &owner,
         };
-        let matched = match &mut self.conn {
-            Some(conn) => DB::lease_owned(conn, sql, key, Some(lease_us)).await?,
-            None => {
-                let mut conn = self.pool.acquire().await?;
-                DB::lease_owned(&mut conn, sql, key, Some(lease_us)).await?
-            }
-        };
+        let mut conn = self.pool.acquire().await?;
+        let matched = DB::lease_owned(&mut conn, sql, key, Some(lease_us)).await?;
         if matched == 1 {
             Ok(())
         } else {
