@@ -809,8 +809,7 @@ impl Outbox {
         pool: &Pool<DB>,
         older_than: Duration,
     ) -> Result<u64, OutboxError> {
-        let older_than = older_than.min(crate::MAX_PRUNE_AGE);
-        let older_than_us = i64::try_from(older_than.as_micros()).unwrap_or(i64::MAX);
+        let older_than_us = crate::queue::micros(older_than.min(crate::MAX_PRUNE_AGE));
         let mut deleted = 0;
         loop {
             let batch = DB::outbox_prune(pool, &self.table, older_than_us, PRUNE_BATCH as i64)
