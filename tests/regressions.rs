@@ -115,3 +115,16 @@ mod outbox_prune_age_and_relay_table;
 // after the completion transaction: nothing to renew, not a lost lease").
 #[path = "regressions/lease_extend_after_transaction.rs"]
 mod lease_extend_after_transaction;
+
+// Issue 24, item 1: a plain handler or a batch answered `Duplicate(AlreadyProcessed)`
+// (acknowledge) for a row a leased handler held in progress; the conflict branch never
+// read the row's state. Fixed in the commit that adds this fixture ("Plain handlers and
+// batches read the row they meet: in progress is retried, unknown is unknown").
+#[path = "regressions/plain_and_batch_met_a_lease.rs"]
+mod plain_and_batch_met_a_lease;
+
+// Issue 24, item 2: MySQL/MariaDB, a nested handler's claim (even a duplicate's)
+// overwrote the session variables of the outer handler's checked commit, which then
+// failed with 1242 on every attempt. Fixed in the same commit.
+#[path = "regressions/nested_duplicate_kept_the_outer_row.rs"]
+mod nested_duplicate_kept_the_outer_row;

@@ -21,7 +21,7 @@ use std::time::Duration;
 use crate::backend::Backend;
 use crate::classify;
 use crate::key::InvalidMessageId;
-use crate::lease::LeaseLost;
+use crate::lease::{InProgress, LeaseLost};
 use crate::outcome::{LeaseOutcome, Outcome};
 
 /// A handler call's answer, as [`AckPolicy::decide`] maps it: [`Outcome`] (always
@@ -125,6 +125,8 @@ impl Failure {
     /// - an [`InvalidMessageId`] → `Permanent`: the id will not change on redelivery;
     /// - a [`LeaseLost`] → `Transient`: another delivery took the lease over, and the
     ///   redelivery finds the message processed (a duplicate) or still in progress;
+    /// - an [`InProgress`] → `Transient`: a handler without a lease found the message in
+    ///   progress under another delivery's lease;
     /// - what `#[idempotent]` retries itself ([`is_transient`]: deadlock, serialization
     ///   failure, lock timeout, `SQLITE_BUSY`) → `Transient`; it reaches the caller only
     ///   when [`MAX_ATTEMPTS`](crate::MAX_ATTEMPTS) did not suffice, or inside a caller's
@@ -161,7 +163,7 @@ impl Failure {
     pub fn of<DB: Backend>(error: &(dyn StdError + 'static)) -> Failure {
         if InvalidMessageId::find(error).is_some() {
             Failure::Permanent
-        } else if LeaseLost::find(error).is_some() {
+        } else if LeaseLost::find(error).is_some() || InProgress::find(error).is_some() {
             // Another delivery owns the message now: its redelivery is a duplicate, or in
             // progress; never a dead letter of a message that is being processed.
             Failure::Transient
@@ -336,7 +338,14 @@ impl<DB: Backend> AckPolicy<DB> {
     }
 
     /// The action for a handler call that failed with `error`.
+    ///
+    /// An [`InProgress`] (a handler without a lease found the message in progress under
+    /// another delivery's lease) is `Ack::Retry` after the time that lease has left (at
+    /// least 10 ms), before any classifier: never acknowledged, never dead-lettered.
     pub fn decide_error(&self, error: &(dyn StdError + 'static), delivery: u64) -> Ack {
+        if let Some(busy) = InProgress::find(error) {
+            return LeaseOutcome::<()>::InProgress(*busy).ack();
+        }
         match self.failure(error) {
             Failure::Transient => Ack::Retry {
                 after: self.delay(delivery),

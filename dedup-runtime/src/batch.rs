@@ -90,6 +90,11 @@
 //!   ([`Duplicate::BusinessKey`]), as in the single form.
 //! - **Bad ids** (empty, too long, with a NUL byte) are [`BatchItem::Invalid`], never
 //!   claimed; the rest of the batch is processed.
+//! - **Rows of leased handlers** of the same consumer (one more statement, only when the
+//!   claim found rows there): a lease in progress is [`BatchItem::InProgress`] (retry,
+//!   never acknowledge); an expired mark-first mark is
+//!   [`Duplicate::OutcomeUnknown`]; an expired send-first lease is taken over and
+//!   processed with the batch.
 //!
 //! A database failure of ours that persists (the claim or the commit failing for good,
 //! the database away) ends the call with the error: acknowledge nothing of the batch.
@@ -106,7 +111,7 @@ use std::collections::{HashMap, HashSet};
 use std::error::Error as StdError;
 use std::future::Future;
 use std::sync::atomic::AtomicBool;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sqlx::{Connection, Database, Pool};
 
@@ -115,7 +120,7 @@ use crate::claim::Tx;
 use crate::classify;
 use crate::input::{self, Handle};
 use crate::key::{InvalidMessageId, MessageId, MessageKey};
-use crate::lease::{Guarded, new_token};
+use crate::lease::{Found, Guarded, InProgress, new_token};
 use crate::ledger::{InvalidConsumer, check_consumer};
 use crate::outcome::Duplicate;
 use crate::rolled_back::RolledBack;
@@ -134,6 +139,27 @@ pub trait BatchBackend: Database {
         ids: &'c [&'c str],
         token: &'c [u8; 16],
     ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 'c;
+
+    /// The rows of `ids` that the claim found there, each with what it says (a lease in
+    /// progress, a mark-first call's unknown outcome, processed); an id whose row is gone
+    /// (a lease released in between) is missing from the answer.
+    fn inspect_many<'c>(
+        conn: &'c mut Self::Connection,
+        table: &'c Table,
+        consumer: &'c str,
+        ids: &'c [&'c str],
+    ) -> impl Future<Output = Result<Vec<(String, Found)>, sqlx::Error>> + Send + 'c;
+
+    /// Takes over the expired send-first lease of `id` as this transaction's claim (MySQL:
+    /// with `token` as its owner, as [`seal_many`](Self::seal_many) checks); `Ok(false)`
+    /// when the row is not one (any more).
+    fn take_over_one<'c>(
+        conn: &'c mut Self::Connection,
+        table: &'c Table,
+        consumer: &'c str,
+        id: &'c str,
+        token: &'c [u8; 16],
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
 
     /// Before the commit, on the rows `fresh` this transaction claimed: their
     /// `processed_at` moved to now when the transaction was `slow` (PostgreSQL, SQLite;
@@ -370,8 +396,8 @@ impl Batch {
                     for k in fresh {
                         items[ids[k].1] = Some(BatchItem::Processed);
                     }
-                    for k in duplicates {
-                        items[ids[k].1] = Some(BatchItem::Duplicate(Duplicate::AlreadyProcessed));
+                    for (k, seen) in duplicates {
+                        items[ids[k].1] = Some(seen.item());
                     }
                 }
                 Ended::Failed {
@@ -379,8 +405,8 @@ impl Batch {
                     duplicates,
                     error,
                 } => {
-                    for &k in &duplicates {
-                        items[ids[k].1] = Some(BatchItem::Duplicate(Duplicate::AlreadyProcessed));
+                    for (k, seen) in duplicates {
+                        items[ids[k].1] = Some(seen.item());
                     }
                     match (fresh.len(), error) {
                         (1, Failure::BusinessKey(constraint)) => {
@@ -415,6 +441,7 @@ impl Batch {
                 ("processed", outcome.processed()),
                 ("duplicate", outcome.duplicates()),
                 ("failed", outcome.failed()),
+                ("in_progress", outcome.in_progress()),
                 (
                     "copy",
                     outcome.count(|i| matches!(i, BatchItem::SameAs { .. })),
@@ -545,9 +572,26 @@ impl Batch {
             }
         };
         // The fresh ones in their messages' input order, for the handler.
-        let (mut fresh, duplicates): (Vec<usize>, Vec<usize>) = part
+        let (mut fresh, found): (Vec<usize>, Vec<usize>) = part
             .iter()
             .partition(|&&k| claimed.contains(ids[k].0.as_str()));
+        let duplicates = if found.is_empty() {
+            Vec::new()
+        } else {
+            match self
+                .settle::<DB>(&mut *tx.tx, ids, &found, &token, &mut fresh)
+                .await
+            {
+                Ok(duplicates) => duplicates,
+                Err(error) => {
+                    ends.rollback(tx, true).await;
+                    if retry && transient::<DB>(&error) {
+                        return (Step::Retry, false);
+                    }
+                    return (Step::Error(error), false);
+                }
+            }
+        };
         fresh.sort_unstable_by_key(|&k| ids[k].1);
         if fresh.is_empty() {
             ends.rollback(tx, false).await;
@@ -616,6 +660,103 @@ impl Batch {
             }
         };
         (Step::Ended(ended), clean(&unclean))
+    }
+}
+
+impl Batch {
+    /// The ids of `found` (indices into `ids`) that the claim found there: what each row
+    /// says. Processed → a duplicate; in progress under another delivery's lease →
+    /// [`BatchItem::InProgress`] (retry, never acknowledge); a mark-first call's unknown
+    /// outcome → a duplicate, as for a leased handler; an expired send-first lease is
+    /// taken over and joins `fresh`, and so does a row that went away in between (its
+    /// lease released), claimed again.
+    async fn settle<DB: Backend>(
+        &self,
+        conn: &mut DB::Connection,
+        ids: &[(String, usize)],
+        found: &[usize],
+        token: &[u8; 16],
+        fresh: &mut Vec<usize>,
+    ) -> Result<Vec<(usize, Seen)>, sqlx::Error> {
+        let wanted: Vec<&str> = found.iter().map(|&k| ids[k].0.as_str()).collect();
+        let rows: HashMap<String, Found> =
+            DB::inspect_many(conn, &self.table, &self.consumer, &wanted)
+                .await?
+                .into_iter()
+                .collect();
+        let mut seen = Vec::with_capacity(found.len());
+        let mut gone = Vec::new();
+        for &k in found {
+            let id = ids[k].0.as_str();
+            let Some(row) = rows.get(id) else {
+                gone.push(k);
+                continue;
+            };
+            let remaining =
+                Duration::from_micros(u64::try_from(row.remaining_us.unwrap_or(0)).unwrap_or(0));
+            match row.state {
+                None => seen.push((k, Seen::Duplicate(Duplicate::AlreadyProcessed))),
+                Some(_) if !remaining.is_zero() => {
+                    seen.push((k, Seen::InProgress(InProgress::new(remaining))));
+                }
+                Some(2) => {
+                    tracing::warn!(
+                        consumer = self.consumer,
+                        message_id = id,
+                        "outcome unknown: a mark-first delivery never completed its call; \
+                         acknowledged without calling again (resolve it with \
+                         `Ledger::resolve`)"
+                    );
+                    seen.push((k, Seen::Duplicate(Duplicate::OutcomeUnknown)));
+                }
+                Some(_) => {
+                    if DB::take_over_one(conn, &self.table, &self.consumer, id, token).await? {
+                        tracing::warn!(
+                            consumer = self.consumer,
+                            message_id = id,
+                            "took over an expired send-first lease: its owner may have made \
+                             the call already, and the batch's effect is applied now"
+                        );
+                        fresh.push(k);
+                    } else {
+                        // Completed, released or taken over in between: the next delivery
+                        // looks again.
+                        seen.push((k, Seen::InProgress(InProgress::new(Duration::ZERO))));
+                    }
+                }
+            }
+        }
+        if !gone.is_empty() {
+            let again: Vec<&str> = gone.iter().map(|&k| ids[k].0.as_str()).collect();
+            let claimed: HashSet<String> =
+                DB::claim_many(conn, &self.table, &self.consumer, &again, token)
+                    .await?
+                    .into_iter()
+                    .collect();
+            for k in gone {
+                if claimed.contains(ids[k].0.as_str()) {
+                    fresh.push(k);
+                } else {
+                    seen.push((k, Seen::InProgress(InProgress::new(Duration::ZERO))));
+                }
+            }
+        }
+        Ok(seen)
+    }
+}
+
+/// What a claim that found a message's row there made of it.
+enum Seen {
+    Duplicate(Duplicate),
+    InProgress(InProgress),
+}
+
+impl Seen {
+    fn item<E>(self) -> BatchItem<E> {
+        match self {
+            Seen::Duplicate(duplicate) => BatchItem::Duplicate(duplicate),
+            Seen::InProgress(busy) => BatchItem::InProgress(busy),
+        }
     }
 }
 
@@ -690,15 +831,16 @@ struct Stats {
 
 /// How one sub-batch's transaction ended.
 enum Ended<E> {
-    /// Committed (or nothing was fresh): `fresh` processed, `duplicates` were there.
+    /// Committed (or nothing was fresh): `fresh` processed, `duplicates` were there
+    /// (processed, or in progress elsewhere).
     Committed {
         fresh: Vec<usize>,
-        duplicates: Vec<usize>,
+        duplicates: Vec<(usize, Seen)>,
     },
     /// The body failed on `fresh`, rolled back; `duplicates` were there before.
     Failed {
         fresh: Vec<usize>,
-        duplicates: Vec<usize>,
+        duplicates: Vec<(usize, Seen)>,
         error: Failure<E>,
     },
 }
@@ -728,6 +870,11 @@ pub enum BatchItem<E> {
     },
     /// Its id is refused (empty, too long, a NUL byte): never claimed, never processed.
     Invalid(InvalidMessageId),
+    /// Another delivery holds the message in progress under a lease (a leased handler of
+    /// the same consumer is running it): **retry** after
+    /// [`InProgress::remaining`], never acknowledge — the owner may still fail and
+    /// release it. Nothing of it was processed here.
+    InProgress(InProgress),
 }
 
 /// The outcome of [`Batch::run`]: one [`BatchItem`] per message, in input order.
@@ -774,6 +921,12 @@ impl<E> BatchOutcome<E> {
     /// Messages found processed before, or their business key (copies not counted).
     pub fn duplicates(&self) -> usize {
         self.count(|item| matches!(item, BatchItem::Duplicate(_)))
+    }
+
+    /// Messages found in progress under another delivery's lease
+    /// ([`BatchItem::InProgress`]; copies not counted).
+    pub fn in_progress(&self) -> usize {
+        self.count(|item| matches!(item, BatchItem::InProgress(_)))
     }
 
     /// Messages the body failed on alone.

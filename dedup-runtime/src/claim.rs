@@ -7,6 +7,8 @@ use std::sync::atomic::AtomicBool;
 
 use sqlx::{Database, Transaction};
 
+use crate::lease::Found;
+
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
@@ -29,6 +31,19 @@ pub struct Statements {
     /// MySQL's checked commit: stamps the dedup row with the commit time, fails unless
     /// the row is still this transaction's own, commits, and leaves autocommit mode again.
     pub mysql_commit: &'static str,
+    /// MySQL's claim inside a caller's transaction: a plain insert that leaves the session
+    /// variables of an outer handler's checked commit as they are.
+    pub mysql_nested: &'static str,
+    /// For a claim that found the row there: its `state` and the microseconds left until
+    /// its `expires_at` (a row in progress under a lease, see [`crate::lease`]).
+    pub postgres_inspect: &'static str,
+    pub mysql_inspect: &'static str,
+    pub sqlite_inspect: &'static str,
+    /// Takes over an expired send-first lease (`state = 1`) as this transaction's claim:
+    /// the row becomes processed, with the effect, when the transaction commits.
+    pub postgres_take_over: &'static str,
+    pub mysql_take_over: &'static str,
+    pub sqlite_take_over: &'static str,
 }
 
 /// The statements for a table name literal, as a `&'static Statements`.
@@ -55,11 +70,24 @@ pub struct Statements {
 macro_rules! __statements {
     ($table:literal) => {{
         const STATEMENTS: &$crate::__private::Statements = &$crate::__private::Statements {
+            // The insert, and only when it found the row there (a one-time filter: the
+            // fresh claim never reads the table), that row's `state` and the
+            // microseconds its lease has left: a duplicate stays one statement. The two
+            // columns are read through the row's JSON, so that a table of 0.1, which has
+            // neither (and holds only processed rows), is claimed as before until
+            // `migrate` upgrades it.
             postgres: ::core::concat!(
-                "INSERT INTO ",
+                "WITH claim AS (INSERT INTO ",
                 $table,
                 " (consumer, message_id, processed_at) VALUES ($1, $2, clock_timestamp()) \
-                 ON CONFLICT DO NOTHING"
+                 ON CONFLICT DO NOTHING RETURNING 1) \
+                 SELECT c.claimed, s.found, s.state, s.remaining \
+                 FROM (SELECT EXISTS (SELECT 1 FROM claim) AS claimed) c \
+                 LEFT JOIN LATERAL (SELECT true AS found, (to_jsonb(p) ->> 'state')::int2 AS state, \
+                 GREATEST(0, (EXTRACT(EPOCH FROM (to_jsonb(p) ->> 'expires_at')::timestamptz \
+                 - clock_timestamp()) * 1000000)::int8) AS remaining FROM ",
+                $table,
+                " p WHERE consumer = $1 AND message_id = $2 AND NOT c.claimed) s ON true"
             ),
             mysql: ::core::concat!(
                 "INSERT INTO ",
@@ -93,6 +121,59 @@ macro_rules! __statements {
                  SELECT (SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE ROW_COUNT() <> 1); \
                  COMMIT; SET autocommit = 1"
             ),
+            mysql_nested: ::core::concat!(
+                "INSERT INTO ",
+                $table,
+                " (consumer, message_id, processed_at) VALUES (?, ?, UTC_TIMESTAMP(6))"
+            ),
+            postgres_inspect: ::core::concat!(
+                "SELECT (to_jsonb(p) ->> 'state')::int2, GREATEST(0, (EXTRACT(EPOCH FROM \
+                 (to_jsonb(p) ->> 'expires_at')::timestamptz - clock_timestamp()) \
+                 * 1000000)::int8) FROM ",
+                $table,
+                " p WHERE consumer = $1 AND message_id = $2"
+            ),
+            // A locking read: the latest committed row, whatever snapshot a caller's
+            // transaction holds.
+            mysql_inspect: ::core::concat!(
+                "SELECT state, GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), \
+                 expires_at)) FROM ",
+                $table,
+                " WHERE consumer = ? AND message_id = ? LOCK IN SHARE MODE"
+            ),
+            sqlite_inspect: ::core::concat!(
+                "SELECT state, CAST(max(0, (julianday(expires_at) - julianday('now')) \
+                 * 86400000000.0) AS INTEGER) FROM ",
+                $table,
+                " WHERE consumer = ?1 AND message_id = ?2"
+            ),
+            postgres_take_over: ::core::concat!(
+                "UPDATE ",
+                $table,
+                " SET state = NULL, owner = NULL, expires_at = NULL, \
+                 processed_at = clock_timestamp() \
+                 WHERE consumer = $1 AND message_id = $2 AND state = 1 \
+                 AND expires_at <= clock_timestamp()"
+            ),
+            // The first parameter: whether the transaction is the handler's own; then
+            // `processed_at` is the session variable the checked commit compares with
+            // (set just before), and otherwise now.
+            mysql_take_over: ::core::concat!(
+                "UPDATE ",
+                $table,
+                " SET state = NULL, owner = NULL, expires_at = NULL, \
+                 processed_at = IF(?, @dedup_claimed_at, UTC_TIMESTAMP(6)) \
+                 WHERE consumer = ? AND message_id = ? AND state = 1 \
+                 AND expires_at <= UTC_TIMESTAMP(6)"
+            ),
+            sqlite_take_over: ::core::concat!(
+                "UPDATE ",
+                $table,
+                " SET state = NULL, owner = NULL, expires_at = NULL, \
+                 processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+                 WHERE consumer = ?1 AND message_id = ?2 AND state = 1 \
+                 AND expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+            ),
         };
         STATEMENTS
     }};
@@ -115,13 +196,42 @@ pub trait ClaimBackend: Database {
     #[doc(hidden)]
     const CHANGES_SESSION: bool = false;
 
-    /// Inserts the dedup row; `Ok(false)` when it was already there.
+    /// Inserts the dedup row, or answers what it found there.
     #[doc(hidden)]
     fn claim<'c>(
         conn: &'c mut Self::Connection,
         sql: &'static str,
         consumer: &'static str,
         id: &'c str,
+    ) -> impl Future<Output = Result<Claiming, sqlx::Error>> + Send + 'c;
+
+    /// The claim's statement inside a caller's transaction (a savepoint). MySQL: one that
+    /// leaves the session variables of an outer handler's checked commit alone.
+    #[doc(hidden)]
+    fn nested_claim_sql(statements: &Statements) -> &'static str {
+        Self::claim_sql(statements)
+    }
+
+    /// For a claim that found the row there: what it says, `None` when it is gone (a
+    /// lease released in between).
+    #[doc(hidden)]
+    fn inspect<'c>(
+        conn: &'c mut Self::Connection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> impl Future<Output = Result<Option<Found>, sqlx::Error>> + Send + 'c;
+
+    /// Takes over an expired send-first lease as this transaction's claim; `Ok(false)`
+    /// when the row is not one (any more). `owned`: the transaction is the handler's own
+    /// (MySQL: the checked commit's session variables are set for the row).
+    #[doc(hidden)]
+    fn take_over<'c>(
+        conn: &'c mut Self::Connection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+        owned: bool,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
 
     /// Runs `sql` (a [`ClaimBackend::stamp_sql`]) for the claimed row.
@@ -169,6 +279,16 @@ pub trait ClaimBackend: Database {
         conn: &mut Self::Connection,
         business_keys: bool,
     ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_;
+}
+
+/// What a claim statement did.
+#[doc(hidden)]
+pub enum Claiming {
+    /// The row is in, this transaction's own.
+    Inserted,
+    /// The row was there; what it says, if the claim read it (PostgreSQL, in the same
+    /// statement) — otherwise `ClaimBackend::inspect` looks.
+    Found(Option<Found>),
 }
 
 /// One attempt's transaction (or savepoint), as the generated code holds it between

@@ -245,6 +245,29 @@ pub struct Found {
     pub(crate) remaining_us: Option<i64>,
 }
 
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+impl Found {
+    /// A processed row (also what every row of a 0.1 table, which has no `state`, is).
+    pub(crate) const PROCESSED: Found = Found {
+        state: None,
+        remaining_us: None,
+    };
+}
+
+/// Whether `error` says the dedup table has no `state` column: a table of 0.1 that
+/// `migrate` has not upgraded yet, whose rows are all processed. MySQL by its number
+/// (1054); SQLite has no code for it but its message, of a statement of ours.
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn missing_state_column(error: &sqlx::Error) -> bool {
+    #[cfg(feature = "mysql")]
+    if crate::classify::mysql::error_number(error) == Some(crate::classify::mysql::ER_BAD_FIELD) {
+        return true;
+    }
+    error
+        .as_database_error()
+        .is_some_and(|error| error.message().starts_with("no such column"))
+}
+
 /// How one backend runs a lease. Every statement runs on its own (autocommit) but the
 /// completion, which runs in the transaction [`LeaseBackend::begin`] opens.
 pub trait LeaseBackend: Database {
@@ -435,6 +458,46 @@ impl InProgress {
         self.remaining
     }
 }
+
+impl InProgress {
+    /// The error a handler without a lease (a plain `#[idempotent]` handler) ends with
+    /// when its claim finds the row in progress under another delivery's lease: inside
+    /// [`sqlx::Error::AnyDriverError`], so that it reaches the caller through the
+    /// handler's `From<sqlx::Error>`.
+    pub(crate) fn error(remaining: Duration) -> sqlx::Error {
+        sqlx::Error::AnyDriverError(Box::new(InProgress { remaining }))
+    }
+
+    /// Finds an `InProgress` in `error` or its chain of [`source`](StdError::source)s: the
+    /// error of a handler without a lease whose claim found the message in progress under
+    /// another delivery's lease. Retry it after [`remaining`](Self::remaining) (what
+    /// [`AckPolicy`](crate::AckPolicy) answers); never acknowledge it, the owner may still
+    /// fail and release the message.
+    ///
+    /// ```
+    /// use dedup_runtime::InProgress;
+    ///
+    /// fn explain(error: &sqlx::Error) -> String {
+    ///     match InProgress::find(error) {
+    ///         Some(busy) => format!("another delivery holds it; retry in {:?}", busy.remaining()),
+    ///         None => "another failure".to_owned(),
+    ///     }
+    /// }
+    /// # assert_eq!(explain(&sqlx::Error::RowNotFound), "another failure");
+    /// ```
+    pub fn find<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a InProgress> {
+        let mut link = Some(error);
+        while let Some(error) = link {
+            if let Some(found) = error.downcast_ref::<InProgress>() {
+                return Some(found);
+            }
+            link = error.source();
+        }
+        None
+    }
+}
+
+impl StdError for InProgress {}
 
 impl fmt::Display for InProgress {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -691,6 +691,15 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 /// progress" and comes back after the time left, never runs the call a second time while
 /// the lease holds. Pruning never deletes a row whose `state` is set.
 ///
+/// A handler without a lease on the same consumer (a plain one, or a batch) reads the
+/// row its claim meets: a lease in progress ends a plain call with the error
+/// [`InProgress`] (inside `sqlx::Error::AnyDriverError`; [`AckPolicy`] answers
+/// `Ack::Retry { after }` with the lease's time left) and is
+/// [`BatchItem::InProgress`](crate::batch::BatchItem::InProgress) in a batch, never a
+/// duplicate to acknowledge; an expired mark-first mark is [`Duplicate::OutcomeUnknown`];
+/// an expired send-first lease is taken over in the handler's transaction, whose commit
+/// marks it processed (its old owner's completion then fails with [`LeaseLost`]).
+///
 /// # Batches
 ///
 /// With `batch = …` the handler takes many messages (a JetStream fetch, RabbitMQ's

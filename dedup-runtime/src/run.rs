@@ -107,10 +107,11 @@ use sqlx::Connection;
 use tracing::Span;
 
 use crate::backend::Backend;
-use crate::claim::{self, Claimed, Statements, Tx};
+use crate::claim::{self, Claimed, Claiming, Statements, Tx};
 use crate::classify;
 use crate::input::{Handle, Source};
 use crate::key::{MessageId, MessageKey};
+use crate::lease::{Found, InProgress};
 use crate::metrics::{self, Class, End, HandlerMetrics};
 use crate::outcome::Duplicate;
 use crate::retry;
@@ -381,42 +382,138 @@ impl<'k> Run<'k> {
         let Some(claim) = &self.claim else {
             return Begin::Claimed(tx);
         };
-        let sql = DB::claim_sql(claim.statements);
+        let sql = if self.owned {
+            DB::claim_sql(claim.statements)
+        } else {
+            DB::nested_claim_sql(claim.statements)
+        };
         let sent = Instant::now();
         match DB::claim(&mut tx.tx, sql, claim.consumer, claim.id).await {
-            Ok(true) => {
+            Ok(Claiming::Inserted) => {
                 self.claimed_at = Some(sent);
                 Begin::Claimed(tx)
             }
-            // Our own transaction wrote nothing. On a pooled connection its ROLLBACK may
-            // be queued: sqlx sends it with the ping the pool sends as it takes the
-            // connection back, off the caller's path, so the duplicate costs BEGIN and the
-            // claim. On a caller's connection it is sent now, so that the session does not
-            // sit idle in a transaction, holding the claim's lock, until its next use.
-            Ok(false) if self.owned => {
-                if let Err(error) = DB::rollback_owned(tx, self.pooled, false).await {
-                    tracing::debug!(%error, "rollback after a duplicate failed");
-                }
-                self.finish(End::Duplicate(&Duplicate::AlreadyProcessed));
-                Begin::Duplicate(Duplicate::AlreadyProcessed)
-            }
-            // A savepoint in the caller's transaction is released now, so that the
-            // caller's next statement finds its transaction as it left it.
-            Ok(false) => match tx.tx.rollback().await {
-                Ok(()) => {
-                    self.finish(End::Duplicate(&Duplicate::AlreadyProcessed));
-                    Begin::Duplicate(Duplicate::AlreadyProcessed)
-                }
-                Err(error) => {
-                    self.finish(End::Failed(Class::Database));
-                    Begin::Error(error)
-                }
-            },
+            Ok(Claiming::Found(found)) => self.found::<DB>(tx, sql, found).await,
             Err(error) => {
                 self.rollback(tx).await;
                 self.after_error::<DB>(error, true).await.into()
             }
         }
+    }
+
+    /// The claim found the dedup row there: processed (a duplicate), in progress under
+    /// another delivery's lease (the typed [`InProgress`] error: retry after, never
+    /// acknowledge), a mark-first call's unknown outcome (a duplicate, as for a leased
+    /// handler), or an expired send-first lease, which this transaction takes over: its
+    /// commit marks the row processed with the effect. A row that went away in between (its
+    /// lease released) is claimed again. `found`: what the claim statement read of the
+    /// row, if it did (PostgreSQL).
+    async fn found<'h, DB: Backend>(
+        &mut self,
+        mut tx: Tx<'h, DB>,
+        sql: &'static str,
+        read: Option<Found>,
+    ) -> Begin<'h, DB> {
+        let claim = self.claim.as_ref().expect("only a claim finds a row");
+        let (statements, consumer, id) = (claim.statements, claim.consumer, claim.id);
+        let mut read = read;
+        let mut looks = 0;
+        let duplicate = loop {
+            looks += 1;
+            let found = match read.take() {
+                Some(found) => Some(found),
+                None => match DB::inspect(&mut tx.tx, statements, consumer, id).await {
+                    Ok(found) => found,
+                    Err(error) => {
+                        self.rollback(tx).await;
+                        return self.after_error::<DB>(error, true).await.into();
+                    }
+                },
+            };
+            let Some(found) = found else {
+                if looks > retry::MAX_ATTEMPTS {
+                    self.rollback(tx).await;
+                    let error =
+                        sqlx::Error::Protocol("the dedup row kept changing under the claim".into());
+                    return self.after_error::<DB>(error, false).await.into();
+                }
+                let sent = Instant::now();
+                match DB::claim(&mut tx.tx, sql, consumer, id).await {
+                    Ok(Claiming::Inserted) => {
+                        self.claimed_at = Some(sent);
+                        return Begin::Claimed(tx);
+                    }
+                    Ok(Claiming::Found(again)) => {
+                        read = again;
+                        continue;
+                    }
+                    Err(error) => {
+                        self.rollback(tx).await;
+                        return self.after_error::<DB>(error, true).await.into();
+                    }
+                }
+            };
+            let remaining =
+                Duration::from_micros(u64::try_from(found.remaining_us.unwrap_or(0)).unwrap_or(0));
+            match found.state {
+                None => break Duplicate::AlreadyProcessed,
+                Some(_) if !remaining.is_zero() || looks > retry::MAX_ATTEMPTS => {
+                    self.rollback(tx).await;
+                    self.finish(End::InProgress);
+                    return Begin::Error(InProgress::error(remaining));
+                }
+                Some(2) => {
+                    tracing::warn!(
+                        consumer,
+                        message_id = id,
+                        "outcome unknown: a mark-first delivery never completed its call; \
+                         acknowledged without calling again (resolve it with \
+                         `Ledger::resolve`)"
+                    );
+                    break Duplicate::OutcomeUnknown;
+                }
+                Some(_) => {
+                    let sent = Instant::now();
+                    match DB::take_over(&mut tx.tx, statements, consumer, id, self.owned).await {
+                        Ok(true) => {
+                            tracing::warn!(
+                                consumer,
+                                message_id = id,
+                                "took over an expired send-first lease: its owner may have \
+                                 made the call already, and this handler's effect is applied \
+                                 now"
+                            );
+                            self.claimed_at = Some(sent);
+                            return Begin::Claimed(tx);
+                        }
+                        // Completed, released or taken over in between: look again.
+                        Ok(false) => continue,
+                        Err(error) => {
+                            self.rollback(tx).await;
+                            return self.after_error::<DB>(error, true).await.into();
+                        }
+                    }
+                }
+            }
+        };
+        if self.owned {
+            // Our own transaction wrote nothing. On a pooled connection its ROLLBACK may
+            // be queued: sqlx sends it with the ping the pool sends as it takes the
+            // connection back, off the caller's path, so the duplicate costs BEGIN, the
+            // claim and the look at the row. On a caller's connection it is sent now, so
+            // that the session does not sit idle in a transaction, holding the claim's
+            // lock, until its next use.
+            if let Err(error) = DB::rollback_owned(tx, self.pooled, false).await {
+                tracing::debug!(%error, "rollback after a duplicate failed");
+            }
+        } else if let Err(error) = tx.tx.rollback().await {
+            // A savepoint in the caller's transaction is released now, so that the
+            // caller's next statement finds its transaction as it left it.
+            self.finish(End::Failed(Class::Database));
+            return Begin::Error(error);
+        }
+        self.finish(End::Duplicate(&duplicate));
+        Begin::Duplicate(duplicate)
     }
 
     /// Commits the body's work together with the dedup row.

@@ -6,9 +6,10 @@
 //! that swallowed the error would go on in a new one.
 
 use sqlx::mysql::MySqlConnection;
-use sqlx::{AssertSqlSafe, MySql};
+use sqlx::{AssertSqlSafe, MySql, Row};
 
 use super::BatchBackend;
+use crate::lease::Found;
 use crate::rolled_back::RolledBack;
 use crate::schema::Table;
 use crate::schema::mysql::placeholders;
@@ -59,6 +60,72 @@ impl BatchBackend for MySql {
             claimed.extend(query.fetch_all(&mut *conn).await?);
         }
         Ok(claimed)
+    }
+
+    async fn inspect_many<'c>(
+        conn: &'c mut MySqlConnection,
+        table: &'c Table,
+        consumer: &'c str,
+        ids: &'c [&'c str],
+    ) -> Result<Vec<(String, Found)>, sqlx::Error> {
+        let mut found = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(ROWS) {
+            // A locking read: the latest committed rows, whatever the snapshot.
+            let sql = format!(
+                "SELECT CAST(message_id AS CHAR), state, GREATEST(0, \
+                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)) FROM {} \
+                 WHERE consumer = ? AND message_id IN ({}) LOCK IN SHARE MODE",
+                table.name(),
+                placeholders(chunk.len())
+            );
+            let mut query = sqlx::query(AssertSqlSafe(sql)).bind(consumer);
+            for id in chunk {
+                query = query.bind(*id);
+            }
+            let rows = match query.fetch_all(&mut *conn).await {
+                Ok(rows) => rows,
+                // A table of 0.1, not upgraded yet: no `state`, only processed rows.
+                Err(error) if crate::lease::missing_state_column(&error) => {
+                    return Ok(ids
+                        .iter()
+                        .map(|id| ((*id).to_owned(), Found::PROCESSED))
+                        .collect());
+                }
+                Err(error) => return Err(error),
+            };
+            for row in rows {
+                let row_found = Found {
+                    state: row.try_get::<Option<i8>, _>(1)?.map(i64::from),
+                    remaining_us: row.try_get(2)?,
+                };
+                found.push((row.try_get(0)?, row_found));
+            }
+        }
+        Ok(found)
+    }
+
+    /// The row's `owner` becomes this transaction's token: the seal checks it.
+    async fn take_over_one<'c>(
+        conn: &'c mut MySqlConnection,
+        table: &'c Table,
+        consumer: &'c str,
+        id: &'c str,
+        token: &'c [u8; 16],
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = NULL, owner = ?, expires_at = NULL, \
+             processed_at = UTC_TIMESTAMP(6) \
+             WHERE consumer = ? AND message_id = ? AND state = 1 \
+             AND expires_at <= UTC_TIMESTAMP(6)",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(&token[..])
+            .bind(consumer)
+            .bind(id)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn seal_many<'c>(

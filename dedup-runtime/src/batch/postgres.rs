@@ -1,9 +1,10 @@
 //! PostgreSQL: `INSERT … SELECT … FROM unnest($2) ON CONFLICT DO NOTHING RETURNING`.
 
 use sqlx::postgres::PgConnection;
-use sqlx::{AssertSqlSafe, Postgres};
+use sqlx::{AssertSqlSafe, Postgres, Row};
 
 use super::BatchBackend;
+use crate::lease::Found;
 use crate::schema::Table;
 
 impl BatchBackend for Postgres {
@@ -26,6 +27,59 @@ impl BatchBackend for Postgres {
             .bind(ids)
             .fetch_all(conn)
             .await
+    }
+
+    async fn inspect_many<'c>(
+        conn: &'c mut PgConnection,
+        table: &'c Table,
+        consumer: &'c str,
+        ids: &'c [&'c str],
+    ) -> Result<Vec<(String, Found)>, sqlx::Error> {
+        let sql = format!(
+            // Through the row's JSON: a table of 0.1 has neither column (and only
+            // processed rows), and an error would abort the batch's transaction.
+            "SELECT message_id, (to_jsonb(p) ->> 'state')::int2, GREATEST(0, (EXTRACT(EPOCH \
+             FROM (to_jsonb(p) ->> 'expires_at')::timestamptz - clock_timestamp()) \
+             * 1000000)::int8) FROM {} p \
+             WHERE consumer = $1 AND message_id = ANY($2::text[])",
+            table.name()
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(ids)
+            .fetch_all(conn)
+            .await?;
+        rows.into_iter()
+            .map(|row| {
+                let found = Found {
+                    state: row.try_get::<Option<i16>, _>(1)?.map(i64::from),
+                    remaining_us: row.try_get(2)?,
+                };
+                Ok((row.try_get(0)?, found))
+            })
+            .collect()
+    }
+
+    async fn take_over_one<'c>(
+        conn: &'c mut PgConnection,
+        table: &'c Table,
+        consumer: &'c str,
+        id: &'c str,
+        _: &'c [u8; 16],
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = NULL, owner = NULL, expires_at = NULL, \
+             processed_at = clock_timestamp() \
+             WHERE consumer = $1 AND message_id = $2 AND state = 1 \
+             AND expires_at <= clock_timestamp()",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(id)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn seal_many<'c>(

@@ -2,9 +2,10 @@
 //! statements of at most [`ROWS`] rows (a statement's parameters are limited).
 
 use sqlx::sqlite::SqliteConnection;
-use sqlx::{AssertSqlSafe, Sqlite};
+use sqlx::{AssertSqlSafe, Row, Sqlite};
 
 use super::BatchBackend;
+use crate::lease::Found;
 use crate::schema::Table;
 
 /// Rows per statement: one parameter each, and the consumer.
@@ -45,6 +46,69 @@ impl BatchBackend for Sqlite {
             claimed.extend(query.fetch_all(&mut *conn).await?);
         }
         Ok(claimed)
+    }
+
+    async fn inspect_many<'c>(
+        conn: &'c mut SqliteConnection,
+        table: &'c Table,
+        consumer: &'c str,
+        ids: &'c [&'c str],
+    ) -> Result<Vec<(String, Found)>, sqlx::Error> {
+        let mut found = Vec::with_capacity(ids.len());
+        for chunk in ids.chunks(ROWS) {
+            let sql = format!(
+                "SELECT message_id, state, CAST(max(0, (julianday(expires_at) - \
+                 julianday('now')) * 86400000000.0) AS INTEGER) FROM {} \
+                 WHERE consumer = ?1 AND message_id IN ({})",
+                table.name(),
+                numbered(chunk.len(), 2, |n| format!("?{n}"))
+            );
+            let mut query = sqlx::query(AssertSqlSafe(sql)).bind(consumer);
+            for id in chunk {
+                query = query.bind(*id);
+            }
+            let rows = match query.fetch_all(&mut *conn).await {
+                Ok(rows) => rows,
+                // A table of 0.1, not upgraded yet: no `state`, only processed rows.
+                Err(error) if crate::lease::missing_state_column(&error) => {
+                    return Ok(ids
+                        .iter()
+                        .map(|id| ((*id).to_owned(), Found::PROCESSED))
+                        .collect());
+                }
+                Err(error) => return Err(error),
+            };
+            for row in rows {
+                let row_found = Found {
+                    state: row.try_get(1)?,
+                    remaining_us: row.try_get(2)?,
+                };
+                found.push((row.try_get(0)?, row_found));
+            }
+        }
+        Ok(found)
+    }
+
+    async fn take_over_one<'c>(
+        conn: &'c mut SqliteConnection,
+        table: &'c Table,
+        consumer: &'c str,
+        id: &'c str,
+        _: &'c [u8; 16],
+    ) -> Result<bool, sqlx::Error> {
+        let sql = format!(
+            "UPDATE {} SET state = NULL, owner = NULL, expires_at = NULL, \
+             processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+             WHERE consumer = ?1 AND message_id = ?2 AND state = 1 \
+             AND expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+            table.name()
+        );
+        let done = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(id)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn seal_many<'c>(

@@ -2,10 +2,11 @@
 //! transaction out of autocommit mode, and a checked commit.
 
 use sqlx::mysql::MySqlConnection;
-use sqlx::{Connection, MySql, Transaction};
+use sqlx::{Connection, MySql, Row, Transaction};
 
-use super::{ClaimBackend, Claimed, Statements, Tx};
-use crate::classify::mysql::{ENGLISH, ER_DUP_ENTRY, error_number};
+use super::{ClaimBackend, Claimed, Claiming, Statements, Tx};
+use crate::classify::mysql::{ENGLISH, ER_BAD_FIELD, ER_DUP_ENTRY, error_number};
+use crate::lease::Found;
 use crate::rolled_back::RolledBack;
 
 /// The handler's own transactions run out of autocommit mode. InnoDB rolls the whole
@@ -24,6 +25,11 @@ const ENGLISH_THEN_BEGIN: &str = "SET SESSION lc_messages = 'en_US'; SET autocom
 const RESTORE_COMMIT: &str = "COMMIT; SET autocommit = 1";
 const RESTORE_ROLLBACK: &str = "ROLLBACK; SET autocommit = 1";
 
+/// What the claim's insert remembers for the checked commit, for a row the handler's
+/// transaction takes over instead.
+const REMEMBER: &str =
+    "SET @dedup_consumer = ?, @dedup_message_id = ?, @dedup_claimed_at = UTC_TIMESTAMP(6)";
+
 /// ER_SUBQUERY_NO_1_ROW: what the checked commit's check raises when the dedup row is no
 /// longer this transaction's own.
 const CLAIM_GONE: u16 = 1242;
@@ -38,13 +44,66 @@ impl ClaimBackend for MySql {
         sql: &'static str,
         consumer: &'static str,
         id: &'c str,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<Claiming, sqlx::Error> {
         let result = super::execute_keyed::<Self>(conn, sql, consumer, id).await;
         match result {
-            Ok(_) => Ok(true),
-            Err(error) if error_number(&error) == Some(ER_DUP_ENTRY) => Ok(false),
+            Ok(_) => Ok(Claiming::Inserted),
+            Err(error) if error_number(&error) == Some(ER_DUP_ENTRY) => Ok(Claiming::Found(None)),
             Err(error) => Err(error),
         }
+    }
+
+    fn nested_claim_sql(statements: &Statements) -> &'static str {
+        statements.mysql_nested
+    }
+
+    async fn inspect<'c>(
+        conn: &'c mut MySqlConnection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> Result<Option<Found>, sqlx::Error> {
+        let row = match sqlx::query(statements.mysql_inspect)
+            .bind(consumer)
+            .bind(id)
+            .fetch_optional(conn)
+            .await
+        {
+            Ok(row) => row,
+            // A table of 0.1, not upgraded yet: no `state`, only processed rows.
+            Err(error) if error_number(&error) == Some(ER_BAD_FIELD) => {
+                return Ok(Some(Found::PROCESSED));
+            }
+            Err(error) => return Err(error),
+        };
+        row.map(|row| {
+            Ok(Found {
+                state: row.try_get::<Option<i8>, _>(0)?.map(i64::from),
+                remaining_us: row.try_get(1)?,
+            })
+        })
+        .transpose()
+    }
+
+    /// In the handler's own transaction the row becomes the one its checked commit
+    /// checks: the session variables are set first, as the claim would have set them.
+    async fn take_over<'c>(
+        conn: &'c mut MySqlConnection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+        owned: bool,
+    ) -> Result<bool, sqlx::Error> {
+        if owned {
+            super::execute_keyed::<Self>(&mut *conn, REMEMBER, consumer, id).await?;
+        }
+        let done = sqlx::query(statements.mysql_take_over)
+            .bind(owned)
+            .bind(consumer)
+            .bind(id)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     async fn stamp<'c>(

@@ -2,9 +2,10 @@
 //! PostgreSQL would quietly roll back.
 
 use sqlx::postgres::{PgConnection, PgDatabaseError};
-use sqlx::{Connection, Postgres, Transaction};
+use sqlx::{Connection, Postgres, Row, Transaction};
 
-use super::{ClaimBackend, Claimed, Statements, Tx};
+use super::{ClaimBackend, Claimed, Claiming, Statements, Tx};
+use crate::lease::Found;
 use crate::rolled_back::RolledBack;
 
 /// in_failed_sql_transaction: a statement other than `COMMIT`/`ROLLBACK` in an aborted
@@ -50,7 +51,54 @@ impl ClaimBackend for Postgres {
         sql: &'static str,
         consumer: &'static str,
         id: &'c str,
+    ) -> Result<Claiming, sqlx::Error> {
+        let row = sqlx::query(sql)
+            .bind(consumer)
+            .bind(id)
+            .fetch_one(conn)
+            .await?;
+        if row.try_get(0)? {
+            return Ok(Claiming::Inserted);
+        }
+        // No row in the statement's snapshot: one committed while the insert waited for
+        // it (or a row that went away), for `inspect` to look at.
+        if row.try_get::<Option<bool>, _>(1)?.is_none() {
+            return Ok(Claiming::Found(None));
+        }
+        Ok(Claiming::Found(Some(Found {
+            state: row.try_get::<Option<i16>, _>(2)?.map(i64::from),
+            remaining_us: row.try_get(3)?,
+        })))
+    }
+
+    async fn inspect<'c>(
+        conn: &'c mut PgConnection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> Result<Option<Found>, sqlx::Error> {
+        let row = sqlx::query(statements.postgres_inspect)
+            .bind(consumer)
+            .bind(id)
+            .fetch_optional(conn)
+            .await?;
+        row.map(|row| {
+            Ok(Found {
+                state: row.try_get::<Option<i16>, _>(0)?.map(i64::from),
+                remaining_us: row.try_get(1)?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn take_over<'c>(
+        conn: &'c mut PgConnection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+        _: bool,
     ) -> Result<bool, sqlx::Error> {
+        let sql = statements.postgres_take_over;
         let done = super::execute_keyed::<Self>(conn, sql, consumer, id).await?;
         Ok(done.rows_affected() == 1)
     }

@@ -2,11 +2,12 @@
 //! `INSERT … ON CONFLICT DO NOTHING`, and a commit that notices an automatic rollback.
 
 use sqlx::sqlite::SqliteConnection;
-use sqlx::{Connection, Sqlite, Transaction};
+use sqlx::{Connection, Row, Sqlite, Transaction};
 
 use sqlx_core::transaction::TransactionManager;
 
-use super::{ClaimBackend, Claimed, Statements, Tx};
+use super::{ClaimBackend, Claimed, Claiming, Statements, Tx};
+use crate::lease::Found;
 use crate::rolled_back::RolledBack;
 
 type Manager = <Sqlite as sqlx::Database>::TransactionManager;
@@ -42,7 +43,51 @@ impl ClaimBackend for Sqlite {
         sql: &'static str,
         consumer: &'static str,
         id: &'c str,
+    ) -> Result<Claiming, sqlx::Error> {
+        let done = super::execute_keyed::<Self>(conn, sql, consumer, id).await?;
+        Ok(if done.rows_affected() == 1 {
+            Claiming::Inserted
+        } else {
+            Claiming::Found(None)
+        })
+    }
+
+    async fn inspect<'c>(
+        conn: &'c mut SqliteConnection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> Result<Option<Found>, sqlx::Error> {
+        let row = match sqlx::query(statements.sqlite_inspect)
+            .bind(consumer)
+            .bind(id)
+            .fetch_optional(conn)
+            .await
+        {
+            Ok(row) => row,
+            // A table of 0.1, not upgraded yet: no `state`, only processed rows.
+            Err(error) if crate::lease::missing_state_column(&error) => {
+                return Ok(Some(Found::PROCESSED));
+            }
+            Err(error) => return Err(error),
+        };
+        row.map(|row| {
+            Ok(Found {
+                state: row.try_get(0)?,
+                remaining_us: row.try_get(1)?,
+            })
+        })
+        .transpose()
+    }
+
+    async fn take_over<'c>(
+        conn: &'c mut SqliteConnection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+        _: bool,
     ) -> Result<bool, sqlx::Error> {
+        let sql = statements.sqlite_take_over;
         let done = super::execute_keyed::<Self>(conn, sql, consumer, id).await?;
         Ok(done.rows_affected() == 1)
     }

@@ -17,6 +17,10 @@ pub(crate) fn error_number(error: &sqlx::Error) -> Option<u16> {
         .map(MySqlDatabaseError::number)
 }
 
+/// ER_BAD_FIELD_ERROR: an unknown column (a dedup table of 0.1, before `migrate`
+/// upgrades it, has no `state`).
+pub(crate) const ER_BAD_FIELD: u16 = 1054;
+
 /// ER_DUP_ENTRY: a unique key, or for the claim statement the dedup table's primary key.
 pub(crate) const ER_DUP_ENTRY: u16 = 1062;
 
