@@ -128,3 +128,10 @@ mod plain_and_batch_met_a_lease;
 // failed with 1242 on every attempt. Fixed in the same commit.
 #[path = "regressions/nested_duplicate_kept_the_outer_row.rs"]
 mod nested_duplicate_kept_the_outer_row;
+
+// Issue 24, item 3: a batch whose one bad message failed only at COMMIT (a deferred
+// constraint; on PostgreSQL a swallowed statement error) ended the whole call with the
+// error, forever. Fixed in the commit that adds this fixture ("Batches: a failure at
+// COMMIT splits down to the message").
+#[path = "regressions/batch_failed_at_commit.rs"]
+mod batch_failed_at_commit;

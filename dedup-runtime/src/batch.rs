@@ -79,6 +79,11 @@
 //!   [`BatchItem::Failed`] — at most about 2·log₂ N extra transactions per poison message,
 //!   and a batch of N that all fail ends after 2N − 1. No savepoint per message (past 64
 //!   in one transaction, PostgreSQL's subtransactions slow every session).
+//! - **Failures at `COMMIT`** of one message (a deferred constraint; a statement error the
+//!   body swallowed, which PostgreSQL answers by rolling the transaction back) split the
+//!   batch like a failure of the body, once retries of a rolled-back transaction are
+//!   spent: the good messages commit, and the one that fails alone is
+//!   [`BatchItem::CommitFailed`].
 //! - **Transient failures retry the same batch**: a deadlock, a serialization failure, a
 //!   lock timeout (`SQLITE_BUSY`), or a transaction the database rolled back by itself,
 //!   whether from the claim, the body or the commit, runs the transaction again, after a
@@ -416,6 +421,9 @@ impl Batch {
                         (1, Failure::Body(error)) => {
                             items[ids[fresh[0]].1] = Some(BatchItem::Failed(error));
                         }
+                        (1, Failure::Commit(error)) => {
+                            items[ids[fresh[0]].1] = Some(BatchItem::CommitFailed(error));
+                        }
                         (_, _) => {
                             // Split: the halves run next, the first half first.
                             stats.splits += 1;
@@ -630,6 +638,17 @@ impl Batch {
                     {
                         return (Step::Retry, false);
                     }
+                    // A failure of a message's own that shows only at the commit (a
+                    // deferred constraint; a statement error the body swallowed, which
+                    // left the transaction rolled back however often it ran): split like
+                    // a failure of the body. Not where the database is away (nothing to
+                    // learn from splitting), nor in a caller's transaction that the
+                    // database ended (every savepoint of it is gone).
+                    Err(error) if fails_at_commit::<DB>(&error, ends) => Ended::Failed {
+                        fresh,
+                        duplicates,
+                        error: Failure::Commit(error),
+                    },
                     Err(error) => return (Step::Error(error), false),
                 }
             }
@@ -815,6 +834,19 @@ impl Ends {
     }
 }
 
+/// Whether a failed commit (or the seal before it) is the messages' own failure, to be
+/// split down to the message: not transient (that is retried), not the database away or
+/// out of resources, and not a caller's transaction the database rolled back.
+fn fails_at_commit<DB: Backend>(error: &sqlx::Error, ends: Ends) -> bool {
+    if classify::is_unavailable::<DB>(error) || transient::<DB>(error) {
+        return false;
+    }
+    if RolledBack::find(error).is_some() {
+        return !ends.nested;
+    }
+    matches!(error, sqlx::Error::Database(_))
+}
+
 fn transient<DB: Backend>(error: &sqlx::Error) -> bool {
     classify::is_transient::<DB>(error)
 }
@@ -848,6 +880,8 @@ enum Ended<E> {
 enum Failure<E> {
     Body(E),
     BusinessKey(&'static str),
+    /// The commit failed (see [`fails_at_commit`]).
+    Commit(sqlx::Error),
 }
 
 /// One message's outcome in a [`BatchOutcome`].
@@ -862,6 +896,15 @@ pub enum BatchItem<E> {
     /// committed. Retry or dead-letter it as the single form's errors
     /// ([`AckPolicy`](crate::AckPolicy) decides on the error).
     Failed(E),
+    /// The body succeeded, but the transaction of this message alone failed at its
+    /// `COMMIT` (or the check before it) with this error: a deferred constraint
+    /// (PostgreSQL `23503` at `COMMIT`, SQLite `787`), or a statement error the body
+    /// swallowed (PostgreSQL then rolls the transaction back: [`RolledBack`]). Nothing of
+    /// it committed. A batch whose commit fails that way splits down to the message, as
+    /// for a failure of the body. Retry or dead-letter it as
+    /// [`AckPolicy`](crate::AckPolicy) decides on the error (the handler's error type
+    /// cannot hold the database's, hence a variant of its own).
+    CommitFailed(sqlx::Error),
     /// The same id as the message at index `first`, earlier in this batch (a broker's
     /// redelivery within one fetch): that message's outcome is this one's too.
     SameAs {
@@ -929,9 +972,10 @@ impl<E> BatchOutcome<E> {
         self.count(|item| matches!(item, BatchItem::InProgress(_)))
     }
 
-    /// Messages the body failed on alone.
+    /// Messages that failed alone: in the body ([`BatchItem::Failed`]) or at the commit
+    /// ([`BatchItem::CommitFailed`]).
     pub fn failed(&self) -> usize {
-        self.count(|item| matches!(item, BatchItem::Failed(_)))
+        self.count(|item| matches!(item, BatchItem::Failed(_) | BatchItem::CommitFailed(_)))
     }
 
     /// How many times a failing transaction was split in two.
