@@ -6,7 +6,7 @@ CREATE TABLE IF NOT EXISTS inbox_messages (
     consumer        VARBINARY(255) NOT NULL,
     message_id      VARBINARY(255) NOT NULL,
     payload         LONGBLOB NULL,
-    headers         BLOB NULL,
+    headers         MEDIUMBLOB NULL,
     ordering_key    VARBINARY(255) NULL,
     received_at     DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     state           TINYINT NOT NULL DEFAULT 0 CHECK (state IN (0, 1, 2, 3)),

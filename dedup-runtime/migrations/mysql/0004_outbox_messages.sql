@@ -9,7 +9,7 @@ CREATE TABLE IF NOT EXISTS outbox_messages (
     slot            VARBINARY(255) NOT NULL,
     destination     VARBINARY(255) NOT NULL,
     payload         LONGBLOB NOT NULL,
-    headers         BLOB NULL,
+    headers         MEDIUMBLOB NULL,
     ordering_key    VARBINARY(255) NULL,
     created_at      DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     state           TINYINT NOT NULL DEFAULT 0 CHECK (state IN (0, 1, 2, 3)),

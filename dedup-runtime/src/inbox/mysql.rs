@@ -38,7 +38,7 @@ impl InboxBackend for MySql {
              consumer        VARBINARY(255) NOT NULL,\n    \
              message_id      VARBINARY(255) NOT NULL,\n    \
              payload         LONGBLOB NULL,\n    \
-             headers         BLOB NULL,\n    \
+             headers         MEDIUMBLOB NULL,\n    \
              ordering_key    VARBINARY(255) NULL,\n    \
              received_at     DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),\n    \
              state           TINYINT NOT NULL DEFAULT 0 CHECK (state IN (0, 1, 2, 3)),\n    \
@@ -60,7 +60,8 @@ impl InboxBackend for MySql {
     }
 
     async fn inbox_create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
-        crate::schema::mysql::create_locked(pool, Self::inbox_ddl(table)).await
+        crate::schema::mysql::create_locked(pool, Self::inbox_ddl(table)).await?;
+        crate::schema::mysql::widen_headers(pool, table).await
     }
 
     async fn inbox_insert<'a>(

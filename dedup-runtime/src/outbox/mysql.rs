@@ -29,7 +29,7 @@ impl OutboxBackend for MySql {
              slot            VARBINARY(255) NOT NULL,\n    \
              destination     VARBINARY(255) NOT NULL,\n    \
              payload         LONGBLOB NOT NULL,\n    \
-             headers         BLOB NULL,\n    \
+             headers         MEDIUMBLOB NULL,\n    \
              ordering_key    VARBINARY(255) NULL,\n    \
              created_at      DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),\n    \
              state           TINYINT NOT NULL DEFAULT 0 CHECK (state IN (0, 1, 2, 3)),\n    \
@@ -60,7 +60,8 @@ impl OutboxBackend for MySql {
     }
 
     async fn outbox_create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
-        crate::schema::mysql::create_locked(pool, Self::outbox_ddl(table)).await
+        crate::schema::mysql::create_locked(pool, Self::outbox_ddl(table)).await?;
+        crate::schema::mysql::widen_headers(pool, table).await
     }
 
     /// A plain insert: InnoDB rolls back only the statement on its duplicate-key error

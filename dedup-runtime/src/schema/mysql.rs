@@ -146,6 +146,35 @@ pub(crate) async fn create_locked(
     conn.close().await
 }
 
+/// An inbox or outbox table made before its `headers` column became `MEDIUMBLOB`: a
+/// `BLOB` holds 65,535 bytes, one less than `MAX_HEADERS_LEN` (on a strict server the
+/// insert failed with 1406; with `sql_mode = ''` the last byte was cut). Widened once;
+/// a table already right is only looked at.
+pub(crate) async fn widen_headers(pool: &Pool<MySql>, table: &Table) -> Result<(), sqlx::Error> {
+    let name = table.name();
+    let (schema, bare) = match name.rsplit_once('.') {
+        Some((schema, bare)) => (Some(schema), bare),
+        None => (None, name),
+    };
+    let data_type: Option<String> = sqlx::query_scalar(
+        "SELECT CAST(DATA_TYPE AS CHAR) FROM information_schema.COLUMNS \
+         WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
+         AND COLUMN_NAME = 'headers'",
+    )
+    .bind(schema)
+    .bind(bare)
+    .fetch_optional(pool)
+    .await?;
+    if data_type.is_some_and(|data_type| data_type.eq_ignore_ascii_case("blob")) {
+        create_locked(
+            pool,
+            vec![format!("ALTER TABLE {name} MODIFY headers MEDIUMBLOB NULL")],
+        )
+        .await?;
+    }
+    Ok(())
+}
+
 /// A worker's or a relay's claim transaction: READ COMMITTED, so no gap locks, and
 /// claiming processes skip each other's rows instead of deadlocking on the index ranges
 /// they scan.
