@@ -142,3 +142,9 @@ mod batch_failed_at_commit;
 // and outbox headers in MEDIUMBLOB, widened by migrate").
 #[path = "regressions/mysql_headers_at_the_limit.rs"]
 mod mysql_headers_at_the_limit;
+
+// Issue 24, item 8: an error text with a NUL byte (PostgreSQL 22021) or of 1 MB (MySQL
+// TEXT) could not be stored in `last_error`, so the failure was never recorded. Fixed in
+// the commit that adds this fixture ("Inbox and outbox: error text stored safely").
+#[path = "regressions/inbox_error_text_stored_safely.rs"]
+mod inbox_error_text_stored_safely;

@@ -178,6 +178,31 @@ pub(crate) async fn retry_transient<DB: Backend, T, F: Future<Output = Result<T,
     }
 }
 
+/// The most of an error's text (in bytes) that a row's `last_error` keeps (inbox and
+/// outbox): far under MySQL's `TEXT` (65,535 bytes) with the attempt prefix and the marker.
+pub(crate) const MAX_ERROR_TEXT_LEN: usize = 4096;
+
+/// An error's text as a row's `last_error` stores it: NUL bytes (which PostgreSQL's `text`
+/// refuses) replaced by U+FFFD, and a text longer than [`MAX_ERROR_TEXT_LEN`] cut at a
+/// character boundary, with a marker that says so and how long it was.
+pub(crate) fn error_text(text: String) -> String {
+    let mut text = if text.contains('\0') {
+        text.replace('\0', "\u{FFFD}")
+    } else {
+        text
+    };
+    if text.len() > MAX_ERROR_TEXT_LEN {
+        let full = text.len();
+        let mut cut = MAX_ERROR_TEXT_LEN;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push_str(&format!(" [cut: {full} bytes in all]"));
+    }
+    text
+}
+
 pub(crate) fn micros(duration: Duration) -> i64 {
     i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
 }
@@ -302,5 +327,22 @@ impl Hints {
         self.last_ms
             .compare_exchange(last, now, Relaxed, Relaxed)
             .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MAX_ERROR_TEXT_LEN, error_text};
+
+    #[test]
+    fn error_text_replaces_nul_and_cuts_at_a_char_boundary() {
+        assert_eq!(error_text("a\0b".into()), "a\u{FFFD}b");
+        assert_eq!(error_text("short".into()), "short");
+        let long = "é".repeat(MAX_ERROR_TEXT_LEN); // 2 bytes each
+        let stored = error_text(long.clone());
+        assert!(stored.len() < MAX_ERROR_TEXT_LEN + 64, "{}", stored.len());
+        assert!(stored.ends_with(&format!(" [cut: {} bytes in all]", long.len())));
+        let exact = "x".repeat(MAX_ERROR_TEXT_LEN);
+        assert_eq!(error_text(exact.clone()), exact);
     }
 }

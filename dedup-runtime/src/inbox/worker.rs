@@ -514,7 +514,9 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                     tracing::debug!(%error, attempt, "inbox: transient failure; running the transaction again");
                     tokio::time::sleep(crate::retry::backoff(attempt)).await;
                 }
-                Attempt::Transient(error) => break Err(error.to_string()),
+                Attempt::Transient(error) => {
+                    break Err(crate::queue::error_text(error.to_string()));
+                }
                 Attempt::Lost => {
                     tracing::warn!(
                         consumer = inbox.consumer,
@@ -643,7 +645,9 @@ impl<DB: Backend> Worker<'_, DB> {
                         Ok(false) => Some(Attempt::Lost),
                         Err(error) => Some(Attempt::Transient(error)),
                     },
-                    Err(error) => Some(Attempt::Failed(error.to_string())),
+                    Err(error) => {
+                        Some(Attempt::Failed(crate::queue::error_text(error.to_string())))
+                    }
                 }
             } else {
                 Some(Attempt::Lost)

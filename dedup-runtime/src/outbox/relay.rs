@@ -329,7 +329,7 @@ impl<'p, DB: Backend> Relay<'p, DB> {
                 }
             }
             Err(error) => {
-                let text = error.to_string();
+                let text = crate::queue::error_text(error.to_string());
                 let dead = message.attempt >= self.max_attempts;
                 let delay = micros(jittered(self.base_delay, self.max_delay, message.attempt));
                 let failed = retry_transient::<DB, _, _>(|| {
