@@ -245,6 +245,45 @@ pub struct Found {
     pub(crate) remaining_us: Option<i64>,
 }
 
+impl Found {
+    /// The `state` and microseconds-left columns at `at` and `at + 1` of a PostgreSQL row
+    /// (`state` is a `smallint`).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn from_postgres(
+        row: &sqlx::postgres::PgRow,
+        at: usize,
+    ) -> Result<Found, sqlx::Error> {
+        use sqlx::Row;
+        Ok(Found {
+            state: row.try_get::<Option<i16>, _>(at)?.map(i64::from),
+            remaining_us: row.try_get(at + 1)?,
+        })
+    }
+
+    /// The same of a MySQL or MariaDB row (`state` is a `TINYINT`).
+    #[cfg(feature = "mysql")]
+    pub(crate) fn from_mysql(row: &sqlx::mysql::MySqlRow, at: usize) -> Result<Found, sqlx::Error> {
+        use sqlx::Row;
+        Ok(Found {
+            state: row.try_get::<Option<i8>, _>(at)?.map(i64::from),
+            remaining_us: row.try_get(at + 1)?,
+        })
+    }
+
+    /// The same of an SQLite row.
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn from_sqlite(
+        row: &sqlx::sqlite::SqliteRow,
+        at: usize,
+    ) -> Result<Found, sqlx::Error> {
+        use sqlx::Row;
+        Ok(Found {
+            state: row.try_get(at)?,
+            remaining_us: row.try_get(at + 1)?,
+        })
+    }
+}
+
 #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
 impl Found {
     /// A processed row (also what every row of a 0.1 table, which has no `state`, is).

@@ -94,10 +94,7 @@ impl BatchBackend for MySql {
                 Err(error) => return Err(error),
             };
             for row in rows {
-                let row_found = Found {
-                    state: row.try_get::<Option<i8>, _>(1)?.map(i64::from),
-                    remaining_us: row.try_get(2)?,
-                };
+                let row_found = Found::from_mysql(&row, 1)?;
                 found.push((row.try_get(0)?, row_found));
             }
         }

@@ -51,10 +51,7 @@ impl BatchBackend for Postgres {
             .await?;
         rows.into_iter()
             .map(|row| {
-                let found = Found {
-                    state: row.try_get::<Option<i16>, _>(1)?.map(i64::from),
-                    remaining_us: row.try_get(2)?,
-                };
+                let found = Found::from_postgres(&row, 1)?;
                 Ok((row.try_get(0)?, found))
             })
             .collect()

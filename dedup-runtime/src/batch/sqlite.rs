@@ -79,10 +79,7 @@ impl BatchBackend for Sqlite {
                 Err(error) => return Err(error),
             };
             for row in rows {
-                let row_found = Found {
-                    state: row.try_get(1)?,
-                    remaining_us: row.try_get(2)?,
-                };
+                let row_found = Found::from_sqlite(&row, 1)?;
                 found.push((row.try_get(0)?, row_found));
             }
         }

@@ -2,7 +2,7 @@
 //! transaction out of autocommit mode, and a checked commit.
 
 use sqlx::mysql::MySqlConnection;
-use sqlx::{Connection, MySql, Row, Transaction};
+use sqlx::{Connection, MySql, Transaction};
 
 use super::{ClaimBackend, Claimed, Claiming, Statements, Tx};
 use crate::classify::mysql::{ENGLISH, ER_BAD_FIELD, ER_DUP_ENTRY, error_number};
@@ -76,13 +76,7 @@ impl ClaimBackend for MySql {
             }
             Err(error) => return Err(error),
         };
-        row.map(|row| {
-            Ok(Found {
-                state: row.try_get::<Option<i8>, _>(0)?.map(i64::from),
-                remaining_us: row.try_get(1)?,
-            })
-        })
-        .transpose()
+        row.map(|row| Found::from_mysql(&row, 0)).transpose()
     }
 
     /// In the handler's own transaction the row becomes the one its checked commit

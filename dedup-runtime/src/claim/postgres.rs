@@ -65,10 +65,7 @@ impl ClaimBackend for Postgres {
         if row.try_get::<Option<bool>, _>(1)?.is_none() {
             return Ok(Claiming::Found(None));
         }
-        Ok(Claiming::Found(Some(Found {
-            state: row.try_get::<Option<i16>, _>(2)?.map(i64::from),
-            remaining_us: row.try_get(3)?,
-        })))
+        Ok(Claiming::Found(Some(Found::from_postgres(&row, 2)?)))
     }
 
     async fn inspect<'c>(
@@ -82,13 +79,7 @@ impl ClaimBackend for Postgres {
             .bind(id)
             .fetch_optional(conn)
             .await?;
-        row.map(|row| {
-            Ok(Found {
-                state: row.try_get::<Option<i16>, _>(0)?.map(i64::from),
-                remaining_us: row.try_get(1)?,
-            })
-        })
-        .transpose()
+        row.map(|row| Found::from_postgres(&row, 0)).transpose()
     }
 
     async fn take_over<'c>(

@@ -2,7 +2,7 @@
 //! `INSERT … ON CONFLICT DO NOTHING`, and a commit that notices an automatic rollback.
 
 use sqlx::sqlite::SqliteConnection;
-use sqlx::{Connection, Row, Sqlite, Transaction};
+use sqlx::{Connection, Sqlite, Transaction};
 
 use sqlx_core::transaction::TransactionManager;
 
@@ -71,13 +71,7 @@ impl ClaimBackend for Sqlite {
             }
             Err(error) => return Err(error),
         };
-        row.map(|row| {
-            Ok(Found {
-                state: row.try_get(0)?,
-                remaining_us: row.try_get(1)?,
-            })
-        })
-        .transpose()
+        row.map(|row| Found::from_sqlite(&row, 0)).transpose()
     }
 
     async fn take_over<'c>(

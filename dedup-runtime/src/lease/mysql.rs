@@ -4,8 +4,8 @@
 //! commit checks first that the mark is still in it (InnoDB ends a transaction by itself
 //! on a deadlock: the body's later writes would go into a new one).
 
+use sqlx::MySql;
 use sqlx::mysql::MySqlConnection;
-use sqlx::{MySql, Row};
 
 use super::{Found, LeaseBackend, LeaseKey, LeaseSql, LeaseStatements};
 use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
@@ -72,13 +72,7 @@ impl LeaseBackend for MySql {
             .bind(key.id)
             .fetch_optional(conn)
             .await?;
-        row.map(|row| {
-            Ok(Found {
-                state: row.try_get::<Option<i8>, _>(0)?.map(i64::from),
-                remaining_us: row.try_get(1)?,
-            })
-        })
-        .transpose()
+        row.map(|row| Found::from_mysql(&row, 0)).transpose()
     }
 
     async fn lease_owned<'c>(

@@ -2,8 +2,8 @@
 //! completion's checked commit (a `SET LOCAL` in front of `COMMIT` that fails in a
 //! transaction a swallowed error aborted).
 
+use sqlx::Postgres;
 use sqlx::postgres::{PgConnection, PgDatabaseError};
-use sqlx::{Postgres, Row};
 
 use super::{Found, LeaseBackend, LeaseKey, LeaseSql, LeaseStatements, execute_numbered};
 use crate::rolled_back::RolledBack;
@@ -51,13 +51,7 @@ impl LeaseBackend for Postgres {
             .bind(key.id)
             .fetch_optional(conn)
             .await?;
-        row.map(|row| {
-            Ok(Found {
-                state: row.try_get::<Option<i16>, _>(0)?.map(i64::from),
-                remaining_us: row.try_get(1)?,
-            })
-        })
-        .transpose()
+        row.map(|row| Found::from_postgres(&row, 0)).transpose()
     }
 
     async fn lease_owned<'c>(

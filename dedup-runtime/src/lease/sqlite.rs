@@ -1,8 +1,8 @@
 //! SQLite leases: numbered parameters, times as `processed_at`'s ISO 8601 text in UTC, and
 //! a completion transaction that takes the write lock up front (`BEGIN IMMEDIATE`).
 
+use sqlx::Sqlite;
 use sqlx::sqlite::SqliteConnection;
-use sqlx::{Row, Sqlite};
 
 use super::{Found, LeaseBackend, LeaseKey, LeaseSql, LeaseStatements, execute_numbered};
 use crate::rolled_back::RolledBack;
@@ -48,13 +48,7 @@ impl LeaseBackend for Sqlite {
             .bind(key.id)
             .fetch_optional(conn)
             .await?;
-        row.map(|row| {
-            Ok(Found {
-                state: row.try_get(0)?,
-                remaining_us: row.try_get(1)?,
-            })
-        })
-        .transpose()
+        row.map(|row| Found::from_sqlite(&row, 0)).transpose()
     }
 
     async fn lease_owned<'c>(
