@@ -261,7 +261,7 @@ async fn main() -> Result<(), Error> {
             let shutdown = async move {
                 let _ = stopped.wait_for(|stop| *stop).await;
             };
-            worker.run(&Apply, shutdown).await;
+            worker.run(&Apply, shutdown).await?;
             Ok(())
         });
     }

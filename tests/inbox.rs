@@ -191,7 +191,7 @@ macro_rules! inbox_suite {
                         hold: Some(hold),
                         ..Effects::default()
                     };
-                    configure(inbox.worker()).run(&handler, stop.notified()).await;
+                    configure(inbox.worker()).run(&handler, stop.notified()).await.unwrap();
                     handler.runs.load(Ordering::SeqCst)
                 })
             }
@@ -974,7 +974,7 @@ macro_rules! inbox_suite {
                 let hold = Arc::new(Hold::default());
                 // No heartbeat while it is paused.
                 let task = held_worker(&pool, &consumer, &hold, |worker| {
-                    worker.heartbeat(Duration::from_secs(3600))
+                    worker.lease(Duration::from_secs(7200)).heartbeat(Duration::from_secs(3600))
                 });
                 timeout(PATIENCE, hold.entered.notified())
                     .await
@@ -1567,7 +1567,10 @@ async fn postgres_workers_wake_on_a_hint_and_survive_a_killed_listener() {
             let inbox = Inbox::new(&pool, &consumer).unwrap();
             // A poll interval of a minute: only a hint makes it look within the test.
             let worker = inbox.worker().poll_interval(Duration::from_secs(60));
-            worker.run(&Count(processed), stop.notified()).await;
+            worker
+                .run(&Count(processed), stop.notified())
+                .await
+                .unwrap();
         }
     });
     let observer = dedup_suite::postgres().await;

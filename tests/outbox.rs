@@ -462,7 +462,10 @@ macro_rules! outbox_suite {
                     let (pool, outbox, recorder) =
                         (pool.clone(), outbox.clone(), recorder.clone());
                     async move {
-                        let relay = outbox.relay(&pool).heartbeat(Duration::from_secs(3600));
+                        let relay = outbox
+                            .relay(&pool)
+                            .lease(Duration::from_secs(7200))
+                            .heartbeat(Duration::from_secs(3600));
                         relay.relay_batch(&*recorder).await
                     }
                 });
@@ -575,7 +578,7 @@ macro_rules! outbox_suite {
                         (pool.clone(), outbox.clone(), recorder.clone(), stop.clone());
                     async move {
                         let relay = outbox.relay(&pool).poll_interval(Duration::from_millis(20));
-                        relay.run(&*recorder, stop.notified()).await;
+                        relay.run(&*recorder, stop.notified()).await.unwrap();
                     }
                 });
                 let cause = Cause::new("outbox-run", "evt_1").unwrap();
@@ -974,7 +977,7 @@ async fn postgres_relay_wakes_on_a_hint() {
         async move {
             // A poll interval of a minute: only a hint makes it look within the test.
             let relay = outbox.relay(&pool).poll_interval(Duration::from_secs(60));
-            relay.run(&*recorder, stop.notified()).await;
+            relay.run(&*recorder, stop.notified()).await.unwrap();
         }
     });
     let observer = dedup_suite::postgres().await;

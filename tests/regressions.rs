@@ -148,3 +148,41 @@ mod mysql_headers_at_the_limit;
 // the commit that adds this fixture ("Inbox and outbox: error text stored safely").
 #[path = "regressions/inbox_error_text_stored_safely.rs"]
 mod inbox_error_text_stored_safely;
+
+// Issue 24, item 11: a PostgreSQL (and SQLite) worker processed its claim in the order
+// `UPDATE … RETURNING` gave the rows, not in receive order. Fixed in the commit that adds
+// this fixture ("Inbox: a claim is processed in receive order on every backend").
+#[path = "regressions/inbox_claim_in_receive_order.rs"]
+mod inbox_claim_in_receive_order;
+
+// Issue 24, item 7: overlapping `receive_batch` calls inserted in the callers' orders and
+// deadlocked (PostgreSQL 40P01, MariaDB 1213), the error reaching the caller. Fixed in the
+// commit that adds this fixture ("Inbox receive_batch: rows in key order, transient
+// failures retried; MariaDB splits by max_allowed_packet").
+#[path = "regressions/receive_batch_overlapping_deadlocked.rs"]
+mod receive_batch_overlapping_deadlocked;
+
+// Issue 24, item 6: MariaDB's `receive_batch` split by rows only: 20 messages of 1 MiB
+// went over `max_allowed_packet` and reset the connection on every delivery. Fixed in the
+// same commit.
+#[path = "regressions/receive_batch_over_max_allowed_packet.rs"]
+mod receive_batch_over_max_allowed_packet;
+
+// Issue 24, item 9: PostgreSQL, `Relay::run` and `Worker::run` held one of the pool's
+// connections for their LISTEN: on a pool of one, every claim timed out, forever. Fixed
+// in the commit that adds this fixture ("PostgreSQL: the hints' listener on a connection
+// of its own, outside the pool").
+#[path = "regressions/one_connection_pool_listener.rs"]
+mod one_connection_pool_listener;
+
+// Issue 24, item 10: at shutdown, an inbox worker released its claim's unstarted rows
+// only after the message in hand finished. Fixed in the commit that adds this fixture
+// ("Inbox shutdown: the unstarted rows released at the signal").
+#[path = "regressions/inbox_shutdown_released_late.rs"]
+mod inbox_shutdown_released_late;
+
+// Issue 24, item 18: a worker's or relay's heartbeat as long as its lease, or longer,
+// silently turned renewal off. Fixed in the commit that adds this fixture ("Workers and
+// relays refuse a heartbeat not shorter than the lease").
+#[path = "regressions/heartbeat_not_under_lease.rs"]
+mod heartbeat_not_under_lease;

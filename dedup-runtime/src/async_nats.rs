@@ -183,10 +183,10 @@ mod tests {
 /// use dedup_runtime::async_nats::JetStreamPublisher;
 /// use dedup_runtime::outbox::Outbox;
 ///
-/// # async fn relay(pool: sqlx::PgPool, client: async_nats::Client) {
+/// # async fn relay(pool: sqlx::PgPool, client: async_nats::Client) -> Result<(), Box<dyn std::error::Error>> {
 /// let publisher = JetStreamPublisher::new(async_nats::jetstream::new(client));
-/// Outbox::new().relay(&pool).run(&publisher, std::future::pending()).await;
-/// # }
+/// Outbox::new().relay(&pool).run(&publisher, std::future::pending()).await?;
+/// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]
 pub struct JetStreamPublisher {

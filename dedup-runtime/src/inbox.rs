@@ -72,6 +72,7 @@ use sqlx::{Database, Pool};
 use crate::backend::Backend;
 use crate::key::{InvalidMessageId, MessageId, MessageKey};
 use crate::ledger::{InvalidConsumer, check_consumer};
+use crate::queue::retry_transient;
 use crate::schema::{InvalidTableName, Table};
 
 #[cfg(feature = "mysql")]
@@ -248,6 +249,15 @@ pub enum InboxError {
     },
     /// The database failed; nothing can be assumed stored: do not acknowledge.
     Database(sqlx::Error),
+    /// The worker's heartbeat is not shorter than its lease: a claim would run out
+    /// between two renewals. Refused by [`Worker::process_batch`] and [`Worker::run`]
+    /// before they claim anything.
+    HeartbeatNotUnderLease {
+        /// [`Worker::heartbeat`].
+        heartbeat: std::time::Duration,
+        /// [`Worker::lease`].
+        lease: std::time::Duration,
+    },
 }
 
 impl fmt::Display for InboxError {
@@ -260,6 +270,12 @@ impl fmt::Display for InboxError {
                 table.name()
             ),
             InboxError::Database(error) => write!(f, "inbox: {error}"),
+            InboxError::HeartbeatNotUnderLease { heartbeat, lease } => write!(
+                f,
+                "the inbox worker's heartbeat ({heartbeat:?}) is not shorter than its lease \
+                 ({lease:?}): its claims would run out between renewals; set a heartbeat of \
+                 at most a third of the lease, or leave it unset"
+            ),
         }
     }
 }
@@ -269,6 +285,7 @@ impl std::error::Error for InboxError {
         match self {
             InboxError::Refused(refused) => Some(refused),
             InboxError::MissingTable { error, .. } | InboxError::Database(error) => Some(error),
+            InboxError::HeartbeatNotUnderLease { .. } => None,
         }
     }
 }
@@ -414,14 +431,16 @@ pub trait InboxBackend: Database {
         table: &'a Table,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 
-    /// Releases `owner`'s claimed rows unstarted: pending again, their attempt not
-    /// counted; how many.
+    /// Releases `owner`'s claimed rows unstarted, all but `except` (the message in hand;
+    /// `""`, which no message id is, for none): pending again, their attempt not counted;
+    /// how many.
     #[doc(hidden)]
     fn inbox_release<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,
         consumer: &'a str,
         owner: &'a Owner,
+        except: &'a str,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 }
 
@@ -705,9 +724,12 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
         let row = self
             .check(&message)
             .inspect_err(|_| self.count_received("refused", 1))?;
-        let stored = DB::inbox_insert(self.pool, &self.table, &self.consumer, &[row])
-            .await
-            .map_err(|error| self.classify(error))?;
+        let rows = [row];
+        let stored = retry_transient::<DB, _, _>(|| {
+            DB::inbox_insert(self.pool, &self.table, &self.consumer, &rows)
+        })
+        .await
+        .map_err(|error| self.classify(error))?;
         Ok(if stored.first().copied().unwrap_or(false) {
             self.count_received("stored", 1);
             self.hint().await;
@@ -718,12 +740,21 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
         })
     }
 
-    /// Stores many messages in one statement (per [`MAX_BATCH`] of them), for consumers
-    /// that acknowledge in batches: one answer per message, in their order. A message
-    /// refused (a bad id, a payload over the limit) gets its `Err` and the others are
-    /// stored; the same id twice in the batch is one row, and the second answer says
+    /// Stores many messages in one statement (per [`MAX_BATCH`] of them; on MySQL and
+    /// MariaDB also per what fits the server's `max_allowed_packet`), for consumers that
+    /// acknowledge in batches: one answer per message, in their order. A message refused
+    /// (a bad id, a payload over the limit) gets its `Err` and the others are stored; the
+    /// same id twice in the batch is one row, and the second answer says
     /// [`Received::DuplicateInBatch`]. `Err` for the whole call only when the database
-    /// failed: then nothing is known to be stored.
+    /// failed: then nothing is known to be stored (a deadlock or lock timeout, which
+    /// stored nothing, is tried again first).
+    ///
+    /// Receive order is the batch's order (a worker claims by due time, then receive
+    /// order; the messages of one ordering key run in it). Two batches at the same moment
+    /// with ids in common do not fail: on PostgreSQL the rows are inserted in the ids'
+    /// byte order whatever the batch's order, so that they wait for each other instead of
+    /// deadlocking; on MariaDB, whose deadlocks are found at once, and everywhere, a
+    /// deadlock or lock timeout is tried again.
     pub async fn receive_batch(
         &self,
         messages: &[Incoming<'_>],
@@ -761,9 +792,13 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
                     )
                 })
                 .unzip();
-            let stored = DB::inbox_insert(self.pool, &self.table, &self.consumer, &chunk)
-                .await
-                .map_err(|error| self.classify(error))?;
+            // A deadlock or a lock timeout rolled the statement back: nothing of it was
+            // stored; insert it again, as the claims do.
+            let stored = retry_transient::<DB, _, _>(|| {
+                DB::inbox_insert(self.pool, &self.table, &self.consumer, &chunk)
+            })
+            .await
+            .map_err(|error| self.classify(error))?;
             for (index, stored) in indexes.into_iter().zip(stored) {
                 answers[index] = Some(Ok(if stored {
                     Received::Stored

@@ -268,7 +268,7 @@ mod tests {
 ///
 /// # async fn relay(pool: sqlx::PgPool, connection: lapin::Connection) -> Result<(), Box<dyn std::error::Error>> {
 /// let publisher = RabbitMqPublisher::new(connection.create_channel().await?, "").await?;
-/// Outbox::new().relay(&pool).run(&publisher, std::future::pending()).await;
+/// Outbox::new().relay(&pool).run(&publisher, std::future::pending()).await?;
 /// # Ok(()) }
 /// ```
 #[derive(Debug, Clone)]

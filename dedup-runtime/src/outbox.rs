@@ -528,6 +528,15 @@ pub enum OutboxError {
     },
     /// The database failed.
     Database(sqlx::Error),
+    /// The relay's heartbeat is not shorter than its lease: a claim would run out between
+    /// two renewals. Refused by [`Relay::relay_batch`](Relay::relay_batch) and
+    /// [`Relay::run`](Relay::run) before they claim anything.
+    HeartbeatNotUnderLease {
+        /// [`Relay::heartbeat`](Relay::heartbeat).
+        heartbeat: Duration,
+        /// [`Relay::lease`](Relay::lease).
+        lease: Duration,
+    },
 }
 
 impl fmt::Display for OutboxError {
@@ -547,6 +556,12 @@ impl fmt::Display for OutboxError {
                 table.name()
             ),
             OutboxError::Database(error) => write!(f, "outbox: {error}"),
+            OutboxError::HeartbeatNotUnderLease { heartbeat, lease } => write!(
+                f,
+                "the outbox relay's heartbeat ({heartbeat:?}) is not shorter than its lease \
+                 ({lease:?}): its claims would run out between renewals; set a heartbeat of \
+                 at most a third of the lease, or leave it unset"
+            ),
         }
     }
 }
@@ -555,7 +570,7 @@ impl std::error::Error for OutboxError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             OutboxError::Refused(refused) => Some(refused),
-            OutboxError::Conflict { .. } => None,
+            OutboxError::Conflict { .. } | OutboxError::HeartbeatNotUnderLease { .. } => None,
             OutboxError::MissingTable { error, .. } | OutboxError::Database(error) => Some(error),
         }
     }

@@ -81,6 +81,10 @@ pub(crate) struct Shutdown<'a> {
     pub(crate) deadline: Duration,
     /// The deadline's timer, from when the signal was first seen complete.
     pub(crate) cutoff: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Rows of the claim released while the message in hand finished, not yet counted.
+    pub(crate) released: usize,
+    /// The claim's other rows were released while its message in hand finished.
+    pub(crate) released_early: bool,
 }
 
 impl Shutdown<'_> {

@@ -30,6 +30,75 @@ use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
 use crate::schema::Table;
 use crate::schema::mysql::{Arg, READ_COMMITTED, placeholders, update_found};
 
+/// What a batch may weigh, all its rows' bytes together, before its insert reads the
+/// server's `max_allowed_packet` to split it: far under any server's.
+const SMALL_BATCH: usize = 1 << 20;
+
+/// What a statement keeps free of `max_allowed_packet` for its text and its parameters'
+/// framing.
+const PACKET_SLACK: usize = 64 << 10;
+
+/// The bytes a row adds to the batch insert: its values, and a little for their framing.
+fn row_bytes(row: &Row<'_>) -> usize {
+    row.id.len()
+        + row.payload.len()
+        + row.headers.map_or(0, <[u8]>::len)
+        + row.ordering_key.map_or(0, str::len)
+        + 2 * 255 // the consumer (bound once per row) and the receipt, at most
+        + 64
+}
+
+/// Inserts `rows` in one statement with a new receipt, then reads which of them carry it:
+/// those it stored.
+async fn insert_group(
+    conn: &mut MySqlConnection,
+    table: &Table,
+    consumer: &str,
+    rows: &[Row<'_>],
+) -> Result<Vec<bool>, sqlx::Error> {
+    let receipt = crate::lease::new_token();
+    let mut sql = format!(
+        "INSERT INTO {} (consumer, message_id, payload, headers, ordering_key, receipt) VALUES ",
+        table.name()
+    );
+    for index in 0..rows.len() {
+        if index > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str("(?, ?, ?, ?, ?, ?)");
+    }
+    // A no-op update: the existing row stays as it was, receipt included.
+    sql.push_str(" ON DUPLICATE KEY UPDATE consumer = consumer");
+    let mut insert = sqlx::query(AssertSqlSafe(sql));
+    for row in rows {
+        insert = insert
+            .bind(consumer)
+            .bind(row.id)
+            .bind(row.payload)
+            .bind(row.headers)
+            .bind(row.ordering_key)
+            .bind(&receipt[..]);
+    }
+    let mut check = format!(
+        "SELECT CAST(message_id AS CHAR) FROM {} WHERE consumer = ? AND receipt = ? \
+             AND message_id IN (",
+        table.name()
+    );
+    for index in 0..rows.len() {
+        check.push_str(if index > 0 { ", ?" } else { "?" });
+    }
+    check.push(')');
+    let mut select = sqlx::query_scalar::<_, String>(AssertSqlSafe(check))
+        .bind(consumer)
+        .bind(&receipt[..]);
+    for row in rows {
+        select = select.bind(row.id);
+    }
+    insert.execute(&mut *conn).await?;
+    let stored: HashSet<String> = select.fetch_all(&mut *conn).await?.into_iter().collect();
+    Ok(rows.iter().map(|row| stored.contains(row.id)).collect())
+}
+
 impl InboxBackend for MySql {
     fn inbox_ddl(table: &Table) -> Vec<String> {
         vec![format!(
@@ -92,48 +161,37 @@ impl InboxBackend for MySql {
                 Err(error) => Err(error),
             };
         }
-        let receipt = crate::lease::new_token();
-        let mut sql = format!(
-            "INSERT INTO {} (consumer, message_id, payload, headers, ordering_key, receipt) VALUES ",
-            table.name()
-        );
-        for index in 0..rows.len() {
-            if index > 0 {
-                sql.push_str(", ");
-            }
-            sql.push_str("(?, ?, ?, ?, ?, ?)");
-        }
-        // A no-op update: the existing row stays as it was, receipt included.
-        sql.push_str(" ON DUPLICATE KEY UPDATE consumer = consumer");
-        let mut insert = sqlx::query(AssertSqlSafe(sql));
-        for row in rows {
-            insert = insert
-                .bind(consumer)
-                .bind(row.id)
-                .bind(row.payload)
-                .bind(row.headers)
-                .bind(row.ordering_key)
-                .bind(&receipt[..]);
-        }
-        let mut check = format!(
-            "SELECT CAST(message_id AS CHAR) FROM {} WHERE consumer = ? AND receipt = ? \
-             AND message_id IN (",
-            table.name()
-        );
-        for index in 0..rows.len() {
-            check.push_str(if index > 0 { ", ?" } else { "?" });
-        }
-        check.push(')');
-        let mut select = sqlx::query_scalar::<_, String>(AssertSqlSafe(check))
-            .bind(consumer)
-            .bind(&receipt[..]);
-        for row in rows {
-            select = select.bind(row.id);
-        }
         let mut conn = pool.acquire().await?;
-        insert.execute(&mut *conn).await?;
-        let stored: HashSet<String> = select.fetch_all(&mut *conn).await?.into_iter().collect();
-        Ok(rows.iter().map(|row| stored.contains(row.id)).collect())
+        // One statement must fit the server's `max_allowed_packet` (16 MiB by default on
+        // MariaDB): a batch of large messages goes in groups under it. Read only when the
+        // batch is large enough to matter.
+        let bytes: usize = rows.iter().map(row_bytes).sum();
+        let budget = if bytes <= SMALL_BATCH {
+            usize::MAX
+        } else {
+            let packet: u64 = sqlx::query_scalar("SELECT @@max_allowed_packet")
+                .fetch_one(&mut *conn)
+                .await?;
+            usize::try_from(packet)
+                .unwrap_or(usize::MAX)
+                .saturating_sub(PACKET_SLACK)
+                .max(1)
+        };
+        let mut stored = Vec::with_capacity(rows.len());
+        let mut rest = rows;
+        while !rest.is_empty() {
+            // At least one row per statement; as many more as fit the budget.
+            let mut take = 1;
+            let mut size = row_bytes(&rest[0]);
+            while take < rest.len() && size + row_bytes(&rest[take]) <= budget {
+                size += row_bytes(&rest[take]);
+                take += 1;
+            }
+            let (group, after) = rest.split_at(take);
+            stored.extend(insert_group(&mut conn, table, consumer, group).await?);
+            rest = after;
+        }
+        Ok(stored)
     }
 
     async fn inbox_bury<'a>(
@@ -370,6 +428,7 @@ impl InboxBackend for MySql {
         table: &'a Table,
         consumer: &'a str,
         owner: &'a Owner,
+        except: &'a str,
     ) -> Result<u64, sqlx::Error> {
         update_found(
             pool,
@@ -380,8 +439,12 @@ impl InboxBackend for MySql {
                 &[],
             ),
             (
-                "consumer = ? AND state = 1 AND owner = ?",
-                &[Arg::Text(consumer), Arg::Bytes(&owner[..])],
+                "consumer = ? AND state = 1 AND owner = ? AND message_id <> ?",
+                &[
+                    Arg::Text(consumer),
+                    Arg::Bytes(&owner[..]),
+                    Arg::Text(except),
+                ],
             ),
         )
         .await

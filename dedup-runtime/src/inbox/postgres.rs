@@ -123,13 +123,24 @@ impl InboxBackend for Postgres {
                 .await?;
             return Ok(vec![done.rows_affected() == 1]);
         }
+        // Receive order is the batch's: each row's `seq` is drawn in the batch's order
+        // (PostgreSQL evaluates `nextval` after the sort of its own query level), and the
+        // rows share one receive time (a worker claims by due time, then `seq`). The rows
+        // are inserted in the primary key's order (the id's bytes), one order for every
+        // batch, so that two overlapping batches wait for each other instead of
+        // deadlocking.
+        let name = table.name();
         let sql = format!(
-            "INSERT INTO {} (consumer, message_id, payload, headers, ordering_key) \
-             SELECT $1, id, payload, headers, ordering_key \
-             FROM unnest($2::text[], $3::bytea[], $4::bytea[], $5::text[]) \
-             AS m (id, payload, headers, ordering_key) \
-             ON CONFLICT DO NOTHING RETURNING message_id",
-            table.name()
+            "WITH numbered AS (SELECT id, payload, headers, ordering_key, \
+             nextval(pg_get_serial_sequence('{name}', 'seq')) AS seq, now \
+             FROM unnest($2::text[], $3::bytea[], $4::bytea[], $5::text[]) WITH ORDINALITY \
+             AS m (id, payload, headers, ordering_key, position), \
+             (SELECT clock_timestamp() AS now) AS received ORDER BY position) \
+             INSERT INTO {name} (consumer, message_id, payload, headers, ordering_key, seq, \
+             received_at, next_attempt_at) OVERRIDING SYSTEM VALUE \
+             SELECT $1, id, payload, headers, ordering_key, seq, now, now FROM numbered \
+             ORDER BY id COLLATE \"C\" \
+             ON CONFLICT DO NOTHING RETURNING message_id"
         );
         let ids: Vec<&str> = rows.iter().map(|row| row.id).collect();
         let payloads: Vec<&[u8]> = rows.iter().map(|row| row.payload).collect();
@@ -191,11 +202,17 @@ impl InboxBackend for Postgres {
              ORDER BY lease_until, seq LIMIT $4 FOR UPDATE SKIP LOCKED) {returning}"
         );
         let head = head(name);
+        // `UPDATE … RETURNING` returns its rows in no particular order: sorted again, in
+        // the claim's order (due time, then receive order), as the other backends return
+        // them.
         let pending = format!(
-            "UPDATE {name} {set} WHERE (consumer, message_id) IN (\
+            "WITH claimed AS (UPDATE {name} {set} WHERE (consumer, message_id) IN (\
              SELECT consumer, message_id FROM {name} AS m WHERE consumer = $1 AND state = 0 \
              AND next_attempt_at <= clock_timestamp() AND {head} \
-             ORDER BY next_attempt_at, seq LIMIT $4 FOR UPDATE SKIP LOCKED) {returning}"
+             ORDER BY next_attempt_at, seq LIMIT $4 FOR UPDATE SKIP LOCKED) \
+             {returning}, next_attempt_at, seq) \
+             SELECT message_id, payload, headers, attempts, ordering_key FROM claimed \
+             ORDER BY next_attempt_at, seq"
         );
         let mut rows = sqlx::query(AssertSqlSafe(expired))
             .bind(consumer)
@@ -324,8 +341,19 @@ impl InboxBackend for Postgres {
 
     type Wakeup = sqlx::postgres::PgListener;
 
+    /// The listener has a connection of its own, outside `pool`'s count (a pool of its
+    /// own with one connection, to the same server with the same options): a `LISTEN`
+    /// holds its connection for as long as the worker or relay runs, and on a pool of one
+    /// it would leave nothing for the claims.
     async fn inbox_listen<'a>(pool: &'a Pool<Self>, table: &'a Table) -> Option<Self::Wakeup> {
-        let mut listener = match sqlx::postgres::PgListener::connect_with(pool).await {
+        let own = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .min_connections(0)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .acquire_timeout(std::time::Duration::from_secs(10))
+            .connect_lazy_with(pool.connect_options().as_ref().clone());
+        let mut listener = match sqlx::postgres::PgListener::connect_with(&own).await {
             Ok(listener) => listener,
             Err(error) => {
                 tracing::debug!(%error, "inbox: LISTEN failed; the worker polls");
@@ -366,15 +394,17 @@ impl InboxBackend for Postgres {
         table: &'a Table,
         consumer: &'a str,
         owner: &'a Owner,
+        except: &'a str,
     ) -> Result<u64, sqlx::Error> {
         let sql = format!(
             "UPDATE {} SET state = 0, owner = NULL, lease_until = NULL, attempts = attempts - 1 \
-             WHERE consumer = $1 AND owner = $2 AND state = 1",
+             WHERE consumer = $1 AND owner = $2 AND state = 1 AND message_id <> $3",
             table.name()
         );
         let done = sqlx::query(AssertSqlSafe(sql))
             .bind(consumer)
             .bind(&owner[..])
+            .bind(except)
             .execute(pool)
             .await?;
         Ok(done.rows_affected())

@@ -162,7 +162,7 @@ impl InboxBackend for Sqlite {
              AND (m.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {name} AS e \
              WHERE e.consumer = m.consumer AND e.ordering_key = m.ordering_key \
              AND e.seq < m.seq AND e.state <> 2)) \
-             ORDER BY next_attempt_at, seq LIMIT ?4) {returning}"
+             ORDER BY next_attempt_at, seq LIMIT ?4) {returning}, next_attempt_at, seq"
         );
         let mut rows = sqlx::query(AssertSqlSafe(expired))
             .bind(consumer)
@@ -174,15 +174,23 @@ impl InboxBackend for Sqlite {
             .await?;
         let left = i64::from(limit) - rows.len() as i64;
         if left > 0 {
-            rows.extend(
-                sqlx::query(AssertSqlSafe(pending))
-                    .bind(consumer)
-                    .bind(&owner[..])
-                    .bind(lease_us)
-                    .bind(left)
-                    .fetch_all(pool)
-                    .await?,
-            );
+            let mut pending = sqlx::query(AssertSqlSafe(pending))
+                .bind(consumer)
+                .bind(&owner[..])
+                .bind(lease_us)
+                .bind(left)
+                .fetch_all(pool)
+                .await?;
+            // `RETURNING` returns its rows in no particular order: sorted again, in the
+            // claim's order (due time, then receive order). The times are ISO 8601 text in
+            // UTC of one width: they sort as text.
+            pending.sort_by_cached_key(|row| {
+                (
+                    row.try_get::<String, _>(5).unwrap_or_default(),
+                    row.try_get::<i64, _>(6).unwrap_or(i64::MAX),
+                )
+            });
+            rows.extend(pending);
         }
         rows.into_iter()
             .map(|row| {
@@ -306,15 +314,17 @@ impl InboxBackend for Sqlite {
         table: &'a Table,
         consumer: &'a str,
         owner: &'a Owner,
+        except: &'a str,
     ) -> Result<u64, sqlx::Error> {
         let sql = format!(
             "UPDATE {} SET state = 0, owner = NULL, lease_until = NULL, attempts = attempts - 1 \
-             WHERE consumer = ?1 AND owner = ?2 AND state = 1",
+             WHERE consumer = ?1 AND owner = ?2 AND state = 1 AND message_id <> ?3",
             table.name()
         );
         let done = sqlx::query(AssertSqlSafe(sql))
             .bind(consumer)
             .bind(&owner[..])
+            .bind(except)
             .execute(pool)
             .await?;
         Ok(done.rows_affected())

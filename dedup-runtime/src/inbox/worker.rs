@@ -192,7 +192,10 @@ impl<'p, DB: Backend> Worker<'p, DB> {
 
     /// How often the heartbeat renews the lease of the claimed rows (a third of the lease
     /// by default; at least 1 ms). Keep it well under the lease: a renewal is a statement
-    /// on a connection of its own, and may wait behind a busy database.
+    /// on a connection of its own, and may wait behind a busy database. One not shorter
+    /// than the lease would let every claim run out between two renewals:
+    /// [`process_batch`](Self::process_batch) and [`run`](Self::run) refuse it with
+    /// [`InboxError::HeartbeatNotUnderLease`] before they claim anything.
     pub fn heartbeat(self, interval: Duration) -> Self {
         Worker {
             heartbeat: Some(interval.max(Duration::from_millis(1))),
@@ -213,6 +216,17 @@ impl<'p, DB: Backend> Worker<'p, DB> {
 
     fn heartbeat_interval(&self) -> Duration {
         heartbeat_interval(self.heartbeat, self.lease)
+    }
+
+    /// Refuses a heartbeat that is not shorter than the lease.
+    fn check(&self) -> Result<(), InboxError> {
+        match self.heartbeat {
+            Some(heartbeat) if heartbeat >= self.lease => Err(InboxError::HeartbeatNotUnderLease {
+                heartbeat,
+                lease: self.lease,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Attempts per message before its row is dead (at least 1).
@@ -276,7 +290,9 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     /// their worker gone. Returns what it did; `claimed == 0` when nothing was due.
     ///
     /// While it works through the claim, a heartbeat renews the lease of the rows not
-    /// finished yet ([`heartbeat`](Self::heartbeat)).
+    /// finished yet ([`heartbeat`](Self::heartbeat)); a heartbeat not shorter than the
+    /// lease is refused ([`InboxError::HeartbeatNotUnderLease`]) before anything is
+    /// claimed.
     pub async fn process_batch<H: InboxHandler<DB>>(
         &self,
         handler: &H,
@@ -293,7 +309,11 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         handler: &H,
         mut stop: Option<&mut Shutdown<'_>>,
     ) -> Result<Batch, InboxError> {
+        self.check()?;
         let claims = self.claim().await?;
+        if let Some(stop) = stop.as_mut() {
+            stop.released_early = false;
+        }
         let mut batch = Batch {
             claimed: claims.messages.len(),
             dead: claims.buried,
@@ -331,6 +351,9 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                 Ok::<(), InboxError>(())
             };
             self.renewing(&claims.owner, &granted, work).await?;
+        }
+        if let Some(stop) = stop.as_mut() {
+            batch.released += std::mem::take(&mut stop.released);
         }
         let consumer = &self.inbox.consumer;
         for (outcome, count) in [
@@ -440,9 +463,10 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     /// their attempt not counted; how many.
     pub async fn release(&self, claims: &Claims) -> Result<usize, InboxError> {
         let inbox = &self.inbox;
-        let released = DB::inbox_release(inbox.pool, &inbox.table, &inbox.consumer, &claims.owner)
-            .await
-            .map_err(|error| self.classify(error))?;
+        let released =
+            DB::inbox_release(inbox.pool, &inbox.table, &inbox.consumer, &claims.owner, "")
+                .await
+                .map_err(|error| self.classify(error))?;
         Ok(released as usize)
     }
 
@@ -484,11 +508,39 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                 None => transaction.await,
                 Some(stop) => {
                     let mut transaction = std::pin::pin!(transaction);
+                    // Once the signal has come, the claim's other rows are released at
+                    // once, while the message in hand finishes (it keeps its row).
+                    let release = || {
+                        DB::inbox_release(
+                            inbox.pool,
+                            &inbox.table,
+                            &inbox.consumer,
+                            owner,
+                            &message.id,
+                        )
+                    };
+                    let mut releasing = None;
                     let ended = std::future::poll_fn(|context| {
                         if let Poll::Ready(ended) = transaction.as_mut().poll(context) {
                             return Poll::Ready(Some(ended));
                         }
-                        stop.poll_deadline(context).map(|()| None)
+                        let deadline = stop.poll_deadline(context);
+                        if stop.done && !stop.released_early {
+                            let pending = releasing.get_or_insert_with(|| Box::pin(release()));
+                            if let Poll::Ready(released) = pending.as_mut().poll(context) {
+                                stop.released_early = true;
+                                match released {
+                                    Ok(count) => stop.released += count as usize,
+                                    // The release after the message in hand does it.
+                                    Err(error) => tracing::debug!(
+                                        %error,
+                                        "inbox worker: releasing the claim's other rows at the \
+                                         shutdown failed; released after the message in hand"
+                                    ),
+                                }
+                            }
+                        }
+                        deadline.map(|()| None)
                     })
                     .await;
                     match ended {
@@ -572,26 +624,34 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     /// nothing was due. Graceful: once `shutdown` has completed, it claims nothing more,
     /// releases the claimed rows not started yet at once for other workers, gives the
     /// message in hand up to the [`shutdown_deadline`](Self::shutdown_deadline) to finish
-    /// (then cancels its handler, rolls it back and releases its row too), and returns. A
-    /// database failure is logged and retried after the poll interval, so that a worker
-    /// outlives an outage.
+    /// (then cancels its handler, rolls it back and releases its row too), and returns
+    /// `Ok(())`. A database failure is logged and retried after the poll interval, so that
+    /// a worker outlives an outage: the only `Err` is a configuration refused at the start,
+    /// before anything is claimed (a [`heartbeat`](Self::heartbeat) not shorter than the
+    /// [`lease`](Self::lease): [`InboxError::HeartbeatNotUnderLease`]).
+    ///
+    /// On PostgreSQL it listens for hints on a connection of its own, outside the pool's
+    /// count: a pool of one connection is enough.
     pub async fn run<H: InboxHandler<DB>>(
         &self,
         handler: &H,
         shutdown: impl Future<Output = ()> + Send,
-    ) {
+    ) -> Result<(), InboxError> {
+        self.check()?;
         let mut shutdown = Shutdown {
             future: std::pin::pin!(shutdown),
             done: false,
             deadline: self.shutdown_deadline,
             cutoff: None,
+            released: 0,
+            released_early: false,
         };
         // PostgreSQL: a LISTEN connection for the receivers' hints (`notify_workers`).
         let mut idle =
             Idle::new(self.inbox.pool, &self.inbox.table, self.poll, self.max_poll).await;
         loop {
             if shutdown.check() {
-                return;
+                return Ok(());
             }
             let nothing = match self.process_until(handler, Some(&mut shutdown)).await {
                 Ok(batch) => batch.claimed == 0,
@@ -605,7 +665,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                 continue;
             }
             if shutdown.done || !idle.wait(&mut shutdown).await {
-                return;
+                return Ok(());
             }
         }
     }

@@ -173,7 +173,10 @@ impl<'p, DB: Backend> Relay<'p, DB> {
     }
 
     /// How often the heartbeat renews the lease of the claimed rows (a third of the lease
-    /// by default; at least 1 ms).
+    /// by default; at least 1 ms). One not shorter than the lease would let every claim
+    /// run out between two renewals: [`relay_batch`](Self::relay_batch) and
+    /// [`run`](Self::run) refuse it with [`OutboxError::HeartbeatNotUnderLease`] before
+    /// they claim anything.
     pub fn heartbeat(self, interval: Duration) -> Self {
         Relay {
             heartbeat: Some(interval.max(Duration::from_millis(1))),
@@ -223,6 +226,19 @@ impl<'p, DB: Backend> Relay<'p, DB> {
         heartbeat_interval(self.heartbeat, self.lease)
     }
 
+    /// Refuses a heartbeat that is not shorter than the lease.
+    fn check(&self) -> Result<(), OutboxError> {
+        match self.heartbeat {
+            Some(heartbeat) if heartbeat >= self.lease => {
+                Err(OutboxError::HeartbeatNotUnderLease {
+                    heartbeat,
+                    lease: self.lease,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
     fn classify(&self, error: sqlx::Error) -> OutboxError {
         self.outbox.classify::<DB>(error)
     }
@@ -243,6 +259,7 @@ impl<'p, DB: Backend> Relay<'p, DB> {
         publisher: &P,
         mut stop: Option<&mut Shutdown<'_>>,
     ) -> Result<Relayed, OutboxError> {
+        self.check()?;
         let (pool, table) = (self.pool, &self.outbox.table);
         let lease = micros(self.lease);
         let (batch, max_attempts) = (self.batch, self.max_attempts);
@@ -364,24 +381,33 @@ impl<'p, DB: Backend> Relay<'p, DB> {
     /// Relays batches until `shutdown` completes, waiting the poll interval whenever
     /// nothing was due. Graceful: once `shutdown` has completed, the send in hand is
     /// finished, the claimed rows not sent yet are released at once for another relay,
-    /// and `run` returns. A database failure is logged and retried after the poll
-    /// interval, so that a relay outlives an outage.
+    /// and `run` returns `Ok(())`. A database failure is logged and retried after the
+    /// poll interval, so that a relay outlives an outage: the only `Err` is a
+    /// configuration refused at the start, before anything is claimed (a
+    /// [`heartbeat`](Self::heartbeat) not shorter than the [`lease`](Self::lease):
+    /// [`OutboxError::HeartbeatNotUnderLease`]).
+    ///
+    /// On PostgreSQL it listens for hints on a connection of its own, outside the pool's
+    /// count: a pool of one connection is enough.
     pub async fn run<P: Publisher>(
         &self,
         publisher: &P,
         shutdown: impl Future<Output = ()> + Send,
-    ) {
+    ) -> Result<(), OutboxError> {
+        self.check()?;
         let mut shutdown = Shutdown {
             future: std::pin::pin!(shutdown),
             done: false,
             deadline: Duration::MAX,
             cutoff: None,
+            released: 0,
+            released_early: false,
         };
         // PostgreSQL: a LISTEN connection for the handlers' hints (`Outbox::hint`).
         let mut idle = Idle::new(self.pool, &self.outbox.table, self.poll, self.max_poll).await;
         loop {
             if shutdown.check() {
-                return;
+                return Ok(());
             }
             let nothing = match self.relay_until(publisher, Some(&mut shutdown)).await {
                 Ok(relayed) => relayed.claimed == 0,
@@ -395,7 +421,7 @@ impl<'p, DB: Backend> Relay<'p, DB> {
                 continue;
             }
             if shutdown.done || !idle.wait(&mut shutdown).await {
-                return;
+                return Ok(());
             }
         }
     }
