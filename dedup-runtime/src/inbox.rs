@@ -58,6 +58,18 @@
 //! database's only write lock from its start: no other worker claims anything meanwhile,
 //! and the transaction renews the claim's other rows before it commits.
 //!
+//! **SQLite: a receipt waits for the handler in hand.** Receiving writes too, so on SQLite
+//! [`Inbox::receive`] waits while a worker's handler transaction is open — up to the
+//! connection's busy timeout (sqlx's default is 5 s; `SqliteConnectOptions::busy_timeout`
+//! sets it). Past it, the receipt fails with SQLite's `SQLITE_BUSY`
+//! ([`InboxError::Database`], a transient failure for
+//! [`Failure::of`](crate::Failure::of)): nothing was stored, do not acknowledge, and the
+//! broker redelivers. So that the broker is acknowledged at once, keep handler
+//! transactions short (well under the busy timeout): do slow calls outside the database
+//! in an `#[idempotent(effect = "send-first", lease = "…")]` handler, whose call runs with
+//! no transaction open, or put the inbox on PostgreSQL or MariaDB, whose receipts never
+//! wait for a handler.
+//!
 //! The table, `inbox_messages` by default, comes from [`migrate`] (or [`migrate_table`]),
 //! or from the shipped `0003_inbox_messages.sql` of your backend ([`schema_sql`] prints
 //! it). Its rows: `state` 0 pending, 1 claimed by a worker (`owner`, `lease_until`), 2
@@ -159,6 +171,11 @@ impl<'a> Incoming<'a> {
     /// failing message holds up the later ones of its key only (until it succeeds, or is
     /// re-queued or discarded once dead). Checked as message ids are (1 to 255 bytes, no
     /// NUL).
+    ///
+    /// Receive order: a message received after another one's [`Inbox::receive`] (or
+    /// [`Inbox::receive_batch`]) returned runs after it; within one batch, the batch's
+    /// order. Two receipts of one key at the same moment, from two receivers, have no
+    /// order between them (the one stored first may be seen second).
     pub fn ordering_key(mut self, key: &'a str) -> Self {
         self.ordering_key = Some(key);
         self

@@ -293,14 +293,19 @@ pub(crate) fn batch_ran(
     }
 }
 
-/// Adds `count` to `dedup_outbox_relayed_total{outcome}`.
+/// Adds `count` to `dedup_outbox_relayed_total{table, outcome}`. The outbox's label is
+/// its table: one outbox table serves every consumer of a process, and two outboxes are
+/// two tables.
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn outbox_count(outcome: &'static str, count: u64) {
+pub(crate) fn outbox_count(table: &str, outcome: &'static str, count: u64) {
     #[cfg(feature = "metrics")]
     if count > 0 {
         let key = metrics::Key::from_parts(
             "dedup_outbox_relayed_total",
-            vec![metrics::Label::from_static_parts("outcome", outcome)],
+            vec![
+                metrics::Label::new("table", table.to_owned()),
+                metrics::Label::from_static_parts("outcome", outcome),
+            ],
         );
         metrics::with_recorder(|recorder| {
             recorder.register_counter(&key, &METADATA).increment(count);
@@ -308,19 +313,18 @@ pub(crate) fn outbox_count(outcome: &'static str, count: u64) {
     }
 }
 
-/// Sets the outbox gauge `name` (with a label, if any).
+/// Sets the outbox gauge `name` of `table` (with one more label, if any).
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn outbox_gauge(
     name: &'static str,
+    table: &str,
     label: Option<(&'static str, &'static str)>,
     value: f64,
 ) {
     #[cfg(feature = "metrics")]
     {
-        let labels: Vec<metrics::Label> = label
-            .map(|(key, value)| metrics::Label::from_static_parts(key, value))
-            .into_iter()
-            .collect();
+        let mut labels = vec![metrics::Label::new("table", table.to_owned())];
+        labels.extend(label.map(|(key, value)| metrics::Label::from_static_parts(key, value)));
         let key = metrics::Key::from_parts(name, labels);
         metrics::with_recorder(|recorder| recorder.register_gauge(&key, &METADATA).set(value));
     }

@@ -416,8 +416,17 @@ impl<'a> Outgoing<'a> {
         }
     }
 
-    /// An ordering key: the relay sends the messages of one key one at a time, in the
-    /// order they were enqueued.
+    /// An ordering key: the relay sends the messages of one key one at a time, each once
+    /// the ones before it are sent (or dead and then re-queued or discarded).
+    ///
+    /// Which order: **a message enqueued after another of its key committed is sent after
+    /// it** — whatever the number of producers and relays. That is the order a reader of
+    /// the table can see: a transaction still open is invisible, so of two messages in
+    /// transactions open at the same time, the one committed first may go first even if
+    /// it was enqueued second (the relay does not wait for a transaction it cannot see);
+    /// once both are committed before the relay reaches the key, they go in enqueue order.
+    /// To send a key's messages in the order your code decided, enqueue them in one
+    /// transaction, or each after the previous one committed.
     pub fn ordering_key(self, key: &'a str) -> Self {
         Outgoing {
             ordering_key: Some(key),
@@ -754,8 +763,8 @@ impl Outbox {
 
     /// The outbox's rows by state, how long the oldest unsent one has waited and when a
     /// relay last ran (all on the database's clock); also recorded as the gauges
-    /// `dedup_outbox_rows{state}`, `dedup_outbox_oldest_unsent_seconds` and
-    /// `dedup_outbox_relay_last_seen_seconds` (feature `metrics`).
+    /// `dedup_outbox_rows{table, state}`, `dedup_outbox_oldest_unsent_seconds{table}` and
+    /// `dedup_outbox_relay_last_seen_seconds{table}` (feature `metrics`).
     pub async fn stats<DB: Backend>(&self, pool: &Pool<DB>) -> Result<OutboxStats, OutboxError> {
         let (unsent, claimed, sent, dead, oldest, seen) = DB::outbox_stats(pool, &self.table)
             .await
@@ -776,16 +785,23 @@ impl Outbox {
             ("sent", stats.sent),
             ("dead", stats.dead),
         ] {
-            crate::metrics::outbox_gauge("dedup_outbox_rows", Some(("state", state)), n as f64);
+            crate::metrics::outbox_gauge(
+                "dedup_outbox_rows",
+                self.table.name(),
+                Some(("state", state)),
+                n as f64,
+            );
         }
         crate::metrics::outbox_gauge(
             "dedup_outbox_oldest_unsent_seconds",
+            self.table.name(),
             None,
             stats.oldest_unsent.map_or(0.0, |age| age.as_secs_f64()),
         );
         if let Some(seen) = stats.relay_last_seen {
             crate::metrics::outbox_gauge(
                 "dedup_outbox_relay_last_seen_seconds",
+                self.table.name(),
                 None,
                 seen.as_secs_f64(),
             );

@@ -319,6 +319,8 @@ impl<'p, DB: Backend> Worker<'p, DB> {
             dead: claims.buried,
             ..Batch::default()
         };
+        // What was processed before an error ended the batch is counted all the same.
+        let mut ended = Ok(());
         if !claims.messages.is_empty() {
             let granted = Granted::new();
             let work = async {
@@ -350,7 +352,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                 }
                 Ok::<(), InboxError>(())
             };
-            self.renewing(&claims.owner, &granted, work).await?;
+            ended = self.renewing(&claims.owner, &granted, work).await;
         }
         if let Some(stop) = stop.as_mut() {
             batch.released += std::mem::take(&mut stop.released);
@@ -370,6 +372,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                 count as u64,
             );
         }
+        ended?;
         Ok(batch)
     }
 

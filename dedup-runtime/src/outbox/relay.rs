@@ -308,7 +308,9 @@ impl<'p, DB: Backend> Relay<'p, DB> {
             Ok::<(), OutboxError>(())
         };
         let renew = || DB::outbox_renew(pool, table, &owner, lease);
-        with_heartbeat::<DB, _, _>(self.heartbeat_interval(), &granted, renew, work).await?;
+        // What was sent before an error ended the batch is counted all the same.
+        let ended =
+            with_heartbeat::<DB, _, _>(self.heartbeat_interval(), &granted, renew, work).await;
         for (outcome, count) in [
             ("sent", relayed.sent),
             ("lost", relayed.lost),
@@ -316,8 +318,9 @@ impl<'p, DB: Backend> Relay<'p, DB> {
             ("dead", relayed.dead),
             ("released", relayed.released),
         ] {
-            crate::metrics::outbox_count(outcome, count as u64);
+            crate::metrics::outbox_count(table.name(), outcome, count as u64);
         }
+        ended?;
         Ok(relayed)
     }
 
