@@ -70,6 +70,26 @@ pub async fn mysql() -> MySqlPool {
     server("MariaDB", &mysql_url(), "DEDUP_TEST_MYSQL_URL").await
 }
 
+/// A pool on the test MariaDB whose sessions run with `sql_mode = ''` (MySQL 5.6's
+/// default, still common): a value too long for its column is cut, not refused. For the
+/// limits' tests, which must see a value stored whole there too. Not migrated.
+///
+/// # Panics
+/// When the server cannot be reached.
+pub async fn mysql_lenient() -> MySqlPool {
+    sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(4)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                sqlx::Executor::execute(conn, "SET SESSION sql_mode = ''").await?;
+                Ok(())
+            })
+        })
+        .connect(&mysql_url())
+        .await
+        .unwrap_or_else(|error| panic!("MariaDB is not reachable at {}: {error}", mysql_url()))
+}
+
 /// A pool of 12 on the server at `url`, migrated; a loud failure when it is unreachable.
 async fn server<DB: dedup_runtime::Backend>(name: &str, url: &str, variable: &str) -> Pool<DB> {
     let pool = PoolOptions::<DB>::new()

@@ -57,6 +57,15 @@ pub(crate) async fn with_heartbeat<DB: Backend, T, R: Future<Output = Result<u64
     done
 }
 
+/// `heartbeat` when it is set and not shorter than `lease`: a claim would run out between
+/// two renewals, so workers and relays refuse it before they claim anything.
+pub(crate) fn heartbeat_not_under(
+    heartbeat: Option<Duration>,
+    lease: Duration,
+) -> Option<Duration> {
+    heartbeat.filter(|heartbeat| *heartbeat >= lease)
+}
+
 /// How often a claim's heartbeat renews its lease: `heartbeat` if set, else a third of
 /// `lease`; at least 1 ms.
 pub(crate) fn heartbeat_interval(heartbeat: Option<Duration>, lease: Duration) -> Duration {
@@ -83,11 +92,23 @@ pub(crate) struct Shutdown<'a> {
     pub(crate) cutoff: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Rows of the claim released while the message in hand finished, not yet counted.
     pub(crate) released: usize,
-    /// The claim's other rows were released while its message in hand finished.
-    pub(crate) released_early: bool,
 }
 
-impl Shutdown<'_> {
+impl<'a> Shutdown<'a> {
+    /// The signal `future`, giving the message in hand `deadline` once it has completed.
+    pub(crate) fn new(
+        future: Pin<&'a mut (dyn Future<Output = ()> + Send)>,
+        deadline: Duration,
+    ) -> Self {
+        Shutdown {
+            future,
+            done: false,
+            deadline,
+            cutoff: None,
+            released: 0,
+        }
+    }
+
     /// Whether the signal has completed, without waiting (between messages).
     pub(crate) fn check(&mut self) -> bool {
         if !self.done {

@@ -12,7 +12,6 @@ use dedup_runtime::inbox::{self, Inbox, InboxError, Incoming, Refused};
 use dedup_runtime::outbox::{self, Cause, InvalidCause, MAX_NAME_LEN, Outbox, OutboxError};
 use dedup_runtime::{MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN};
 use dedup_suite::{unique, unique_table};
-use sqlx::Executor;
 
 /// `len` bytes: two-byte characters, and an ASCII letter first when `len` is odd.
 fn text(len: usize) -> String {
@@ -212,7 +211,7 @@ backend!(
 backend!(
     mysql_lenient,
     db = sqlx::MySql,
-    pool = Box::new(lenient().await),
+    pool = Box::new(dedup_suite::mysql_lenient().await),
     length = "CAST(LENGTH({}) AS SIGNED)",
     p = "?"
 );
@@ -223,19 +222,3 @@ backend!(
     length = "length(CAST({} AS BLOB))",
     p = "?1"
 );
-
-/// MariaDB sessions with `sql_mode = ''`: a value too long for its column is cut, not
-/// refused.
-async fn lenient() -> sqlx::MySqlPool {
-    sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(4)
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                conn.execute("SET SESSION sql_mode = ''").await?;
-                Ok(())
-            })
-        })
-        .connect(&dedup_suite::mysql_url())
-        .await
-        .unwrap()
-}

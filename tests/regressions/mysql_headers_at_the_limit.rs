@@ -8,23 +8,8 @@
 use dedup_runtime::inbox::{Inbox, InboxError, Incoming, MAX_HEADERS_LEN, Refused};
 use dedup_runtime::outbox::{self, Cause, Outbox, OutboxError};
 use dedup_suite::{unique, unique_table};
-use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
-use sqlx::{AssertSqlSafe, Executor};
-
-/// A pool whose sessions run with `sql_mode = ''` (too-long values truncated, not refused).
-async fn lenient() -> MySqlPool {
-    MySqlPoolOptions::new()
-        .max_connections(4)
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                conn.execute("SET SESSION sql_mode = ''").await?;
-                Ok(())
-            })
-        })
-        .connect(&dedup_suite::mysql_url())
-        .await
-        .unwrap()
-}
+use sqlx::AssertSqlSafe;
+use sqlx::mysql::MySqlPool;
 
 async fn length(pool: &MySqlPool, sql: String, key: &str) -> Option<i64> {
     sqlx::query_scalar(AssertSqlSafe(sql))
@@ -68,7 +53,7 @@ async fn inbox_headers_at_the_limit_are_stored_whole() {
         .await
         .unwrap();
     downgrade_then_migrate(&strict, &table, true).await;
-    let lenient = lenient().await;
+    let lenient = dedup_suite::mysql_lenient().await;
     let at = vec![b'h'; MAX_HEADERS_LEN];
     let over = vec![b'h'; MAX_HEADERS_LEN + 1];
     for (mode, pool) in [("strict", &strict), ("sql_mode=''", &lenient)] {
@@ -108,7 +93,7 @@ async fn outbox_headers_at_the_limit_are_stored_whole() {
     let table = unique_table("regress_headers_outbox");
     outbox::migrate_table(&strict, &table).await.unwrap();
     downgrade_then_migrate(&strict, &table, false).await;
-    let lenient = lenient().await;
+    let lenient = dedup_suite::mysql_lenient().await;
     let at = vec![b'h'; MAX_HEADERS_LEN];
     let over = vec![b'h'; MAX_HEADERS_LEN + 1];
     let outbox = Outbox::with_table(&table).unwrap();

@@ -79,15 +79,12 @@ async fn insert_group(
             .bind(row.ordering_key)
             .bind(&receipt[..]);
     }
-    let mut check = format!(
+    let check = format!(
         "SELECT CAST(message_id AS CHAR) FROM {} WHERE consumer = ? AND receipt = ? \
-             AND message_id IN (",
-        table.name()
+         AND message_id IN ({})",
+        table.name(),
+        placeholders(rows.len())
     );
-    for index in 0..rows.len() {
-        check.push_str(if index > 0 { ", ?" } else { "?" });
-    }
-    check.push(')');
     let mut select = sqlx::query_scalar::<_, String>(AssertSqlSafe(check))
         .bind(consumer)
         .bind(&receipt[..]);

@@ -13,7 +13,8 @@ use crate::backend::Backend;
 use crate::claim::Tx;
 use crate::lease::{Guarded, Owner, new_token};
 use crate::queue::{
-    Granted, Idle, Shutdown, heartbeat_interval, jittered, micros, retry_transient, with_heartbeat,
+    Granted, Idle, Shutdown, heartbeat_interval, heartbeat_not_under, jittered, micros,
+    retry_transient, with_heartbeat,
 };
 
 use super::{Inbox, InboxError};
@@ -220,12 +221,12 @@ impl<'p, DB: Backend> Worker<'p, DB> {
 
     /// Refuses a heartbeat that is not shorter than the lease.
     fn check(&self) -> Result<(), InboxError> {
-        match self.heartbeat {
-            Some(heartbeat) if heartbeat >= self.lease => Err(InboxError::HeartbeatNotUnderLease {
+        match heartbeat_not_under(self.heartbeat, self.lease) {
+            Some(heartbeat) => Err(InboxError::HeartbeatNotUnderLease {
                 heartbeat,
                 lease: self.lease,
             }),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 
@@ -311,9 +312,6 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     ) -> Result<Batch, InboxError> {
         self.check()?;
         let claims = self.claim().await?;
-        if let Some(stop) = stop.as_mut() {
-            stop.released_early = false;
-        }
         let mut batch = Batch {
             claimed: claims.messages.len(),
             dead: claims.buried,
@@ -522,17 +520,17 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                             &message.id,
                         )
                     };
-                    let mut releasing = None;
+                    let (mut releasing, mut released) = (None, false);
                     let ended = std::future::poll_fn(|context| {
                         if let Poll::Ready(ended) = transaction.as_mut().poll(context) {
                             return Poll::Ready(Some(ended));
                         }
                         let deadline = stop.poll_deadline(context);
-                        if stop.done && !stop.released_early {
+                        if stop.done && !released {
                             let pending = releasing.get_or_insert_with(|| Box::pin(release()));
-                            if let Poll::Ready(released) = pending.as_mut().poll(context) {
-                                stop.released_early = true;
-                                match released {
+                            if let Poll::Ready(result) = pending.as_mut().poll(context) {
+                                released = true;
+                                match result {
                                     Ok(count) => stop.released += count as usize,
                                     // The release after the message in hand does it.
                                     Err(error) => tracing::debug!(
@@ -641,14 +639,8 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), InboxError> {
         self.check()?;
-        let mut shutdown = Shutdown {
-            future: std::pin::pin!(shutdown),
-            done: false,
-            deadline: self.shutdown_deadline,
-            cutoff: None,
-            released: 0,
-            released_early: false,
-        };
+        let signal = std::pin::pin!(shutdown);
+        let mut shutdown = Shutdown::new(signal, self.shutdown_deadline);
         // PostgreSQL: a LISTEN connection for the receivers' hints (`notify_workers`).
         let mut idle =
             Idle::new(self.inbox.pool, &self.inbox.table, self.poll, self.max_poll).await;

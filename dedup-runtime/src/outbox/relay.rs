@@ -12,7 +12,8 @@ use sqlx::Pool;
 use crate::backend::Backend;
 use crate::lease::{Owner, new_token};
 use crate::queue::{
-    Granted, Idle, Shutdown, heartbeat_interval, jittered, micros, retry_transient, with_heartbeat,
+    Granted, Idle, Shutdown, heartbeat_interval, heartbeat_not_under, jittered, micros,
+    retry_transient, with_heartbeat,
 };
 
 use super::{Outbox, OutboxError, OutgoingId};
@@ -228,14 +229,12 @@ impl<'p, DB: Backend> Relay<'p, DB> {
 
     /// Refuses a heartbeat that is not shorter than the lease.
     fn check(&self) -> Result<(), OutboxError> {
-        match self.heartbeat {
-            Some(heartbeat) if heartbeat >= self.lease => {
-                Err(OutboxError::HeartbeatNotUnderLease {
-                    heartbeat,
-                    lease: self.lease,
-                })
-            }
-            _ => Ok(()),
+        match heartbeat_not_under(self.heartbeat, self.lease) {
+            Some(heartbeat) => Err(OutboxError::HeartbeatNotUnderLease {
+                heartbeat,
+                lease: self.lease,
+            }),
+            None => Ok(()),
         }
     }
 
@@ -398,14 +397,8 @@ impl<'p, DB: Backend> Relay<'p, DB> {
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), OutboxError> {
         self.check()?;
-        let mut shutdown = Shutdown {
-            future: std::pin::pin!(shutdown),
-            done: false,
-            deadline: Duration::MAX,
-            cutoff: None,
-            released: 0,
-            released_early: false,
-        };
+        let signal = std::pin::pin!(shutdown);
+        let mut shutdown = Shutdown::new(signal, Duration::MAX);
         // PostgreSQL: a LISTEN connection for the handlers' hints (`Outbox::hint`).
         let mut idle = Idle::new(self.pool, &self.outbox.table, self.poll, self.max_poll).await;
         loop {
