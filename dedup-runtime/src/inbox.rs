@@ -323,6 +323,7 @@ pub const TAKEOVER: u32 = 1;
 
 /// One row to insert, validated.
 #[doc(hidden)]
+#[derive(Clone, Copy)]
 pub struct Row<'a> {
     pub(crate) id: &'a str,
     pub(crate) payload: &'a [u8],
@@ -770,8 +771,10 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
     /// order; the messages of one ordering key run in it). Two batches at the same moment
     /// with ids in common do not fail: on PostgreSQL the rows are inserted in the ids'
     /// byte order whatever the batch's order, so that they wait for each other instead of
-    /// deadlocking; on MariaDB, whose deadlocks are found at once, and everywhere, a
-    /// deadlock or lock timeout is tried again.
+    /// deadlocking; on MySQL and MariaDB the ids already stored are read first, without
+    /// locks, and left out of the insert (a duplicate would lock its row), so that only
+    /// ids new at the same moment can meet; and everywhere a deadlock or lock timeout is
+    /// tried again.
     pub async fn receive_batch(
         &self,
         messages: &[Incoming<'_>],

@@ -48,6 +48,26 @@ fn row_bytes(row: &Row<'_>) -> usize {
         + 64
 }
 
+/// The ids of `rows` the inbox holds already, read without locks (at most
+/// [`super::MAX_BATCH`] ids: one `IN` list).
+async fn present_ids(
+    conn: &mut MySqlConnection,
+    table: &Table,
+    consumer: &str,
+    rows: &[Row<'_>],
+) -> Result<HashSet<String>, sqlx::Error> {
+    let sql = format!(
+        "SELECT CAST(message_id AS CHAR) FROM {} WHERE consumer = ? AND message_id IN ({})",
+        table.name(),
+        placeholders(rows.len())
+    );
+    let mut select = sqlx::query_scalar::<_, String>(AssertSqlSafe(sql)).bind(consumer);
+    for row in rows {
+        select = select.bind(row.id);
+    }
+    Ok(select.fetch_all(&mut *conn).await?.into_iter().collect())
+}
+
 /// Inserts `rows` in one statement with a new receipt, then reads which of them carry it:
 /// those it stored.
 async fn insert_group(
@@ -174,8 +194,19 @@ impl InboxBackend for MySql {
                 .saturating_sub(PACKET_SLACK)
                 .max(1)
         };
-        let mut stored = Vec::with_capacity(rows.len());
-        let mut rest = rows;
+        // The ids already stored (a plain read, no locks) are duplicates and stay out of
+        // the insert: a duplicate costs the insert a lock on the existing row, and
+        // batches at the same moment that meet the same stored ids in other orders would
+        // deadlock on them. Ids stored by another caller meanwhile are still told apart
+        // by the receipt.
+        let present = present_ids(&mut conn, table, consumer, rows).await?;
+        let fresh: Vec<Row<'_>> = rows
+            .iter()
+            .filter(|row| !present.contains(row.id))
+            .copied()
+            .collect();
+        let mut stored_fresh = Vec::with_capacity(fresh.len());
+        let mut rest = &fresh[..];
         while !rest.is_empty() {
             // At least one row per statement; as many more as fit the budget.
             let mut take = 1;
@@ -185,10 +216,14 @@ impl InboxBackend for MySql {
                 take += 1;
             }
             let (group, after) = rest.split_at(take);
-            stored.extend(insert_group(&mut conn, table, consumer, group).await?);
+            stored_fresh.extend(insert_group(&mut conn, table, consumer, group).await?);
             rest = after;
         }
-        Ok(stored)
+        let mut stored_fresh = stored_fresh.into_iter();
+        Ok(rows
+            .iter()
+            .map(|row| !present.contains(row.id) && stored_fresh.next().unwrap_or(false))
+            .collect())
     }
 
     async fn inbox_bury<'a>(
