@@ -89,7 +89,9 @@ mod lease_lost_dead_lettered;
 // The inbox: a message whose handler killed its worker took the rows claimed with it to
 // the dead state (each death counted an attempt of all of them, taken over together).
 // Fixed in the commit that renews an inbox worker's lease by a heartbeat ("Inbox workers:
-// heartbeat, mark at the end, shutdown deadline, one takeover per claim").
+// heartbeat, mark at the end, shutdown deadline, one takeover per claim"); since issue 24,
+// item 5 ("Inbox and relay: connection faults and stopped claims spend no attempt of rows
+// that never started"), the rows claimed with the killer lose no attempt at all.
 #[path = "regressions/inbox_killer_buried_its_claim.rs"]
 mod inbox_killer_buried_its_claim;
 
@@ -216,3 +218,19 @@ mod metrics_outbox_table_and_early_error;
 // it so ("Limits: each at the limit and one over, on every column of every backend").
 #[path = "regressions/limits_fit_every_column.rs"]
 mod limits_fit_every_column;
+
+// Issue 24, item 5: a stopped worker's or relay's claim was taken over one row per claim,
+// each counting another attempt, so rows that never started lost attempts and were buried
+// "the worker stopped". Fixed in "Inbox and relay: connection faults and stopped claims
+// spend no attempt of rows that never started" (taken back in bulk; only the row in hand
+// keeps its attempt).
+#[path = "regressions/stopped_claim_taken_back_in_bulk.rs"]
+mod stopped_claim_taken_back_in_bulk;
+
+// Issue 24, item 5: a claim whose reply was lost failed the call and left its rows held
+// with an attempt counted; a connection cut under the worker's COMMIT counted as the
+// message's failure. Fixed in the same commit (claims tried again under the same owner
+// token, finding the rows they took; the worker's own statements tried again after a lost
+// connection).
+#[path = "regressions/connection_faults_spend_no_attempt.rs"]
+mod connection_faults_spend_no_attempt;

@@ -313,13 +313,25 @@ impl From<Refused> for InboxError {
     }
 }
 
-/// How many rows whose claim's lease ended one claim takes over, first in its batch: one.
-/// A stopped worker's rows were claimed together, and the attempt of each counted; had
-/// the message in hand killed its process, the next worker to take them all would die
-/// with the same rows claimed again. One at a time, a message that kills its process is
-/// alone when it does again, and costs each row claimed with it one attempt at most.
+/// A claimed inbox row whose claim's lease ended, by its id.
 #[doc(hidden)]
-pub const TAKEOVER: u32 = 1;
+pub type Expired = crate::queue::Expired<String>;
+
+/// Takes back, in bulk, the claims whose lease ended ([`crate::queue::take_back`]: the
+/// row in hand keeps its attempt, dead with [`STOPPED`] if it was the last; the others
+/// get theirs back); how many it buried.
+pub(crate) async fn reclaim<DB: Backend>(
+    pool: &Pool<DB>,
+    table: &Table,
+    consumer: &str,
+    max_attempts: u32,
+) -> Result<u64, sqlx::Error> {
+    let expired = DB::inbox_expired(pool, table, consumer).await?;
+    crate::queue::take_back(&expired, max_attempts, |owner, id, dead| {
+        DB::inbox_reclaim(pool, table, consumer, owner, id, dead)
+    })
+    .await
+}
 
 /// One row to insert, validated.
 #[doc(hidden)]
@@ -354,19 +366,35 @@ pub trait InboxBackend: Database {
         rows: &'a [Row<'a>],
     ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send + 'a;
 
-    /// Marks dead the claimed rows whose lease ended with their last attempt (the
-    /// worker stopped during it); how many.
+    /// The claimed rows of every claim whose lease ended (at most [`MAX_BATCH`]), grouped
+    /// by owner, each owner's in the claim's order (due time, then receive order). A
+    /// claim's rows share its lease, but each row's end is its own reading of the clock:
+    /// one row's lease ended is the claim's.
     #[doc(hidden)]
-    fn inbox_bury<'a>(
+    fn inbox_expired<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,
         consumer: &'a str,
-        max_attempts: u32,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<Vec<Expired>, sqlx::Error>> + Send + 'a;
 
-    /// Claims up to `limit` rows for `owner` — first at most [`TAKEOVER`] whose claim's
-    /// lease ended (with attempts left), then pending ones that are due — counting the
-    /// attempt; in that order.
+    /// Takes back the rows of `owner`'s claim, whose lease ended: `first`, the row it had
+    /// in hand, keeps its counted attempt, and is dead with [`STOPPED`] when `dead` (it was
+    /// the last), pending again otherwise; the others are pending again, their attempt
+    /// given back. In one transaction, each statement fenced by the owner token, so that
+    /// two workers taking back at once change each row once. Whether `first` was taken.
+    #[doc(hidden)]
+    fn inbox_reclaim<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+        first: &'a str,
+        dead: bool,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// Claims up to `limit` pending rows that are due (the head of each ordering key) for
+    /// `owner`, counting their attempt; in the claim's order (due time, then receive
+    /// order).
     #[doc(hidden)]
     fn inbox_claim<'a>(
         pool: &'a Pool<Self>,
@@ -375,7 +403,16 @@ pub trait InboxBackend: Database {
         owner: &'a Owner,
         lease_us: i64,
         limit: u32,
-        max_attempts: u32,
+    ) -> impl Future<Output = Result<Vec<InboxMessage>, sqlx::Error>> + Send + 'a;
+
+    /// The rows `owner` holds claimed, in the claim's order: a claim tried again after its
+    /// reply was lost finds the rows it took (their attempt counted once).
+    #[doc(hidden)]
+    fn inbox_held<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
     ) -> impl Future<Output = Result<Vec<InboxMessage>, sqlx::Error>> + Send + 'a;
 
     /// Begins the processing transaction, in the round trip of its `BEGIN`, with what
@@ -550,8 +587,9 @@ pub struct InboxStats {
     not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
     allow(dead_code)
 )]
-const STOPPED: &str = ": the worker stopped before the end of its lease (it crashed, was \
-                       killed, or was paused past it)";
+const STOPPED: &str = ": the worker stopped during this attempt, before the end of its \
+                       lease (it crashed, was killed, lost the database, or was paused past \
+                       the lease)";
 
 /// One consumer's inbox: receive messages into it (and, with a worker, process them).
 pub struct Inbox<'p, DB: Database> {

@@ -66,21 +66,34 @@ mod sqlite;
 use crate::lease::Owner;
 pub use relay::{OutboxMessage, Publisher, Relay, Relayed};
 
-/// How many rows whose claim's lease ended one claim takes over, first in its batch: one,
-/// as the inbox's workers do ([`inbox::TAKEOVER`](crate::inbox::TAKEOVER)).
-#[cfg_attr(
-    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
-    allow(dead_code)
-)]
-const TAKEOVER: u32 = 1;
+/// A claimed outbox row whose claim's lease ended, by its id.
+#[doc(hidden)]
+pub type ExpiredOutgoing = crate::queue::Expired<OutgoingId>;
+
+/// Takes back, in bulk, the claims whose lease ended ([`crate::queue::take_back`]: the
+/// relay sends its claim one row at a time in `seq` order; the row it was sending keeps
+/// its attempt, dead with [`STOPPED`] if it was the last; the others get theirs back); how
+/// many it buried.
+pub(crate) async fn reclaim<DB: Backend>(
+    pool: &Pool<DB>,
+    table: &Table,
+    max_attempts: u32,
+) -> Result<u64, sqlx::Error> {
+    let expired = DB::outbox_expired(pool, table).await?;
+    crate::queue::take_back(&expired, max_attempts, |owner, id, dead| {
+        DB::outbox_reclaim(pool, table, owner, *id, dead)
+    })
+    .await
+}
 
 /// The `last_error` of a row buried because its relay stopped during its last attempt.
 #[cfg_attr(
     not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
     allow(dead_code)
 )]
-const STOPPED: &str = ": the relay stopped before the end of its lease (it crashed, was \
-                       killed, or was paused past it)";
+const STOPPED: &str = ": the relay stopped during this attempt, before the end of its \
+                       lease (it crashed, was killed, lost the database, or was paused past \
+                       the lease)";
 
 /// The default outbox table.
 pub const DEFAULT_TABLE: &str = "outbox_messages";
@@ -1054,18 +1067,32 @@ pub trait OutboxBackend: Database {
         row: &'c Row<'c>,
     ) -> impl Future<Output = Result<Inserted, sqlx::Error>> + Send + 'c;
 
-    /// Marks dead the claimed rows whose lease ended with their last attempt (the relay
-    /// stopped during it); how many.
+    /// The claimed rows of every claim whose lease ended (at most 1,000), grouped by
+    /// owner, each owner's in the claim's order (`seq`). A claim's rows share its lease,
+    /// but each row's end is its own reading of the clock: one row's lease ended is the
+    /// claim's.
     #[doc(hidden)]
-    fn outbox_bury<'a>(
+    fn outbox_expired<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,
-        max_attempts: u32,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<Vec<ExpiredOutgoing>, sqlx::Error>> + Send + 'a;
 
-    /// Claims up to `limit` rows for `owner` — first at most one whose claim's lease
-    /// ended (with attempts left), then unsent ones that are due, the head of each
-    /// ordering key only — counting the attempt, committed; in that order.
+    /// Takes back the rows of `owner`'s claim, whose lease ended: `first`, the row it had
+    /// in hand, keeps its counted attempt, and is dead with [`STOPPED`] when `dead`,
+    /// unsent again otherwise; the others are unsent again, their attempt given back. In
+    /// one transaction, each statement fenced by the owner token. Whether `first` was
+    /// taken.
+    #[doc(hidden)]
+    fn outbox_reclaim<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+        first: OutgoingId,
+        dead: bool,
+    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+
+    /// Claims up to `limit` unsent rows that are due, the head of each ordering key only,
+    /// for `owner`, counting their attempt, committed; in the claim's order (`seq`).
     #[doc(hidden)]
     fn outbox_claim<'a>(
         pool: &'a Pool<Self>,
@@ -1073,7 +1100,15 @@ pub trait OutboxBackend: Database {
         owner: &'a Owner,
         lease_us: i64,
         limit: u32,
-        max_attempts: u32,
+    ) -> impl Future<Output = Result<Vec<OutboxMessage>, sqlx::Error>> + Send + 'a;
+
+    /// The rows `owner` holds claimed, in the claim's order: a claim tried again after its
+    /// reply was lost finds the rows it took (their attempt counted once).
+    #[doc(hidden)]
+    fn outbox_held<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
     ) -> impl Future<Output = Result<Vec<OutboxMessage>, sqlx::Error>> + Send + 'a;
 
     /// The heartbeat: `owner`'s claimed rows get a lease of `lease_us` from now; how many.

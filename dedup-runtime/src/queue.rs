@@ -10,7 +10,7 @@ use std::time::Duration;
 use sqlx::Pool;
 
 use crate::backend::Backend;
-use crate::lease::new_token;
+use crate::lease::{Owner, new_token};
 use crate::schema::Table;
 
 /// Runs `work` with a heartbeat: every `interval`, `renew` (a statement that gives the
@@ -201,6 +201,73 @@ pub(crate) async fn retry_transient<DB: Backend, T, F: Future<Output = Result<T,
             result => return result,
         }
     }
+}
+
+/// A claimed row whose claim's lease ended (its worker or relay stopped: it crashed, was
+/// killed, lost the database, or was paused past the lease), by its key `K`.
+#[doc(hidden)]
+#[derive(Debug, Clone)]
+pub struct Expired<K> {
+    pub(crate) owner: Owner,
+    pub(crate) id: K,
+    pub(crate) attempts: u32,
+}
+
+/// Takes back the stopped claims of `expired` (grouped by owner, each owner's rows in the
+/// claim's order) through `take` (owner, first row, whether it is dead); how many rows it
+/// buried.
+///
+/// A worker (a relay) works through its claim in the claim's order, one row at a time, and
+/// every row of a claim had its attempt counted when it was claimed. So of a stopped
+/// claim's rows, the first is the one in hand: its attempt was spent (a handler that kills
+/// its process spends one per death), and if that was its last it is buried; otherwise it
+/// is due again. The others never started: due again, their attempt given back.
+pub(crate) async fn take_back<'e, K, F>(
+    expired: &'e [Expired<K>],
+    max_attempts: u32,
+    mut take: impl FnMut(&'e Owner, &'e K, bool) -> F,
+) -> Result<u64, sqlx::Error>
+where
+    F: Future<Output = Result<bool, sqlx::Error>>,
+{
+    let mut buried = 0;
+    for claim in expired.chunk_by(|a, b| a.owner == b.owner) {
+        let first = &claim[0];
+        let dead = first.attempts >= max_attempts;
+        if take(&first.owner, &first.id, dead).await? && dead {
+            buried += 1;
+        }
+    }
+    Ok(buried)
+}
+
+/// [`retry_transient`], and also after a lost connection (the reply of a statement that
+/// may have run, a server going away), for the queue's own statements that a second run
+/// makes no worse: claims (tried again under the same owner token, which finds the rows a
+/// lost reply took), take-backs, marks and failures fenced by the owner token, releases.
+/// Not after the pool's own time-out or closing: the pool already waited.
+pub(crate) async fn retry_reachable<DB: Backend, T, F: Future<Output = Result<T, sqlx::Error>>>(
+    mut operation: impl FnMut() -> F,
+) -> Result<T, sqlx::Error> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match operation().await {
+            Err(error) if attempt < crate::retry::MAX_ATTEMPTS && again::<DB>(&error) => {
+                tracing::debug!(%error, attempt, "dedup queue: a statement failed on a transient fault; trying again");
+                tokio::time::sleep(crate::retry::backoff(attempt)).await;
+            }
+            result => return result,
+        }
+    }
+}
+
+/// Whether [`retry_reachable`] runs a statement that failed with `error` again: a
+/// transient failure, or a connection lost.
+pub(crate) fn again<DB: Backend>(error: &sqlx::Error) -> bool {
+    crate::classify::is_transient::<DB>(error)
+        || (!matches!(error, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed)
+            && crate::classify::is_unavailable::<DB>(error))
 }
 
 /// The most of an error's text (in bytes) that a row's `last_error` keeps (inbox and

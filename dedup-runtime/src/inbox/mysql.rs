@@ -14,8 +14,8 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{Connection, Transaction};
 
 use super::{
-    Claimed, InboxBackend, InboxMessage, InboxOperatorBackend, Owner, Row, STOPPED, StatsRow,
-    TAKEOVER,
+    Claimed, Expired, InboxBackend, InboxMessage, InboxOperatorBackend, MAX_BATCH, Owner, Row,
+    STOPPED, StatsRow,
 };
 use crate::rolled_back::RolledBack;
 
@@ -114,6 +114,21 @@ async fn insert_group(
     insert.execute(&mut *conn).await?;
     let stored: HashSet<String> = select.fetch_all(&mut *conn).await?.into_iter().collect();
     Ok(rows.iter().map(|row| stored.contains(row.id)).collect())
+}
+
+/// The columns of a claimed message, as [`message`] reads them.
+const MESSAGE: &str = "CAST(message_id AS CHAR), payload, headers, attempts, \
+                       CAST(ordering_key AS CHAR)";
+
+/// A claimed message from the columns of [`MESSAGE`].
+fn message(row: sqlx::mysql::MySqlRow) -> Result<InboxMessage, sqlx::Error> {
+    Ok(InboxMessage {
+        id: row.try_get(0)?,
+        payload: row.try_get::<Option<Vec<u8>>, _>(1)?.unwrap_or_default(),
+        headers: row.try_get(2)?,
+        ordering_key: row.try_get(4)?,
+        attempt: row.try_get::<i32, _>(3)?.max(0) as u32,
+    })
 }
 
 impl InboxBackend for MySql {
@@ -226,30 +241,114 @@ impl InboxBackend for MySql {
             .collect())
     }
 
-    async fn inbox_bury<'a>(
+    async fn inbox_expired<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,
         consumer: &'a str,
-        max_attempts: u32,
-    ) -> Result<u64, sqlx::Error> {
-        // By primary key (`update_found`): a scan of `work_idx` that locks would deadlock
-        // with a worker's mark, which moves its row's entry in that index.
-        update_found(
-            pool,
-            table.name(),
-            "message_id",
-            (
-                "state = 3, owner = NULL, lease_until = NULL, \
-                 last_error = CONCAT('attempt ', attempts, ?)",
-                &[Arg::Text(STOPPED)],
-            ),
-            (
-                "consumer = ? AND state = 1 AND lease_until <= UTC_TIMESTAMP(6) \
-                 AND attempts >= ?",
-                &[Arg::Text(consumer), Arg::U32(max_attempts)],
-            ),
-        )
-        .await
+    ) -> Result<Vec<Expired>, sqlx::Error> {
+        let sql = format!(
+            "SELECT owner, CAST(message_id AS CHAR), attempts FROM {name} WHERE consumer = ? \
+             AND state = 1 AND owner IN (SELECT owner FROM {name} WHERE consumer = ? \
+             AND state = 1 AND lease_until <= UTC_TIMESTAMP(6)) \
+             ORDER BY owner, next_attempt_at, seq LIMIT ?",
+            name = table.name()
+        );
+        let rows: Vec<(Vec<u8>, String, i32)> = sqlx::query_as(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(consumer)
+            .bind(MAX_BATCH as u32)
+            .fetch_all(pool)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .filter_map(|(owner, id, attempts)| {
+                Some(Expired {
+                    owner: owner.try_into().ok()?,
+                    id,
+                    attempts: attempts.max(0) as u32,
+                })
+            })
+            .collect())
+    }
+
+    /// In one READ COMMITTED transaction, every row by primary key (as `update_found`
+    /// does): the first row by its id, the others by the ids a plain read of the owner's
+    /// rows found, each checked again under its lock.
+    async fn inbox_reclaim<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+        first: &'a str,
+        dead: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let name = table.name();
+        let fence = "consumer = ? AND owner = ? AND state = 1";
+        let first_sql = if dead {
+            format!(
+                "UPDATE {name} SET state = 3, owner = NULL, lease_until = NULL, \
+                 last_error = CONCAT('attempt ', attempts, ?) WHERE {fence} AND message_id = ?"
+            )
+        } else {
+            format!(
+                "UPDATE {name} SET state = 0, owner = NULL, lease_until = NULL \
+                 WHERE {fence} AND message_id = ?"
+            )
+        };
+        let mut tx = pool.begin_with(READ_COMMITTED).await?;
+        let mut first_query = sqlx::query(AssertSqlSafe(first_sql));
+        if dead {
+            first_query = first_query.bind(STOPPED);
+        }
+        let taken = first_query
+            .bind(consumer)
+            .bind(&owner[..])
+            .bind(first)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+            == 1;
+        let find = format!("SELECT message_id FROM {name} WHERE {fence}");
+        let ids: Vec<Vec<u8>> = sqlx::query_scalar(AssertSqlSafe(find))
+            .bind(consumer)
+            .bind(&owner[..])
+            .fetch_all(&mut *tx)
+            .await?;
+        if !ids.is_empty() {
+            let rest = format!(
+                "UPDATE {name} FORCE INDEX (PRIMARY) SET state = 0, owner = NULL, \
+                 lease_until = NULL, attempts = attempts - 1 WHERE {fence} AND message_id IN ({})",
+                placeholders(ids.len())
+            );
+            let mut query = sqlx::query(AssertSqlSafe(rest))
+                .bind(consumer)
+                .bind(&owner[..]);
+            for id in &ids {
+                query = query.bind(id);
+            }
+            query.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(taken)
+    }
+
+    async fn inbox_held<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+    ) -> Result<Vec<InboxMessage>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {MESSAGE} FROM {} WHERE consumer = ? AND owner = ? AND state = 1 \
+             ORDER BY next_attempt_at, seq",
+            table.name()
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(&owner[..])
+            .fetch_all(pool)
+            .await?;
+        rows.into_iter().map(message).collect()
     }
 
     /// `SELECT … FOR UPDATE SKIP LOCKED` (MariaDB 10.6, MySQL 8), then one `UPDATE` of the
@@ -261,41 +360,24 @@ impl InboxBackend for MySql {
         owner: &'a Owner,
         lease_us: i64,
         limit: u32,
-        max_attempts: u32,
     ) -> Result<Vec<InboxMessage>, sqlx::Error> {
         let name = table.name();
         // READ COMMITTED: no gap locks, so that workers claiming at once skip each other's
         // rows instead of deadlocking on the index ranges they scan.
         let mut tx = pool.begin_with(READ_COMMITTED).await?;
-        let expired = format!(
-            "SELECT CAST(message_id AS CHAR) FROM {name} WHERE consumer = ? AND state = 1 \
-             AND lease_until <= UTC_TIMESTAMP(6) AND attempts < ? \
-             ORDER BY lease_until, seq LIMIT ? FOR UPDATE SKIP LOCKED"
+        let pending = format!(
+            "SELECT CAST(message_id AS CHAR) FROM {name} AS m WHERE consumer = ? AND state = 0 \
+             AND next_attempt_at <= UTC_TIMESTAMP(6) \
+             AND (m.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {name} AS e \
+             WHERE e.consumer = m.consumer AND e.ordering_key = m.ordering_key \
+             AND e.seq < m.seq AND e.state <> 2)) \
+             ORDER BY next_attempt_at, seq LIMIT ? FOR UPDATE SKIP LOCKED"
         );
-        let mut ids: Vec<String> = sqlx::query_scalar(AssertSqlSafe(expired))
+        let ids: Vec<String> = sqlx::query_scalar(AssertSqlSafe(pending))
             .bind(consumer)
-            .bind(max_attempts)
-            .bind(TAKEOVER)
+            .bind(limit)
             .fetch_all(&mut *tx)
             .await?;
-        let left = limit as usize - ids.len().min(limit as usize);
-        if left > 0 {
-            let pending = format!(
-                "SELECT CAST(message_id AS CHAR) FROM {name} AS m WHERE consumer = ? AND state = 0 \
-                 AND next_attempt_at <= UTC_TIMESTAMP(6) \
-                 AND (m.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {name} AS e \
-                 WHERE e.consumer = m.consumer AND e.ordering_key = m.ordering_key \
-                 AND e.seq < m.seq AND e.state <> 2)) \
-                 ORDER BY next_attempt_at, seq LIMIT ? FOR UPDATE SKIP LOCKED"
-            );
-            ids.extend(
-                sqlx::query_scalar::<_, String>(AssertSqlSafe(pending))
-                    .bind(consumer)
-                    .bind(left as u32)
-                    .fetch_all(&mut *tx)
-                    .await?,
-            );
-        }
         if ids.is_empty() {
             tx.rollback().await?;
             return Ok(Vec::new());
@@ -315,9 +397,7 @@ impl InboxBackend for MySql {
         }
         query.execute(&mut *tx).await?;
         let select = format!(
-            "SELECT CAST(message_id AS CHAR), payload, headers, attempts, \
-             CAST(ordering_key AS CHAR) FROM {name} \
-             WHERE consumer = ? AND message_id IN ({})",
+            "SELECT {MESSAGE} FROM {name} WHERE consumer = ? AND message_id IN ({})",
             placeholders(ids.len())
         );
         let mut query = sqlx::query(AssertSqlSafe(select)).bind(consumer);
@@ -328,17 +408,9 @@ impl InboxBackend for MySql {
         tx.commit().await?;
         let mut messages = rows
             .into_iter()
-            .map(|row| {
-                Ok(InboxMessage {
-                    id: row.try_get(0)?,
-                    payload: row.try_get::<Option<Vec<u8>>, _>(1)?.unwrap_or_default(),
-                    headers: row.try_get(2)?,
-                    ordering_key: row.try_get(4)?,
-                    attempt: row.try_get::<i32, _>(3)?.max(0) as u32,
-                })
-            })
+            .map(message)
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        // In the claim's order (the taken-over row first), not the key's.
+        // In the claim's order, not the key's.
         messages.sort_by_key(|message| ids.iter().position(|id| *id == message.id));
         Ok(messages)
     }

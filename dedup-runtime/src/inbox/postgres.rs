@@ -10,8 +10,8 @@ use sqlx::postgres::PgConnection;
 use sqlx::{Connection, Transaction};
 
 use super::{
-    Claimed, InboxBackend, InboxMessage, InboxOperatorBackend, Owner, Row, STOPPED, StatsRow,
-    TAKEOVER,
+    Claimed, Expired, InboxBackend, InboxMessage, InboxOperatorBackend, MAX_BATCH, Owner, Row,
+    STOPPED, StatsRow,
 };
 use crate::claim::postgres::revealed;
 use crate::rolled_back::RolledBack;
@@ -48,6 +48,20 @@ fn channel(table: &Table) -> String {
 /// statement's text.
 fn hex(owner: &[u8]) -> String {
     owner.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// The columns of a claimed message, as [`message`] reads them.
+const MESSAGE: &str = "message_id, payload, headers, attempts, ordering_key";
+
+/// A claimed message from the columns of [`MESSAGE`].
+fn message(row: sqlx::postgres::PgRow) -> Result<InboxMessage, sqlx::Error> {
+    Ok(InboxMessage {
+        id: row.try_get(0)?,
+        payload: row.try_get::<Option<Vec<u8>>, _>(1)?.unwrap_or_default(),
+        headers: row.try_get(2)?,
+        ordering_key: row.try_get(4)?,
+        attempt: row.try_get::<i32, _>(3)?.max(0) as u32,
+    })
 }
 
 impl InboxBackend for Postgres {
@@ -158,26 +172,78 @@ impl InboxBackend for Postgres {
         Ok(rows.iter().map(|row| stored.contains(row.id)).collect())
     }
 
-    async fn inbox_bury<'a>(
+    async fn inbox_expired<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,
         consumer: &'a str,
-        max_attempts: u32,
-    ) -> Result<u64, sqlx::Error> {
+    ) -> Result<Vec<Expired>, sqlx::Error> {
         let sql = format!(
-            "UPDATE {} SET state = 3, owner = NULL, lease_until = NULL, \
-             last_error = 'attempt ' || attempts || $3 \
-             WHERE consumer = $1 AND state = 1 AND lease_until <= clock_timestamp() \
-             AND attempts >= $2",
-            table.name()
+            "SELECT owner, message_id, attempts FROM {name} WHERE consumer = $1 AND state = 1 \
+             AND owner IN (SELECT owner FROM {name} WHERE consumer = $1 AND state = 1 \
+             AND lease_until <= clock_timestamp()) \
+             ORDER BY owner, next_attempt_at, seq LIMIT $2",
+            name = table.name()
         );
-        let done = sqlx::query(AssertSqlSafe(sql))
+        let rows: Vec<(Vec<u8>, String, i32)> = sqlx::query_as(AssertSqlSafe(sql))
             .bind(consumer)
-            .bind(max_attempts as i32)
-            .bind(STOPPED)
-            .execute(pool)
+            .bind(MAX_BATCH as i64)
+            .fetch_all(pool)
             .await?;
-        Ok(done.rows_affected())
+        Ok(rows
+            .into_iter()
+            .filter_map(|(owner, id, attempts)| {
+                Some(Expired {
+                    owner: owner.try_into().ok()?,
+                    id,
+                    attempts: attempts.max(0) as u32,
+                })
+            })
+            .collect())
+    }
+
+    async fn inbox_reclaim<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+        first: &'a str,
+        dead: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let name = table.name();
+        let fence = "consumer = $1 AND owner = $2 AND state = 1";
+        let first_sql = if dead {
+            format!(
+                "UPDATE {name} SET state = 3, owner = NULL, lease_until = NULL, \
+                 last_error = 'attempt ' || attempts || $4 WHERE {fence} AND message_id = $3"
+            )
+        } else {
+            format!(
+                "UPDATE {name} SET state = 0, owner = NULL, lease_until = NULL \
+                 WHERE {fence} AND message_id = $3"
+            )
+        };
+        let mut first_query = sqlx::query(AssertSqlSafe(first_sql))
+            .bind(consumer)
+            .bind(&owner[..])
+            .bind(first);
+        if dead {
+            first_query = first_query.bind(STOPPED);
+        }
+        // Both in one transaction: a worker stopped between them would leave the rest
+        // to a take-back that found another row first.
+        let mut tx = pool.begin().await?;
+        let taken = first_query.execute(&mut *tx).await?.rows_affected() == 1;
+        let rest = format!(
+            "UPDATE {name} SET state = 0, owner = NULL, lease_until = NULL, \
+             attempts = attempts - 1 WHERE {fence}"
+        );
+        sqlx::query(AssertSqlSafe(rest))
+            .bind(consumer)
+            .bind(&owner[..])
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(taken)
     }
 
     async fn inbox_claim<'a>(
@@ -187,64 +253,50 @@ impl InboxBackend for Postgres {
         owner: &'a Owner,
         lease_us: i64,
         limit: u32,
-        max_attempts: u32,
     ) -> Result<Vec<InboxMessage>, sqlx::Error> {
         let name = table.name();
-        let set = "SET state = 1, owner = $2, attempts = attempts + 1, \
-                   lease_until = clock_timestamp() + $3::float8 * interval '1 microsecond'";
-        let returning = "RETURNING message_id, payload, headers, attempts, ordering_key";
-        // One row whose claim's lease ended (its worker stopped) first, then pending rows
-        // that are due, each through its partial index, skipping rows other workers hold.
-        let expired = format!(
-            "UPDATE {name} {set} WHERE (consumer, message_id) IN (\
-             SELECT consumer, message_id FROM {name} WHERE consumer = $1 AND state = 1 \
-             AND lease_until <= clock_timestamp() AND attempts < $5 \
-             ORDER BY lease_until, seq LIMIT $4 FOR UPDATE SKIP LOCKED) {returning}"
-        );
         let head = head(name);
-        // `UPDATE … RETURNING` returns its rows in no particular order: sorted again, in
-        // the claim's order (due time, then receive order), as the other backends return
-        // them.
+        // Pending rows that are due, through their partial index, skipping rows other
+        // workers hold. `UPDATE … RETURNING` returns its rows in no particular order:
+        // sorted again, in the claim's order (due time, then receive order), as the other
+        // backends return them.
         let pending = format!(
-            "WITH claimed AS (UPDATE {name} {set} WHERE (consumer, message_id) IN (\
+            "WITH claimed AS (UPDATE {name} SET state = 1, owner = $2, attempts = attempts + 1, \
+             lease_until = clock_timestamp() + $3::float8 * interval '1 microsecond' \
+             WHERE (consumer, message_id) IN (\
              SELECT consumer, message_id FROM {name} AS m WHERE consumer = $1 AND state = 0 \
              AND next_attempt_at <= clock_timestamp() AND {head} \
              ORDER BY next_attempt_at, seq LIMIT $4 FOR UPDATE SKIP LOCKED) \
-             {returning}, next_attempt_at, seq) \
-             SELECT message_id, payload, headers, attempts, ordering_key FROM claimed \
-             ORDER BY next_attempt_at, seq"
+             RETURNING {MESSAGE}, next_attempt_at, seq) \
+             SELECT {MESSAGE} FROM claimed ORDER BY next_attempt_at, seq"
         );
-        let mut rows = sqlx::query(AssertSqlSafe(expired))
+        let rows = sqlx::query(AssertSqlSafe(pending))
             .bind(consumer)
             .bind(&owner[..])
             .bind(lease_us)
-            .bind(i64::from(TAKEOVER))
-            .bind(max_attempts as i32)
+            .bind(i64::from(limit))
             .fetch_all(pool)
             .await?;
-        let left = i64::from(limit) - rows.len() as i64;
-        if left > 0 {
-            rows.extend(
-                sqlx::query(AssertSqlSafe(pending))
-                    .bind(consumer)
-                    .bind(&owner[..])
-                    .bind(lease_us)
-                    .bind(left)
-                    .fetch_all(pool)
-                    .await?,
-            );
-        }
-        rows.into_iter()
-            .map(|row| {
-                Ok(InboxMessage {
-                    id: row.try_get(0)?,
-                    payload: row.try_get::<Option<Vec<u8>>, _>(1)?.unwrap_or_default(),
-                    headers: row.try_get(2)?,
-                    ordering_key: row.try_get(4)?,
-                    attempt: row.try_get::<i32, _>(3)?.max(0) as u32,
-                })
-            })
-            .collect()
+        rows.into_iter().map(message).collect()
+    }
+
+    async fn inbox_held<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+    ) -> Result<Vec<InboxMessage>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {MESSAGE} FROM {} WHERE consumer = $1 AND owner = $2 AND state = 1 \
+             ORDER BY next_attempt_at, seq",
+            table.name()
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(&owner[..])
+            .fetch_all(pool)
+            .await?;
+        rows.into_iter().map(message).collect()
     }
 
     /// `BEGIN` and a transaction-local setting of the owner token, in one round trip:

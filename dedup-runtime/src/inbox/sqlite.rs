@@ -10,8 +10,8 @@ use sqlx::sqlite::SqliteConnection;
 use sqlx::{Connection, Transaction};
 
 use super::{
-    Claimed, InboxBackend, InboxMessage, InboxOperatorBackend, Owner, Row, STOPPED, StatsRow,
-    TAKEOVER,
+    Claimed, Expired, InboxBackend, InboxMessage, InboxOperatorBackend, MAX_BATCH, Owner, Row,
+    STOPPED, StatsRow,
 };
 use crate::claim::sqlite::BEGIN;
 use crate::schema::Table;
@@ -24,6 +24,20 @@ fn renew_sql(table: &Table) -> String {
         table.name(),
         later("?3")
     )
+}
+
+/// The columns of a claimed message, as [`message`] reads them.
+const MESSAGE: &str = "message_id, payload, headers, attempts, ordering_key";
+
+/// A claimed message from the columns of [`MESSAGE`].
+fn message(row: sqlx::sqlite::SqliteRow) -> Result<InboxMessage, sqlx::Error> {
+    Ok(InboxMessage {
+        id: row.try_get(0)?,
+        payload: row.try_get::<Option<Vec<u8>>, _>(1)?.unwrap_or_default(),
+        headers: row.try_get(2)?,
+        ordering_key: row.try_get(4)?,
+        attempt: row.try_get::<i64, _>(3)?.clamp(0, i64::from(u32::MAX)) as u32,
+    })
 }
 
 impl InboxBackend for Sqlite {
@@ -114,25 +128,77 @@ impl InboxBackend for Sqlite {
         Ok(rows.iter().map(|row| stored.contains(row.id)).collect())
     }
 
-    async fn inbox_bury<'a>(
+    async fn inbox_expired<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,
         consumer: &'a str,
-        max_attempts: u32,
-    ) -> Result<u64, sqlx::Error> {
+    ) -> Result<Vec<Expired>, sqlx::Error> {
         let sql = format!(
-            "UPDATE {} SET state = 3, owner = NULL, lease_until = NULL, \
-             last_error = 'attempt ' || attempts || ?3 \
-             WHERE consumer = ?1 AND state = 1 AND lease_until <= {NOW} AND attempts >= ?2",
-            table.name()
+            "SELECT owner, message_id, attempts FROM {name} WHERE consumer = ?1 AND state = 1 \
+             AND owner IN (SELECT owner FROM {name} WHERE consumer = ?1 AND state = 1 \
+             AND lease_until <= {NOW}) ORDER BY owner, next_attempt_at, seq LIMIT ?2",
+            name = table.name()
         );
-        let done = sqlx::query(AssertSqlSafe(sql))
+        let rows: Vec<(Vec<u8>, String, i64)> = sqlx::query_as(AssertSqlSafe(sql))
             .bind(consumer)
-            .bind(i64::from(max_attempts))
-            .bind(STOPPED)
-            .execute(pool)
+            .bind(MAX_BATCH as i64)
+            .fetch_all(pool)
             .await?;
-        Ok(done.rows_affected())
+        Ok(rows
+            .into_iter()
+            .filter_map(|(owner, id, attempts)| {
+                Some(Expired {
+                    owner: owner.try_into().ok()?,
+                    id,
+                    attempts: attempts.clamp(0, i64::from(u32::MAX)) as u32,
+                })
+            })
+            .collect())
+    }
+
+    /// Both statements in one transaction: under SQLite's single writer, nothing comes
+    /// between them.
+    async fn inbox_reclaim<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+        first: &'a str,
+        dead: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let name = table.name();
+        let fence = "consumer = ?1 AND owner = ?2 AND state = 1";
+        let first_sql = if dead {
+            format!(
+                "UPDATE {name} SET state = 3, owner = NULL, lease_until = NULL, \
+                 last_error = 'attempt ' || attempts || ?4 WHERE {fence} AND message_id = ?3"
+            )
+        } else {
+            format!(
+                "UPDATE {name} SET state = 0, owner = NULL, lease_until = NULL \
+                 WHERE {fence} AND message_id = ?3"
+            )
+        };
+        let mut tx = pool.begin_with(BEGIN).await?;
+        let mut first_query = sqlx::query(AssertSqlSafe(first_sql))
+            .bind(consumer)
+            .bind(&owner[..])
+            .bind(first);
+        if dead {
+            first_query = first_query.bind(STOPPED);
+        }
+        let taken = first_query.execute(&mut *tx).await?.rows_affected() == 1;
+        let rest = format!(
+            "UPDATE {name} SET state = 0, owner = NULL, lease_until = NULL, \
+             attempts = attempts - 1 WHERE {fence}"
+        );
+        sqlx::query(AssertSqlSafe(rest))
+            .bind(consumer)
+            .bind(&owner[..])
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(taken)
     }
 
     async fn inbox_claim<'a>(
@@ -142,67 +208,55 @@ impl InboxBackend for Sqlite {
         owner: &'a Owner,
         lease_us: i64,
         limit: u32,
-        max_attempts: u32,
     ) -> Result<Vec<InboxMessage>, sqlx::Error> {
         let name = table.name();
-        let set = format!(
-            "SET state = 1, owner = ?2, attempts = attempts + 1, lease_until = {}",
-            later("?3")
-        );
-        let returning = "RETURNING message_id, payload, headers, attempts, ordering_key";
-        // One statement each, atomic under SQLite's single writer.
-        let expired = format!(
-            "UPDATE {name} {set} WHERE seq IN (SELECT seq FROM {name} WHERE consumer = ?1 \
-             AND state = 1 AND lease_until <= {NOW} AND attempts < ?5 \
-             ORDER BY lease_until, seq LIMIT ?4) {returning}"
-        );
+        // One statement, atomic under SQLite's single writer.
         let pending = format!(
-            "UPDATE {name} {set} WHERE seq IN (SELECT seq FROM {name} AS m WHERE consumer = ?1 \
+            "UPDATE {name} SET state = 1, owner = ?2, attempts = attempts + 1, lease_until = {} \
+             WHERE seq IN (SELECT seq FROM {name} AS m WHERE consumer = ?1 \
              AND state = 0 AND next_attempt_at <= {NOW} \
              AND (m.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {name} AS e \
              WHERE e.consumer = m.consumer AND e.ordering_key = m.ordering_key \
              AND e.seq < m.seq AND e.state <> 2)) \
-             ORDER BY next_attempt_at, seq LIMIT ?4) {returning}, next_attempt_at, seq"
+             ORDER BY next_attempt_at, seq LIMIT ?4) RETURNING {MESSAGE}, next_attempt_at, seq",
+            later("?3")
         );
-        let mut rows = sqlx::query(AssertSqlSafe(expired))
+        let mut rows = sqlx::query(AssertSqlSafe(pending))
             .bind(consumer)
             .bind(&owner[..])
             .bind(lease_us)
-            .bind(i64::from(TAKEOVER))
-            .bind(i64::from(max_attempts))
+            .bind(i64::from(limit))
             .fetch_all(pool)
             .await?;
-        let left = i64::from(limit) - rows.len() as i64;
-        if left > 0 {
-            let mut pending = sqlx::query(AssertSqlSafe(pending))
-                .bind(consumer)
-                .bind(&owner[..])
-                .bind(lease_us)
-                .bind(left)
-                .fetch_all(pool)
-                .await?;
-            // `RETURNING` returns its rows in no particular order: sorted again, in the
-            // claim's order (due time, then receive order). The times are ISO 8601 text in
-            // UTC of one width: they sort as text.
-            pending.sort_by_cached_key(|row| {
-                (
-                    row.try_get::<String, _>(5).unwrap_or_default(),
-                    row.try_get::<i64, _>(6).unwrap_or(i64::MAX),
-                )
-            });
-            rows.extend(pending);
-        }
-        rows.into_iter()
-            .map(|row| {
-                Ok(InboxMessage {
-                    id: row.try_get(0)?,
-                    payload: row.try_get::<Option<Vec<u8>>, _>(1)?.unwrap_or_default(),
-                    headers: row.try_get(2)?,
-                    ordering_key: row.try_get(4)?,
-                    attempt: row.try_get::<i64, _>(3)?.max(0) as u32,
-                })
-            })
-            .collect()
+        // `RETURNING` returns its rows in no particular order: sorted again, in the claim's
+        // order (due time, then receive order). The times are ISO 8601 text in UTC of one
+        // width: they sort as text.
+        rows.sort_by_cached_key(|row| {
+            (
+                row.try_get::<String, _>(5).unwrap_or_default(),
+                row.try_get::<i64, _>(6).unwrap_or(i64::MAX),
+            )
+        });
+        rows.into_iter().map(message).collect()
+    }
+
+    async fn inbox_held<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        owner: &'a Owner,
+    ) -> Result<Vec<InboxMessage>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {MESSAGE} FROM {} WHERE consumer = ?1 AND owner = ?2 AND state = 1 \
+             ORDER BY next_attempt_at, seq",
+            table.name()
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(&owner[..])
+            .fetch_all(pool)
+            .await?;
+        rows.into_iter().map(message).collect()
     }
 
     /// `BEGIN IMMEDIATE`, then the mark itself, owner-checked: the transaction holds

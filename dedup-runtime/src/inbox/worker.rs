@@ -13,8 +13,8 @@ use crate::backend::Backend;
 use crate::claim::Tx;
 use crate::lease::{Guarded, Owner, new_token};
 use crate::queue::{
-    Granted, Idle, Shutdown, heartbeat_interval, heartbeat_not_under, jittered, micros,
-    retry_transient, with_heartbeat,
+    Granted, Idle, Shutdown, again, heartbeat_interval, heartbeat_not_under, jittered, micros,
+    retry_reachable, with_heartbeat,
 };
 
 use super::{Inbox, InboxError};
@@ -51,7 +51,8 @@ impl InboxMessage {
     }
 
     /// Which attempt this is, from 1: counted when the row was claimed, so an attempt
-    /// that killed its process counts too.
+    /// that killed its process counts too (a stopped worker's rows that never started get
+    /// theirs back).
     pub fn attempt(&self) -> u32 {
         self.attempt
     }
@@ -287,8 +288,16 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     }
 
     /// Claims up to [`batch`](Self::batch) rows and processes them one after the other,
-    /// each in its own transaction. First buries the rows whose last attempt ended with
-    /// their worker gone. Returns what it did; `claimed == 0` when nothing was due.
+    /// each in its own transaction. First takes back, in bulk, the claims of workers that
+    /// stopped (their lease ended): the row each had in hand keeps its attempt, and is
+    /// dead if that was its last; the rows that never started get theirs back. Returns
+    /// what it did; `claimed == 0` when nothing was due.
+    ///
+    /// A connection lost under the worker's own statements (its begin, mark or commit)
+    /// is not the message's failure: the transaction runs again within the claim, and if
+    /// the database stays away the batch ends with the error and its rows are released,
+    /// their attempt given back (or, if the database does not answer the release either,
+    /// taken back after the lease).
     ///
     /// While it works through the claim, a heartbeat renews the lease of the rows not
     /// finished yet ([`heartbeat`](Self::heartbeat)); a heartbeat not shorter than the
@@ -351,6 +360,18 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                 Ok::<(), InboxError>(())
             };
             ended = self.renewing(&claims.owner, &granted, work).await;
+            if let Err(error) = &ended {
+                // The batch ended on a database failure: the rows not finished, the one in
+                // hand included (its failure was the database's, not its handler's), go
+                // back at once with their attempt given back, if the database answers.
+                match self.release(&claims).await {
+                    Ok(released) => batch.released += released,
+                    Err(release) => tracing::debug!(
+                        %error, %release,
+                        "inbox worker: releasing the claim after a failure failed; its rows are taken back after the lease"
+                    ),
+                }
+            }
         }
         if let Some(stop) = stop.as_mut() {
             batch.released += std::mem::take(&mut stop.released);
@@ -375,31 +396,39 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     }
 
     /// The first half of [`process_batch`](Self::process_batch), for a loop of your own:
-    /// buries the rows whose last attempt ended with their worker gone, then claims up to
+    /// takes back the rows of workers that stopped (their lease ended), then claims up to
     /// [`batch`](Self::batch) due rows under one new owner token, counting their attempt.
-    /// Process each with [`process`](Self::process), keeping the claim with
+    /// Process each with [`process`](Self::process), one at a time in the claim's order
+    /// (the take-back of a claim whose worker stopped counts the attempt of its first
+    /// unfinished row only, the one in hand), keeping the claim with
     /// [`renew`](Self::renew) more often than the lease runs out;
     /// [`release`](Self::release) what you will not process.
+    ///
+    /// A deadlock or a lost connection is tried again, a few times, under the same owner
+    /// token: a claim whose reply was lost finds the rows it took, their attempt counted
+    /// once.
     pub async fn claim(&self) -> Result<Claims, InboxError> {
         let inbox = &self.inbox;
-        // A deadlock or serialization failure between claiming workers changed nothing:
-        // claim again, a few times, after a jittered pause.
-        let (buried, owner, messages) = retry_transient::<DB, _, _>(move || async move {
-            let owner = new_token();
-            let buried =
-                DB::inbox_bury(inbox.pool, &inbox.table, &inbox.consumer, self.max_attempts)
-                    .await?;
-            let messages = DB::inbox_claim(
-                inbox.pool,
-                &inbox.table,
-                &inbox.consumer,
-                &owner,
-                micros(self.lease),
-                self.batch,
-                self.max_attempts,
-            )
-            .await?;
-            Ok((buried, owner, messages))
+        let (pool, table, consumer) = (inbox.pool, &inbox.table, inbox.consumer.as_str());
+        let buried = retry_reachable::<DB, _, _>(|| {
+            super::reclaim::<DB>(pool, table, consumer, self.max_attempts)
+        })
+        .await
+        .map_err(|error| self.classify(error))?;
+        let owner = new_token();
+        let tried = AtomicBool::new(false);
+        let messages = retry_reachable::<DB, _, _>(|| {
+            let again = tried.swap(true, std::sync::atomic::Ordering::Relaxed);
+            let owner = &owner;
+            async move {
+                if again {
+                    let held = DB::inbox_held(pool, table, consumer, owner).await?;
+                    if !held.is_empty() {
+                        return Ok(held);
+                    }
+                }
+                DB::inbox_claim(pool, table, consumer, owner, micros(self.lease), self.batch).await
+            }
         })
         .await
         .map_err(|error| self.classify(error))?;
@@ -464,10 +493,11 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     /// their attempt not counted; how many.
     pub async fn release(&self, claims: &Claims) -> Result<usize, InboxError> {
         let inbox = &self.inbox;
-        let released =
+        let released = retry_reachable::<DB, _, _>(|| {
             DB::inbox_release(inbox.pool, &inbox.table, &inbox.consumer, &claims.owner, "")
-                .await
-                .map_err(|error| self.classify(error))?;
+        })
+        .await
+        .map_err(|error| self.classify(error))?;
         Ok(released as usize)
     }
 
@@ -561,11 +591,16 @@ impl<'p, DB: Backend> Worker<'p, DB> {
             };
             match ended {
                 Attempt::Transient(error)
-                    if attempt < crate::retry::MAX_ATTEMPTS
-                        && crate::classify::is_transient::<DB>(&error) =>
+                    if attempt < crate::retry::MAX_ATTEMPTS && again::<DB>(&error) =>
                 {
                     tracing::debug!(%error, attempt, "inbox: transient failure; running the transaction again");
                     tokio::time::sleep(crate::retry::backoff(attempt)).await;
+                }
+                // The database went away under our own statements (the begin, the mark,
+                // the commit): not the message's failure. The batch ends; its rows are
+                // released if the database answers, or taken back after the lease.
+                Attempt::Transient(error) if again::<DB>(&error) => {
+                    return Err(self.classify(error));
                 }
                 Attempt::Transient(error) => {
                     break Err(crate::queue::error_text(error.to_string()));
@@ -590,7 +625,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                 let dead = message.attempt >= self.max_attempts;
                 let delay = micros(self.delay(message.attempt));
                 let (row, text) = (&row, text.as_str());
-                let failed = retry_transient::<DB, _, _>(move || {
+                let failed = retry_reachable::<DB, _, _>(move || {
                     DB::inbox_fail(inbox.pool, row, text, delay, dead)
                 })
                 .await

@@ -8,14 +8,31 @@ use sqlx::{AssertSqlSafe, MySql, Pool};
 use sqlx::Row as _;
 
 use super::{
-    DeadOutgoing, Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row, STOPPED, StatsRow,
-    relay_table,
+    DeadOutgoing, ExpiredOutgoing, Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row,
+    STOPPED, StatsRow, relay_table,
 };
 use crate::lease::Owner;
 
 use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
 use crate::schema::Table;
 use crate::schema::mysql::{Arg, READ_COMMITTED, placeholders, update_found};
+
+/// The columns of a claimed row, as [`message`] reads them.
+const MESSAGE: &str = "id, CAST(destination AS CHAR), payload, headers, \
+                       CAST(ordering_key AS CHAR), attempts, seq";
+
+/// A claimed row from the columns of [`MESSAGE`].
+fn message(row: sqlx::mysql::MySqlRow) -> Result<OutboxMessage, sqlx::Error> {
+    Ok(OutboxMessage {
+        id: OutgoingId::decode_bytes(&row.try_get::<Vec<u8>, _>(0)?)?,
+        destination: row.try_get(1)?,
+        payload: row.try_get(2)?,
+        headers: row.try_get(3)?,
+        ordering_key: row.try_get(4)?,
+        attempt: row.try_get::<i32, _>(5)?.max(0) as u32,
+        seq: row.try_get(6)?,
+    })
+}
 
 impl OutboxBackend for MySql {
     fn outbox_ddl(table: &Table) -> Vec<String> {
@@ -106,28 +123,85 @@ impl OutboxBackend for MySql {
         })
     }
 
-    async fn outbox_bury<'a>(
+    async fn outbox_expired<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,
-        max_attempts: u32,
-    ) -> Result<u64, sqlx::Error> {
-        // By primary key (`update_found`): a scan of `unsent_idx` that locks would
-        // deadlock with a relay's sent mark, which moves its row's entry in that index.
-        update_found(
-            pool,
-            table.name(),
-            "id",
-            (
-                "state = 3, owner = NULL, lease_until = NULL, \
-                 last_error = CONCAT('attempt ', attempts, ?)",
-                &[Arg::Text(STOPPED)],
-            ),
-            (
-                "state = 1 AND lease_until <= UTC_TIMESTAMP(6) AND attempts >= ?",
-                &[Arg::U32(max_attempts)],
-            ),
-        )
-        .await
+    ) -> Result<Vec<ExpiredOutgoing>, sqlx::Error> {
+        let sql = format!(
+            "SELECT owner, id, attempts FROM {name} WHERE state = 1 \
+             AND owner IN (SELECT owner FROM {name} WHERE state = 1 \
+             AND lease_until <= UTC_TIMESTAMP(6)) ORDER BY owner, seq LIMIT 1000",
+            name = table.name()
+        );
+        let rows: Vec<(Vec<u8>, Vec<u8>, i32)> =
+            sqlx::query_as(AssertSqlSafe(sql)).fetch_all(pool).await?;
+        let mut expired = Vec::with_capacity(rows.len());
+        for (owner, id, attempts) in rows {
+            if let Ok(owner) = owner.try_into() {
+                expired.push(ExpiredOutgoing {
+                    owner,
+                    id: OutgoingId::decode_bytes(&id)?,
+                    attempts: attempts.max(0) as u32,
+                });
+            }
+        }
+        Ok(expired)
+    }
+
+    /// In one READ COMMITTED transaction, every row by primary key (as `update_found`
+    /// does): the first row by its id, the others by the ids a plain read of the owner's
+    /// rows found, each checked again under its lock.
+    async fn outbox_reclaim<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+        first: OutgoingId,
+        dead: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let name = table.name();
+        let fence = "owner = ? AND state = 1";
+        let first_sql = if dead {
+            format!(
+                "UPDATE {name} SET state = 3, owner = NULL, lease_until = NULL, \
+                 last_error = CONCAT('attempt ', attempts, ?) WHERE {fence} AND id = ?"
+            )
+        } else {
+            format!(
+                "UPDATE {name} SET state = 0, owner = NULL, lease_until = NULL \
+                 WHERE {fence} AND id = ?"
+            )
+        };
+        let mut first_query = sqlx::query(AssertSqlSafe(first_sql));
+        if dead {
+            first_query = first_query.bind(STOPPED);
+        }
+        let mut tx = pool.begin_with(READ_COMMITTED).await?;
+        let taken = first_query
+            .bind(&owner[..])
+            .bind(&first.as_uuid().as_bytes()[..])
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+            == 1;
+        let find = format!("SELECT id FROM {name} WHERE {fence}");
+        let ids: Vec<Vec<u8>> = sqlx::query_scalar(AssertSqlSafe(find))
+            .bind(&owner[..])
+            .fetch_all(&mut *tx)
+            .await?;
+        if !ids.is_empty() {
+            let rest = format!(
+                "UPDATE {name} FORCE INDEX (PRIMARY) SET state = 0, owner = NULL, \
+                 lease_until = NULL, attempts = attempts - 1 WHERE {fence} AND id IN ({})",
+                placeholders(ids.len())
+            );
+            let mut query = sqlx::query(AssertSqlSafe(rest)).bind(&owner[..]);
+            for id in &ids {
+                query = query.bind(id);
+            }
+            query.execute(&mut *tx).await?;
+        }
+        tx.commit().await?;
+        Ok(taken)
     }
 
     /// `SELECT … FOR UPDATE SKIP LOCKED`, then one `UPDATE` of the ids it locked and a
@@ -138,35 +212,20 @@ impl OutboxBackend for MySql {
         owner: &'a Owner,
         lease_us: i64,
         limit: u32,
-        max_attempts: u32,
     ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
         let name = table.name();
         let mut tx = pool.begin_with(READ_COMMITTED).await?;
-        let expired = format!(
-            "SELECT id FROM {name} WHERE state = 1 AND lease_until <= UTC_TIMESTAMP(6) \
-             AND attempts < ? ORDER BY lease_until, seq LIMIT ? FOR UPDATE SKIP LOCKED"
+        let unsent = format!(
+            "SELECT id FROM {name} AS m WHERE state = 0 \
+             AND next_attempt_at <= UTC_TIMESTAMP(6) \
+             AND (m.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {name} AS e \
+             WHERE e.ordering_key = m.ordering_key AND e.seq < m.seq AND e.state <> 2)) \
+             ORDER BY next_attempt_at, seq LIMIT ? FOR UPDATE SKIP LOCKED"
         );
-        let mut ids: Vec<Vec<u8>> = sqlx::query_scalar(AssertSqlSafe(expired))
-            .bind(max_attempts)
-            .bind(super::TAKEOVER)
+        let ids: Vec<Vec<u8>> = sqlx::query_scalar(AssertSqlSafe(unsent))
+            .bind(limit)
             .fetch_all(&mut *tx)
             .await?;
-        let left = (limit as usize).saturating_sub(ids.len());
-        if left > 0 {
-            let unsent = format!(
-                "SELECT id FROM {name} AS m WHERE state = 0 \
-                 AND next_attempt_at <= UTC_TIMESTAMP(6) \
-                 AND (m.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {name} AS e \
-                 WHERE e.ordering_key = m.ordering_key AND e.seq < m.seq AND e.state <> 2)) \
-                 ORDER BY next_attempt_at, seq LIMIT ? FOR UPDATE SKIP LOCKED"
-            );
-            ids.extend(
-                sqlx::query_scalar::<_, Vec<u8>>(AssertSqlSafe(unsent))
-                    .bind(left as u32)
-                    .fetch_all(&mut *tx)
-                    .await?,
-            );
-        }
         if ids.is_empty() {
             tx.rollback().await?;
             return Ok(Vec::new());
@@ -184,8 +243,7 @@ impl OutboxBackend for MySql {
         }
         query.execute(&mut *tx).await?;
         let select = format!(
-            "SELECT id, CAST(destination AS CHAR), payload, headers, CAST(ordering_key AS CHAR), \
-             attempts, seq FROM {name} WHERE id IN ({})",
+            "SELECT {MESSAGE} FROM {name} WHERE id IN ({}) ORDER BY seq",
             placeholders(ids.len())
         );
         let mut query = sqlx::query(AssertSqlSafe(select));
@@ -194,26 +252,25 @@ impl OutboxBackend for MySql {
         }
         let rows = query.fetch_all(&mut *tx).await?;
         tx.commit().await?;
-        let mut messages = rows
+        rows.into_iter().map(message).collect()
+    }
+
+    async fn outbox_held<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+    ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {MESSAGE} FROM {} WHERE owner = ? AND state = 1 ORDER BY seq",
+            table.name()
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(&owner[..])
+            .fetch_all(pool)
+            .await?
             .into_iter()
-            .map(|row| {
-                Ok(OutboxMessage {
-                    id: OutgoingId::decode_bytes(&row.try_get::<Vec<u8>, _>(0)?)?,
-                    destination: row.try_get(1)?,
-                    payload: row.try_get(2)?,
-                    headers: row.try_get(3)?,
-                    ordering_key: row.try_get(4)?,
-                    attempt: row.try_get::<i32, _>(5)?.max(0) as u32,
-                    seq: row.try_get(6)?,
-                })
-            })
-            .collect::<Result<Vec<_>, sqlx::Error>>()?;
-        // In the claim's order (the taken-over row first), not the key's.
-        messages.sort_by_key(|message| {
-            ids.iter()
-                .position(|id| id[..] == message.id.as_uuid().as_bytes()[..])
-        });
-        Ok(messages)
+            .map(message)
+            .collect()
     }
 
     async fn outbox_renew<'a>(

@@ -7,12 +7,28 @@ use sqlx::{AssertSqlSafe, Pool, Postgres};
 use sqlx::Row as _;
 
 use super::{
-    DeadOutgoing, Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row, STOPPED, StatsRow,
-    relay_table,
+    DeadOutgoing, ExpiredOutgoing, Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row,
+    STOPPED, StatsRow, relay_table,
 };
 use crate::lease::Owner;
 use crate::schema::Table;
 use crate::schema::postgres::index_name;
+
+/// The columns of a claimed row, as [`message`] reads them.
+const MESSAGE: &str = "id::text, destination, payload, headers, ordering_key, attempts, seq";
+
+/// A claimed row from the columns of [`MESSAGE`].
+fn message(row: sqlx::postgres::PgRow) -> Result<OutboxMessage, sqlx::Error> {
+    Ok(OutboxMessage {
+        id: OutgoingId::decode_text(&row.try_get::<String, _>(0)?)?,
+        destination: row.try_get(1)?,
+        payload: row.try_get(2)?,
+        headers: row.try_get(3)?,
+        ordering_key: row.try_get(4)?,
+        attempt: row.try_get::<i32, _>(5)?.max(0) as u32,
+        seq: row.try_get(6)?,
+    })
+}
 
 impl OutboxBackend for Postgres {
     fn outbox_ddl(table: &Table) -> Vec<String> {
@@ -112,23 +128,69 @@ impl OutboxBackend for Postgres {
         })
     }
 
-    async fn outbox_bury<'a>(
+    async fn outbox_expired<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,
-        max_attempts: u32,
-    ) -> Result<u64, sqlx::Error> {
+    ) -> Result<Vec<ExpiredOutgoing>, sqlx::Error> {
         let sql = format!(
-            "UPDATE {} SET state = 3, owner = NULL, lease_until = NULL, \
-             last_error = 'attempt ' || attempts || $2 \
-             WHERE state = 1 AND lease_until <= clock_timestamp() AND attempts >= $1",
-            table.name()
+            "SELECT owner, id::text, attempts FROM {name} WHERE state = 1 \
+             AND owner IN (SELECT owner FROM {name} WHERE state = 1 \
+             AND lease_until <= clock_timestamp()) ORDER BY owner, seq LIMIT 1000",
+            name = table.name()
         );
-        let done = sqlx::query(AssertSqlSafe(sql))
-            .bind(max_attempts as i32)
-            .bind(STOPPED)
-            .execute(pool)
+        let rows: Vec<(Vec<u8>, String, i32)> =
+            sqlx::query_as(AssertSqlSafe(sql)).fetch_all(pool).await?;
+        let mut expired = Vec::with_capacity(rows.len());
+        for (owner, id, attempts) in rows {
+            if let Ok(owner) = owner.try_into() {
+                expired.push(ExpiredOutgoing {
+                    owner,
+                    id: OutgoingId::decode_text(&id)?,
+                    attempts: attempts.max(0) as u32,
+                });
+            }
+        }
+        Ok(expired)
+    }
+
+    async fn outbox_reclaim<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+        first: OutgoingId,
+        dead: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let name = table.name();
+        let fence = "owner = $1 AND state = 1";
+        let first_sql = if dead {
+            format!(
+                "UPDATE {name} SET state = 3, owner = NULL, lease_until = NULL, \
+                 last_error = 'attempt ' || attempts || $3 WHERE {fence} AND id = $2::uuid"
+            )
+        } else {
+            format!(
+                "UPDATE {name} SET state = 0, owner = NULL, lease_until = NULL \
+                 WHERE {fence} AND id = $2::uuid"
+            )
+        };
+        let mut first_query = sqlx::query(AssertSqlSafe(first_sql))
+            .bind(&owner[..])
+            .bind(first.to_string());
+        if dead {
+            first_query = first_query.bind(STOPPED);
+        }
+        let mut tx = pool.begin().await?;
+        let taken = first_query.execute(&mut *tx).await?.rows_affected() == 1;
+        let rest = format!(
+            "UPDATE {name} SET state = 0, owner = NULL, lease_until = NULL, \
+             attempts = attempts - 1 WHERE {fence}"
+        );
+        sqlx::query(AssertSqlSafe(rest))
+            .bind(&owner[..])
+            .execute(&mut *tx)
             .await?;
-        Ok(done.rows_affected())
+        tx.commit().await?;
+        Ok(taken)
     }
 
     async fn outbox_claim<'a>(
@@ -137,60 +199,44 @@ impl OutboxBackend for Postgres {
         owner: &'a Owner,
         lease_us: i64,
         limit: u32,
-        max_attempts: u32,
     ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
         let name = table.name();
-        let set = "SET state = 1, owner = $1, attempts = attempts + 1, \
-                   lease_until = clock_timestamp() + $2::float8 * interval '1 microsecond'";
-        let returning = "RETURNING id::text, destination, payload, headers, ordering_key, \
-                         attempts, seq";
-        // One row whose claim's lease ended (its relay stopped) first, then unsent rows
-        // that are due, each through its partial index, skipping rows other relays hold.
-        let expired = format!(
-            "UPDATE {name} {set} WHERE id IN (SELECT id FROM {name} WHERE state = 1 \
-             AND lease_until <= clock_timestamp() AND attempts < $4 \
-             ORDER BY lease_until, seq LIMIT $3 FOR UPDATE SKIP LOCKED) {returning}"
-        );
+        // Unsent rows that are due, through their partial index, skipping rows other
+        // relays hold; `UPDATE … RETURNING` returns them in no particular order: sorted
+        // again, in the claim's order.
         let unsent = format!(
-            "UPDATE {name} {set} WHERE id IN (SELECT id FROM {name} AS m WHERE state = 0 \
+            "WITH claimed AS (UPDATE {name} SET state = 1, owner = $1, attempts = attempts + 1, \
+             lease_until = clock_timestamp() + $2::float8 * interval '1 microsecond' \
+             WHERE id IN (SELECT id FROM {name} AS m WHERE state = 0 \
              AND next_attempt_at <= clock_timestamp() \
              AND (m.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {name} AS e \
              WHERE e.ordering_key = m.ordering_key AND e.seq < m.seq AND e.state <> 2)) \
-             ORDER BY next_attempt_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED) {returning}"
+             ORDER BY next_attempt_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED) \
+             RETURNING {MESSAGE}) SELECT * FROM claimed ORDER BY seq"
         );
-        let mut rows = sqlx::query(AssertSqlSafe(expired))
+        let rows = sqlx::query(AssertSqlSafe(unsent))
             .bind(&owner[..])
             .bind(lease_us)
-            .bind(i64::from(super::TAKEOVER))
-            .bind(max_attempts as i32)
+            .bind(i64::from(limit))
             .fetch_all(pool)
             .await?;
-        let left = i64::from(limit) - rows.len() as i64;
-        let mut unsent_rows = if left > 0 {
-            sqlx::query(AssertSqlSafe(unsent))
-                .bind(&owner[..])
-                .bind(lease_us)
-                .bind(left)
-                .fetch_all(pool)
-                .await?
-        } else {
-            Vec::new()
-        };
-        unsent_rows.sort_by_key(|row| row.try_get::<i64, _>(6).unwrap_or(i64::MAX));
-        rows.extend(unsent_rows);
-        rows.into_iter()
-            .map(|row| {
-                Ok(OutboxMessage {
-                    id: OutgoingId::decode_text(&row.try_get::<String, _>(0)?)?,
-                    destination: row.try_get(1)?,
-                    payload: row.try_get(2)?,
-                    headers: row.try_get(3)?,
-                    ordering_key: row.try_get(4)?,
-                    attempt: row.try_get::<i32, _>(5)?.max(0) as u32,
-                    seq: row.try_get(6)?,
-                })
-            })
-            .collect()
+        rows.into_iter().map(message).collect()
+    }
+
+    async fn outbox_held<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+    ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {MESSAGE} FROM {} WHERE owner = $1 AND state = 1 ORDER BY seq",
+            table.name()
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(&owner[..])
+            .fetch_all(pool)
+            .await?;
+        rows.into_iter().map(message).collect()
     }
 
     async fn outbox_renew<'a>(

@@ -13,7 +13,7 @@ use crate::backend::Backend;
 use crate::lease::{Owner, new_token};
 use crate::queue::{
     Granted, Idle, Shutdown, heartbeat_interval, heartbeat_not_under, jittered, micros,
-    retry_transient, with_heartbeat,
+    retry_reachable, with_heartbeat,
 };
 
 use super::{Outbox, OutboxError, OutgoingId};
@@ -57,7 +57,8 @@ impl OutboxMessage {
         self.ordering_key.as_deref()
     }
 
-    /// Which attempt this is, from 1: counted when the row was claimed.
+    /// Which attempt this is, from 1: counted when the row was claimed (a stopped relay's
+    /// rows not sent yet get theirs back).
     pub fn attempt(&self) -> u32 {
         self.attempt
     }
@@ -243,12 +244,16 @@ impl<'p, DB: Backend> Relay<'p, DB> {
     }
 
     /// Claims up to [`batch`](Self::batch) rows and sends them one after the other: first
-    /// records that a relay ran ([`Outbox::health`]; at most once a second), buries the
-    /// rows whose last attempt ended with their relay gone, then claims — at most one row
-    /// whose claim's lease ended (a stopped relay's), then unsent rows that are due, the
-    /// head of each ordering key only — and **commits the claim before it sends**. Each send is followed by its mark, by the row's id and this claim's owner
-    /// token, or by its failure's backoff. Returns what it did; `claimed == 0` when
-    /// nothing was due.
+    /// records that a relay ran ([`Outbox::health`]; at most once a second), takes back
+    /// in bulk the claims of relays that stopped (their lease ended: the row each was
+    /// sending keeps its attempt, and is dead if that was its last; the rows not sent yet
+    /// get theirs back), then claims unsent rows that are due, the head of each ordering
+    /// key only, and **commits the claim before it sends**. A claim whose reply was lost
+    /// is tried again under the same owner token and finds the rows it took. Each send is
+    /// followed by its mark, by the row's id and this claim's owner token, or by its
+    /// failure's backoff; a batch that ends on a database failure releases its rows not
+    /// marked, their attempt given back. Returns what it did; `claimed == 0` when nothing
+    /// was due.
     pub async fn relay_batch<P: Publisher>(&self, publisher: &P) -> Result<Relayed, OutboxError> {
         self.relay_until(publisher, None).await
     }
@@ -264,15 +269,31 @@ impl<'p, DB: Backend> Relay<'p, DB> {
         let (batch, max_attempts) = (self.batch, self.max_attempts);
         let last_seen = *self.seen.lock().expect("not poisoned");
         let record = last_seen.is_none_or(|seen| seen.elapsed() >= SEEN_EVERY);
-        let (buried, owner, messages) = retry_transient::<DB, _, _>(move || async move {
-            let owner = new_token();
-            if record {
-                DB::outbox_seen(pool, table).await?;
+        if record {
+            retry_reachable::<DB, _, _>(|| DB::outbox_seen(pool, table))
+                .await
+                .map_err(|error| self.classify(error))?;
+        }
+        let buried =
+            retry_reachable::<DB, _, _>(|| super::reclaim::<DB>(pool, table, max_attempts))
+                .await
+                .map_err(|error| self.classify(error))?;
+        // Tried again after a deadlock or a lost connection under the same owner token: a
+        // claim whose reply was lost finds the rows it took, their attempt counted once.
+        let owner = new_token();
+        let tried = std::sync::atomic::AtomicBool::new(false);
+        let messages = retry_reachable::<DB, _, _>(|| {
+            let again = tried.swap(true, std::sync::atomic::Ordering::Relaxed);
+            let owner = &owner;
+            async move {
+                if again {
+                    let held = DB::outbox_held(pool, table, owner).await?;
+                    if !held.is_empty() {
+                        return Ok(held);
+                    }
+                }
+                DB::outbox_claim(pool, table, owner, lease, batch).await
             }
-            let buried = DB::outbox_bury(pool, table, max_attempts).await?;
-            let messages =
-                DB::outbox_claim(pool, table, &owner, lease, batch, max_attempts).await?;
-            Ok((buried, owner, messages))
         })
         .await
         .map_err(|error| self.classify(error))?;
@@ -291,9 +312,10 @@ impl<'p, DB: Backend> Relay<'p, DB> {
         let work = async {
             for message in &messages {
                 if stop.as_mut().is_some_and(|stop| stop.check()) {
-                    let released = DB::outbox_release(pool, table, &owner)
-                        .await
-                        .map_err(|error| self.classify(error))?;
+                    let released =
+                        retry_reachable::<DB, _, _>(|| DB::outbox_release(pool, table, &owner))
+                            .await
+                            .map_err(|error| self.classify(error))?;
                     relayed.released += released as usize;
                     break;
                 }
@@ -310,6 +332,19 @@ impl<'p, DB: Backend> Relay<'p, DB> {
         // What was sent before an error ended the batch is counted all the same.
         let ended =
             with_heartbeat::<DB, _, _>(self.heartbeat_interval(), &granted, renew, work).await;
+        if let Err(error) = &ended {
+            // The batch ended on a database failure: the rows not marked, the one in hand
+            // included (sent or not, its mark failed for the database, not the broker), go
+            // back at once with their attempt given back, if the database answers; a send
+            // repeated later is deduplicated downstream by its id.
+            match DB::outbox_release(pool, table, &owner).await {
+                Ok(released) => relayed.released += released as usize,
+                Err(release) => tracing::debug!(
+                    %error, %release,
+                    "outbox relay: releasing the claim after a failure failed; its rows are taken back after the lease"
+                ),
+            }
+        }
         for (outcome, count) in [
             ("sent", relayed.sent),
             ("lost", relayed.lost),
@@ -333,7 +368,7 @@ impl<'p, DB: Backend> Relay<'p, DB> {
         match publisher.publish(message).await {
             Ok(()) => {
                 let marked =
-                    retry_transient::<DB, _, _>(|| DB::outbox_sent(pool, table, message.id, owner))
+                    retry_reachable::<DB, _, _>(|| DB::outbox_sent(pool, table, message.id, owner))
                         .await
                         .map_err(|error| self.classify(error))?;
                 if marked {
@@ -351,7 +386,7 @@ impl<'p, DB: Backend> Relay<'p, DB> {
                 let text = crate::queue::error_text(error.to_string());
                 let dead = message.attempt >= self.max_attempts;
                 let delay = micros(jittered(self.base_delay, self.max_delay, message.attempt));
-                let failed = retry_transient::<DB, _, _>(|| {
+                let failed = retry_reachable::<DB, _, _>(|| {
                     DB::outbox_fail(pool, table, message.id, owner, &text, delay, dead)
                 })
                 .await

@@ -6,13 +6,17 @@ use sqlx::{AssertSqlSafe, Pool, Sqlite};
 use sqlx::Row as _;
 
 use super::{
-    DeadOutgoing, Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row, STOPPED, StatsRow,
-    relay_table,
+    DeadOutgoing, ExpiredOutgoing, Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row,
+    STOPPED, StatsRow, relay_table,
 };
 use crate::lease::Owner;
 use crate::schema::Table;
 use crate::schema::sqlite::{NOW, index_name, later};
 
+/// The columns of a claimed row, as [`message`] reads them.
+const MESSAGE: &str = "id, destination, payload, headers, ordering_key, attempts, seq";
+
+/// A claimed row from the columns of [`MESSAGE`].
 fn message(row: sqlx::sqlite::SqliteRow) -> Result<OutboxMessage, sqlx::Error> {
     Ok(OutboxMessage {
         id: OutgoingId::decode_bytes(&row.try_get::<Vec<u8>, _>(0)?)?,
@@ -121,23 +125,69 @@ impl OutboxBackend for Sqlite {
         })
     }
 
-    async fn outbox_bury<'a>(
+    async fn outbox_expired<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,
-        max_attempts: u32,
-    ) -> Result<u64, sqlx::Error> {
+    ) -> Result<Vec<ExpiredOutgoing>, sqlx::Error> {
         let sql = format!(
-            "UPDATE {} SET state = 3, owner = NULL, lease_until = NULL, \
-             last_error = 'attempt ' || attempts || ?2 \
-             WHERE state = 1 AND lease_until <= {NOW} AND attempts >= ?1",
-            table.name()
+            "SELECT owner, id, attempts FROM {name} WHERE state = 1 \
+             AND owner IN (SELECT owner FROM {name} WHERE state = 1 AND lease_until <= {NOW}) \
+             ORDER BY owner, seq LIMIT 1000",
+            name = table.name()
         );
-        let done = sqlx::query(AssertSqlSafe(sql))
-            .bind(i64::from(max_attempts))
-            .bind(STOPPED)
-            .execute(pool)
+        let rows: Vec<(Vec<u8>, Vec<u8>, i64)> =
+            sqlx::query_as(AssertSqlSafe(sql)).fetch_all(pool).await?;
+        let mut expired = Vec::with_capacity(rows.len());
+        for (owner, id, attempts) in rows {
+            if let Ok(owner) = owner.try_into() {
+                expired.push(ExpiredOutgoing {
+                    owner,
+                    id: OutgoingId::decode_bytes(&id)?,
+                    attempts: attempts.clamp(0, i64::from(u32::MAX)) as u32,
+                });
+            }
+        }
+        Ok(expired)
+    }
+
+    async fn outbox_reclaim<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+        first: OutgoingId,
+        dead: bool,
+    ) -> Result<bool, sqlx::Error> {
+        let name = table.name();
+        let fence = "owner = ?1 AND state = 1";
+        let first_sql = if dead {
+            format!(
+                "UPDATE {name} SET state = 3, owner = NULL, lease_until = NULL, \
+                 last_error = 'attempt ' || attempts || ?3 WHERE {fence} AND id = ?2"
+            )
+        } else {
+            format!(
+                "UPDATE {name} SET state = 0, owner = NULL, lease_until = NULL \
+                 WHERE {fence} AND id = ?2"
+            )
+        };
+        let mut first_query = sqlx::query(AssertSqlSafe(first_sql))
+            .bind(&owner[..])
+            .bind(&first.as_uuid().as_bytes()[..]);
+        if dead {
+            first_query = first_query.bind(STOPPED);
+        }
+        let mut tx = pool.begin_with(crate::claim::sqlite::BEGIN).await?;
+        let taken = first_query.execute(&mut *tx).await?.rows_affected() == 1;
+        let rest = format!(
+            "UPDATE {name} SET state = 0, owner = NULL, lease_until = NULL, \
+             attempts = attempts - 1 WHERE {fence}"
+        );
+        sqlx::query(AssertSqlSafe(rest))
+            .bind(&owner[..])
+            .execute(&mut *tx)
             .await?;
-        Ok(done.rows_affected())
+        tx.commit().await?;
+        Ok(taken)
     }
 
     async fn outbox_claim<'a>(
@@ -146,54 +196,47 @@ impl OutboxBackend for Sqlite {
         owner: &'a Owner,
         lease_us: i64,
         limit: u32,
-        max_attempts: u32,
     ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
         let name = table.name();
-        let set = format!(
-            "SET state = 1, owner = ?1, attempts = attempts + 1, lease_until = {}",
-            later("?2")
-        );
-        let returning = "RETURNING id, destination, payload, headers, ordering_key, attempts, seq";
-        // One statement each, atomic under SQLite's single writer.
-        let expired = format!(
-            "UPDATE {name} {set} WHERE seq IN (SELECT seq FROM {name} WHERE state = 1 \
-             AND lease_until <= {NOW} AND attempts < ?4 ORDER BY lease_until, seq LIMIT ?3) \
-             {returning}"
-        );
+        // One statement, atomic under SQLite's single writer.
         let unsent = format!(
-            "UPDATE {name} {set} WHERE seq IN (SELECT seq FROM {name} AS m WHERE state = 0 \
+            "UPDATE {name} SET state = 1, owner = ?1, attempts = attempts + 1, lease_until = {} \
+             WHERE seq IN (SELECT seq FROM {name} AS m WHERE state = 0 \
              AND next_attempt_at <= {NOW} \
              AND (m.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {name} AS e \
              WHERE e.ordering_key = m.ordering_key AND e.seq < m.seq AND e.state <> 2)) \
-             ORDER BY next_attempt_at, seq LIMIT ?3) {returning}"
+             ORDER BY next_attempt_at, seq LIMIT ?3) RETURNING {MESSAGE}",
+            later("?2")
         );
-        let mut messages = Vec::new();
-        for row in sqlx::query(AssertSqlSafe(expired))
+        let mut messages = sqlx::query(AssertSqlSafe(unsent))
             .bind(&owner[..])
             .bind(lease_us)
-            .bind(i64::from(super::TAKEOVER))
-            .bind(i64::from(max_attempts))
+            .bind(i64::from(limit))
             .fetch_all(pool)
             .await?
-        {
-            messages.push(message(row)?);
-        }
-        let left = i64::from(limit) - messages.len() as i64;
-        if left > 0 {
-            let mut unsent_messages = Vec::new();
-            for row in sqlx::query(AssertSqlSafe(unsent))
-                .bind(&owner[..])
-                .bind(lease_us)
-                .bind(left)
-                .fetch_all(pool)
-                .await?
-            {
-                unsent_messages.push(message(row)?);
-            }
-            unsent_messages.sort_by_key(|message| message.seq);
-            messages.extend(unsent_messages);
-        }
+            .into_iter()
+            .map(message)
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        messages.sort_by_key(|message| message.seq);
         Ok(messages)
+    }
+
+    async fn outbox_held<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        owner: &'a Owner,
+    ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
+        let sql = format!(
+            "SELECT {MESSAGE} FROM {} WHERE owner = ?1 AND state = 1 ORDER BY seq",
+            table.name()
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(&owner[..])
+            .fetch_all(pool)
+            .await?
+            .into_iter()
+            .map(message)
+            .collect()
     }
 
     async fn outbox_renew<'a>(

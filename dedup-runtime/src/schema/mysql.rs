@@ -186,7 +186,6 @@ pub(crate) const READ_COMMITTED: &str =
 pub(crate) enum Arg<'a> {
     Text(&'a str),
     Bytes(&'a [u8]),
-    U32(u32),
     I64(i64),
 }
 
@@ -198,7 +197,6 @@ fn arguments(lists: &[&[Arg<'_>]]) -> Result<sqlx::mysql::MySqlArguments, sqlx::
         match *arg {
             Arg::Text(text) => arguments.add(text.to_owned()),
             Arg::Bytes(bytes) => arguments.add(bytes.to_vec()),
-            Arg::U32(number) => arguments.add(number),
             Arg::I64(number) => arguments.add(number),
         }
         .map_err(sqlx::Error::Encode)?;
