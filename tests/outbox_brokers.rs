@@ -196,6 +196,56 @@ mod rabbitmq {
             .unwrap();
     }
 
+    /// The relay sends a claim together: every message out, then the confirms. A queue
+    /// that refuses what is over its length (`x-overflow = reject-publish`) nacks the
+    /// third of three: that row fails alone (unsent, its error kept), the two the broker
+    /// has are marked sent.
+    #[tokio::test]
+    async fn a_nack_in_a_batch_fails_that_row_only() {
+        use lapin::options::QueueDeclareOptions;
+        use lapin::types::{AMQPValue, FieldTable};
+
+        let connection = connect().await;
+        let setup = connection.create_channel().await.unwrap();
+        let queue = dedup_suite::unique("outbox-full");
+        let mut arguments = FieldTable::default();
+        arguments.insert("x-max-length".into(), AMQPValue::LongInt(2));
+        arguments.insert(
+            "x-overflow".into(),
+            AMQPValue::LongString("reject-publish".into()),
+        );
+        setup
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::default(),
+                arguments,
+            )
+            .await
+            .unwrap();
+        let (db, outbox, ids) = outbox_with(&queue, &[b"one", b"two", b"three"]).await;
+        let publisher = RabbitMqPublisher::new(connection.create_channel().await.unwrap(), "")
+            .await
+            .unwrap();
+        let relayed = outbox.relay(&*db).relay_batch(&publisher).await.unwrap();
+        assert_eq!(
+            (relayed.claimed, relayed.sent, relayed.failed),
+            (3, 2, 1),
+            "{relayed:?}"
+        );
+        assert_eq!(state(&db, ids[0]).await, (2, None));
+        assert_eq!(state(&db, ids[1]).await, (2, None));
+        let (row_state, last_error) = state(&db, ids[2]).await;
+        assert_eq!(row_state, 0, "unsent, for another attempt");
+        assert!(
+            last_error.unwrap().contains("nack"),
+            "the broker's answer kept"
+        );
+        setup
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+    }
+
     /// A message nothing routes (no such queue) comes back to the publisher: a failed
     /// send, kept and retried, never marked sent.
     #[tokio::test]

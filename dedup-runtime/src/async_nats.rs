@@ -200,23 +200,54 @@ impl JetStreamPublisher {
     }
 }
 
-impl crate::outbox::Publisher for JetStreamPublisher {
-    type Error = ::async_nats::jetstream::context::PublishError;
-
-    async fn publish(&self, message: &crate::outbox::OutboxMessage) -> Result<(), Self::Error> {
+impl JetStreamPublisher {
+    /// Publishes `message` to its subject; the stream's acknowledgement to await.
+    async fn start(
+        &self,
+        message: &crate::outbox::OutboxMessage,
+    ) -> Result<
+        ::async_nats::jetstream::context::PublishAckFuture,
+        ::async_nats::jetstream::context::PublishError,
+    > {
         let id = message.id().to_string();
         let mut headers = HeaderMap::new();
         headers.insert("Message-Id", id.as_str());
         headers.insert(::async_nats::header::NATS_MESSAGE_ID, id.as_str());
-        let ack = self
-            .context
+        self.context
             .publish_with_headers(
                 message.destination().to_owned(),
                 headers,
                 message.payload().to_vec().into(),
             )
-            .await?;
-        ack.await?;
+            .await
+    }
+}
+
+impl crate::outbox::Publisher for JetStreamPublisher {
+    type Error = ::async_nats::jetstream::context::PublishError;
+
+    async fn publish(&self, message: &crate::outbox::OutboxMessage) -> Result<(), Self::Error> {
+        self.start(message).await?.await?;
         Ok(())
+    }
+
+    /// Every message published first, then the stream's acknowledgements awaited (each
+    /// within the context's timeout): a message not acknowledged fails alone.
+    async fn publish_batch(
+        &self,
+        messages: &[crate::outbox::OutboxMessage],
+    ) -> Vec<Result<(), Self::Error>> {
+        let mut acks = Vec::with_capacity(messages.len());
+        for message in messages {
+            acks.push(self.start(message).await);
+        }
+        let mut answers = Vec::with_capacity(messages.len());
+        for ack in acks {
+            answers.push(match ack {
+                Ok(ack) => ack.await.map(|_| ()),
+                Err(error) => Err(error),
+            });
+        }
+        answers
     }
 }

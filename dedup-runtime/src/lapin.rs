@@ -275,6 +275,7 @@ mod tests {
 pub struct RabbitMqPublisher {
     channel: ::lapin::Channel,
     exchange: String,
+    confirm_timeout: std::time::Duration,
 }
 
 impl RabbitMqPublisher {
@@ -286,7 +287,18 @@ impl RabbitMqPublisher {
         Ok(RabbitMqPublisher {
             channel,
             exchange: exchange.to_owned(),
+            confirm_timeout: std::time::Duration::from_secs(30),
         })
+    }
+
+    /// How long a send waits for the broker's confirm (30 s by default): a confirm not
+    /// back in time fails its message ([`PublishError::ConfirmTimedOut`]), which the relay
+    /// sends again later with the same id. A claim's confirms share one deadline.
+    pub fn confirm_timeout(self, timeout: std::time::Duration) -> Self {
+        RabbitMqPublisher {
+            confirm_timeout: timeout,
+            ..self
+        }
     }
 }
 
@@ -300,6 +312,10 @@ pub enum PublishError {
     Nacked,
     /// Nothing routed the message (no queue bound, or no queue of that name): returned.
     Unroutable,
+    /// The broker's confirm did not come within the
+    /// [`confirm_timeout`](RabbitMqPublisher::confirm_timeout): the broker may have the
+    /// message or not; it is sent again later, with the same id.
+    ConfirmTimedOut,
 }
 
 impl std::fmt::Display for PublishError {
@@ -309,6 +325,9 @@ impl std::fmt::Display for PublishError {
             PublishError::Nacked => f.write_str("RabbitMQ refused the message (nack)"),
             PublishError::Unroutable => {
                 f.write_str("RabbitMQ returned the message: nothing routed it to a queue")
+            }
+            PublishError::ConfirmTimedOut => {
+                f.write_str("RabbitMQ did not confirm the message in time")
             }
         }
     }
@@ -329,12 +348,13 @@ impl From<::lapin::Error> for PublishError {
     }
 }
 
-impl crate::outbox::Publisher for RabbitMqPublisher {
-    type Error = PublishError;
-
-    async fn publish(&self, message: &crate::outbox::OutboxMessage) -> Result<(), PublishError> {
+impl RabbitMqPublisher {
+    /// Puts `message` on the channel; the confirm to await.
+    async fn start(
+        &self,
+        message: &crate::outbox::OutboxMessage,
+    ) -> Result<::lapin::PublisherConfirm, ::lapin::Error> {
         use ::lapin::BasicProperties;
-        use ::lapin::Confirmation;
         use ::lapin::options::BasicPublishOptions;
 
         let id = message.id().to_string();
@@ -345,8 +365,7 @@ impl crate::outbox::Publisher for RabbitMqPublisher {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
-        let confirm = self
-            .channel
+        self.channel
             .basic_publish(
                 self.exchange.as_str().into(),
                 message.destination().into(),
@@ -354,11 +373,54 @@ impl crate::outbox::Publisher for RabbitMqPublisher {
                 message.payload(),
                 properties,
             )
-            .await?;
-        match confirm.await? {
-            Confirmation::Ack(None) => Ok(()),
-            Confirmation::Ack(Some(_)) => Err(PublishError::Unroutable),
-            Confirmation::Nack(_) | Confirmation::NotRequested => Err(PublishError::Nacked),
+            .await
+    }
+
+    /// A confirm, awaited until `deadline`.
+    async fn confirmed(
+        confirm: ::lapin::PublisherConfirm,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), PublishError> {
+        use ::lapin::Confirmation;
+
+        match tokio::time::timeout_at(deadline, confirm).await {
+            Err(_) => Err(PublishError::ConfirmTimedOut),
+            Ok(confirmation) => match confirmation? {
+                Confirmation::Ack(None) => Ok(()),
+                Confirmation::Ack(Some(_)) => Err(PublishError::Unroutable),
+                Confirmation::Nack(_) | Confirmation::NotRequested => Err(PublishError::Nacked),
+            },
         }
+    }
+}
+
+impl crate::outbox::Publisher for RabbitMqPublisher {
+    type Error = PublishError;
+
+    async fn publish(&self, message: &crate::outbox::OutboxMessage) -> Result<(), PublishError> {
+        let confirm = self.start(message).await?;
+        Self::confirmed(confirm, tokio::time::Instant::now() + self.confirm_timeout).await
+    }
+
+    /// Every message on the channel first, then their confirms, awaited together until
+    /// the [`confirm_timeout`](RabbitMqPublisher::confirm_timeout): a `nack`, a return
+    /// or a confirm not back in time fails that message only.
+    async fn publish_batch(
+        &self,
+        messages: &[crate::outbox::OutboxMessage],
+    ) -> Vec<Result<(), PublishError>> {
+        let mut confirms = Vec::with_capacity(messages.len());
+        for message in messages {
+            confirms.push(self.start(message).await);
+        }
+        let deadline = tokio::time::Instant::now() + self.confirm_timeout;
+        let mut answers = Vec::with_capacity(messages.len());
+        for confirm in confirms {
+            answers.push(match confirm {
+                Ok(confirm) => Self::confirmed(confirm, deadline).await,
+                Err(error) => Err(error.into()),
+            });
+        }
+        answers
     }
 }

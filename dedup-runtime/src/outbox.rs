@@ -1120,15 +1120,15 @@ pub trait OutboxBackend: Database {
         lease_us: i64,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
-    /// Marks the row `id` sent if it is still `owner`'s claim; whether it was (exactly
-    /// one row).
+    /// Marks the rows `ids` (at most 1,000) sent, those still `owner`'s claim, in one
+    /// statement; how many.
     #[doc(hidden)]
     fn outbox_sent<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,
-        id: OutgoingId,
+        ids: &'a [OutgoingId],
         owner: &'a Owner,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
     /// After a failed send: the row back to unsent after `delay_us` (or dead), with
     /// `error` as its last error, if it is still `owner`'s claim; whether it was.

@@ -292,23 +292,28 @@ impl OutboxBackend for MySql {
         .await
     }
 
+    /// By primary key, the owner and state checked on each row under its lock.
     async fn outbox_sent<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,
-        id: OutgoingId,
+        ids: &'a [OutgoingId],
         owner: &'a Owner,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<u64, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
         let sql = format!(
-            "UPDATE {} SET state = 2, sent_at = UTC_TIMESTAMP(6), owner = NULL, \
-             lease_until = NULL WHERE id = ? AND owner = ? AND state = 1",
-            table.name()
+            "UPDATE {} FORCE INDEX (PRIMARY) SET state = 2, sent_at = UTC_TIMESTAMP(6), \
+             owner = NULL, lease_until = NULL WHERE id IN ({}) AND owner = ? AND state = 1",
+            table.name(),
+            placeholders(ids.len())
         );
-        let done = sqlx::query(AssertSqlSafe(sql))
-            .bind(&id.as_uuid().as_bytes()[..])
-            .bind(&owner[..])
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for id in ids {
+            query = query.bind(&id.as_uuid().as_bytes()[..]);
+        }
+        let done = query.bind(&owner[..]).execute(pool).await?;
+        Ok(done.rows_affected())
     }
 
     async fn outbox_fail<'a>(

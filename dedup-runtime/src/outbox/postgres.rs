@@ -261,20 +261,21 @@ impl OutboxBackend for Postgres {
     async fn outbox_sent<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,
-        id: OutgoingId,
+        ids: &'a [OutgoingId],
         owner: &'a Owner,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<u64, sqlx::Error> {
         let sql = format!(
             "UPDATE {} SET state = 2, sent_at = clock_timestamp(), owner = NULL, \
-             lease_until = NULL WHERE id = $1::uuid AND owner = $2 AND state = 1",
+             lease_until = NULL WHERE id = ANY($1::text[]::uuid[]) AND owner = $2 AND state = 1",
             table.name()
         );
+        let ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
         let done = sqlx::query(AssertSqlSafe(sql))
-            .bind(id.to_string())
+            .bind(ids)
             .bind(&owner[..])
             .execute(pool)
             .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(done.rows_affected())
     }
 
     async fn outbox_fail<'a>(

@@ -1,6 +1,7 @@
-//! The relay: claims unsent rows under a lease and commits the claim, sends each through a
-//! [`Publisher`] with no transaction open, then marks it sent by its exact id and the
-//! claim's owner token, or schedules its next attempt. The backend-neutral part; each
+//! The relay: claims unsent rows under a lease and commits the claim, sends them all
+//! through a [`Publisher`] with no transaction open (out together, their confirms awaited
+//! together), then marks the ones the broker has sent in one statement, by their exact ids
+//! and the claim's owner token, and schedules the next attempt of the others. The backend-neutral part; each
 //! backend's statements are in `outbox/<db>.rs`.
 
 use std::fmt;
@@ -93,7 +94,33 @@ pub trait Publisher: Send + Sync {
         &'a self,
         message: &'a OutboxMessage,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'a;
+
+    /// Sends a claim's messages: one answer per message, in their order (`Ok` once the
+    /// broker has it; a message without an answer fails). The relay calls this once per
+    /// claim, and marks every message answered `Ok` sent in one statement.
+    ///
+    /// The default sends them one after the other through [`publish`](Self::publish).
+    /// Override it to send them all before awaiting any confirm — as the RabbitMQ and
+    /// JetStream publishers of this crate do — so that a claim costs one wait for the
+    /// broker, not one per message. The claim holds at most one message per ordering key,
+    /// so sending its messages together keeps the order per key.
+    fn publish_batch<'a>(
+        &'a self,
+        messages: &'a [OutboxMessage],
+    ) -> impl Future<Output = Vec<Result<(), Self::Error>>> + Send + 'a {
+        async move {
+            let mut answers = Vec::with_capacity(messages.len());
+            for message in messages {
+                answers.push(self.publish(message).await);
+            }
+            answers
+        }
+    }
 }
+
+/// The error kept on a row its publisher's [`Publisher::publish_batch`] gave no answer for.
+const NO_ANSWER: &str = "the publisher gave no answer for this message (publish_batch returned \
+                         fewer answers than messages)";
 
 /// What one [`Relay::relay_batch`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -243,17 +270,21 @@ impl<'p, DB: Backend> Relay<'p, DB> {
         self.outbox.classify::<DB>(error)
     }
 
-    /// Claims up to [`batch`](Self::batch) rows and sends them one after the other: first
-    /// records that a relay ran ([`Outbox::health`]; at most once a second), takes back
-    /// in bulk the claims of relays that stopped (their lease ended: the row each was
-    /// sending keeps its attempt, and is dead if that was its last; the rows not sent yet
-    /// get theirs back), then claims unsent rows that are due, the head of each ordering
-    /// key only, and **commits the claim before it sends**. A claim whose reply was lost
-    /// is tried again under the same owner token and finds the rows it took. Each send is
-    /// followed by its mark, by the row's id and this claim's owner token, or by its
-    /// failure's backoff; a batch that ends on a database failure releases its rows not
-    /// marked, their attempt given back. Returns what it did; `claimed == 0` when nothing
-    /// was due.
+    /// Claims up to [`batch`](Self::batch) rows and sends them: first records that a
+    /// relay ran ([`Outbox::health`]; at most once a second), takes back in bulk the
+    /// claims of relays that stopped (their lease ended: the first row of each claim, in
+    /// `seq` order, keeps its attempt, and is dead if that was its last; the others get
+    /// theirs back), then claims unsent rows that are due, the head of each ordering key
+    /// only, and **commits the claim before it sends**. A claim whose reply was lost is
+    /// tried again under the same owner token and finds the rows it took.
+    ///
+    /// The claim goes to the publisher at once ([`Publisher::publish_batch`]: the
+    /// publishers of this crate put every message out before they await a confirm), and
+    /// the rows the broker has are marked sent in **one** statement, by their ids and this
+    /// claim's owner token; a row whose send failed (a nack, a confirm not back in time)
+    /// fails alone: its next attempt after its backoff, or dead after its last. A batch
+    /// that ends on a database failure releases its rows not marked, their attempt given
+    /// back. Returns what it did; `claimed == 0` when nothing was due.
     pub async fn relay_batch<P: Publisher>(&self, publisher: &P) -> Result<Relayed, OutboxError> {
         self.relay_until(publisher, None).await
     }
@@ -310,17 +341,46 @@ impl<'p, DB: Backend> Relay<'p, DB> {
         }
         let granted = Granted::new();
         let work = async {
+            if stop.as_mut().is_some_and(|stop| stop.check()) {
+                let released =
+                    retry_reachable::<DB, _, _>(|| DB::outbox_release(pool, table, &owner))
+                        .await
+                        .map_err(|error| self.classify(error))?;
+                relayed.released += released as usize;
+                return Ok(());
+            }
+            // Every row out at once, the confirms awaited together (the claim holds at most
+            // one row per ordering key, so the order per key holds), then one mark for all
+            // the rows the broker has.
+            let mut answers = publisher.publish_batch(&messages).await.into_iter();
+            let mut sent = Vec::with_capacity(messages.len());
+            let mut failed = Vec::new();
             for message in &messages {
-                if stop.as_mut().is_some_and(|stop| stop.check()) {
-                    let released =
-                        retry_reachable::<DB, _, _>(|| DB::outbox_release(pool, table, &owner))
-                            .await
-                            .map_err(|error| self.classify(error))?;
-                    relayed.released += released as usize;
-                    break;
+                match answers.next() {
+                    Some(Ok(())) => sent.push(message.id),
+                    Some(Err(error)) => {
+                        failed.push((message, crate::queue::error_text(error.to_string())));
+                    }
+                    None => failed.push((message, NO_ANSWER.to_owned())),
                 }
-                match self.send(publisher, &owner, message).await? {
-                    Delivery::Marked => relayed.sent += 1,
+            }
+            if !sent.is_empty() {
+                let marked =
+                    retry_reachable::<DB, _, _>(|| DB::outbox_sent(pool, table, &sent, &owner))
+                        .await
+                        .map_err(|error| self.classify(error))? as usize;
+                relayed.sent += marked;
+                if marked < sent.len() {
+                    relayed.lost += sent.len() - marked;
+                    tracing::warn!(
+                        lost = sent.len() - marked,
+                        "outbox: sent, but rows were another relay's by then (this relay's \
+                         lease had ended): duplicate sends, which the consumer dedups by the id"
+                    );
+                }
+            }
+            for (message, text) in failed {
+                match self.fail(&owner, message, &text).await? {
                     Delivery::Lost => relayed.lost += 1,
                     Delivery::Failed => relayed.failed += 1,
                     Delivery::Dead => relayed.dead += 1,
@@ -358,67 +418,49 @@ impl<'p, DB: Backend> Relay<'p, DB> {
         Ok(relayed)
     }
 
-    async fn send<P: Publisher>(
+    /// After a failed send: the row's next attempt (or dead), its error kept, if the row
+    /// is still this claim's.
+    async fn fail(
         &self,
-        publisher: &P,
         owner: &Owner,
         message: &OutboxMessage,
+        text: &str,
     ) -> Result<Delivery, OutboxError> {
         let (pool, table) = (self.pool, &self.outbox.table);
-        match publisher.publish(message).await {
-            Ok(()) => {
-                let marked =
-                    retry_reachable::<DB, _, _>(|| DB::outbox_sent(pool, table, message.id, owner))
-                        .await
-                        .map_err(|error| self.classify(error))?;
-                if marked {
-                    Ok(Delivery::Marked)
-                } else {
-                    tracing::warn!(
-                        id = %message.id,
-                        "outbox: sent, but the row was another relay's by then (this relay's \
-                         lease had ended): a duplicate send, which the consumer dedups by the id"
-                    );
-                    Ok(Delivery::Lost)
-                }
-            }
-            Err(error) => {
-                let text = crate::queue::error_text(error.to_string());
-                let dead = message.attempt >= self.max_attempts;
-                let delay = micros(jittered(self.base_delay, self.max_delay, message.attempt));
-                let failed = retry_reachable::<DB, _, _>(|| {
-                    DB::outbox_fail(pool, table, message.id, owner, &text, delay, dead)
-                })
-                .await
-                .map_err(|error| self.classify(error))?;
-                if !failed {
-                    return Ok(Delivery::Lost);
-                }
-                if dead {
-                    tracing::warn!(
-                        id = %message.id,
-                        attempts = message.attempt,
-                        error = text,
-                        "outbox message dead after its last attempt"
-                    );
-                    Ok(Delivery::Dead)
-                } else {
-                    tracing::debug!(
-                        id = %message.id,
-                        attempt = message.attempt,
-                        error = text,
-                        "outbox message failed to send; retried later"
-                    );
-                    Ok(Delivery::Failed)
-                }
-            }
+        let dead = message.attempt >= self.max_attempts;
+        let delay = micros(jittered(self.base_delay, self.max_delay, message.attempt));
+        let failed = retry_reachable::<DB, _, _>(|| {
+            DB::outbox_fail(pool, table, message.id, owner, text, delay, dead)
+        })
+        .await
+        .map_err(|error| self.classify(error))?;
+        if !failed {
+            return Ok(Delivery::Lost);
+        }
+        if dead {
+            tracing::warn!(
+                id = %message.id,
+                attempts = message.attempt,
+                error = text,
+                "outbox message dead after its last attempt"
+            );
+            Ok(Delivery::Dead)
+        } else {
+            tracing::debug!(
+                id = %message.id,
+                attempt = message.attempt,
+                error = text,
+                "outbox message failed to send; retried later"
+            );
+            Ok(Delivery::Failed)
         }
     }
 
     /// Relays batches until `shutdown` completes, waiting the poll interval whenever
-    /// nothing was due. Graceful: once `shutdown` has completed, the send in hand is
-    /// finished, the claimed rows not sent yet are released at once for another relay,
-    /// and `run` returns `Ok(())`. A database failure is logged and retried after the
+    /// nothing was due. Graceful: once `shutdown` has completed, it claims nothing more; a
+    /// claim whose sends had begun is finished (its confirms awaited, its rows marked), a
+    /// claim whose sends had not begun is released at once for another relay, and `run`
+    /// returns `Ok(())`. A database failure is logged and retried after the
     /// poll interval, so that a relay outlives an outage: the only `Err` is a
     /// configuration refused at the start, before anything is claimed (a
     /// [`heartbeat`](Self::heartbeat) not shorter than the [`lease`](Self::lease):
@@ -460,8 +502,6 @@ impl<'p, DB: Backend> Relay<'p, DB> {
 
 /// How one send ended.
 enum Delivery {
-    /// Sent and marked sent.
-    Marked,
     Lost,
     Failed,
     Dead,

@@ -261,20 +261,27 @@ impl OutboxBackend for Sqlite {
     async fn outbox_sent<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,
-        id: OutgoingId,
+        ids: &'a [OutgoingId],
         owner: &'a Owner,
-    ) -> Result<bool, sqlx::Error> {
+    ) -> Result<u64, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let list: Vec<String> = (0..ids.len())
+            .map(|index| format!("?{}", index + 2))
+            .collect();
         let sql = format!(
             "UPDATE {} SET state = 2, sent_at = {NOW}, owner = NULL, lease_until = NULL \
-             WHERE id = ?1 AND owner = ?2 AND state = 1",
-            table.name()
+             WHERE id IN ({}) AND owner = ?1 AND state = 1",
+            table.name(),
+            list.join(", ")
         );
-        let done = sqlx::query(AssertSqlSafe(sql))
-            .bind(&id.as_uuid().as_bytes()[..])
-            .bind(&owner[..])
-            .execute(pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(&owner[..]);
+        for id in ids {
+            query = query.bind(&id.as_uuid().as_bytes()[..]);
+        }
+        let done = query.execute(pool).await?;
+        Ok(done.rows_affected())
     }
 
     async fn outbox_fail<'a>(
