@@ -4,6 +4,8 @@
 //! cargo bench --bench dedup                      # the full run: about 9 minutes
 //! cargo bench --bench dedup --features brokers    # the same, and the relay to the brokers
 //! cargo bench --bench dedup -- batch              # the batch group alone (batch.csv)
+//! cargo bench --bench dedup --features brokers -- relay  # the relay group alone (relay.csv;
+//!                                                 # in the smoke run too, tiny: see dedup/relay.rs)
 //! DEDUP_BENCH_ROUNDS=5 cargo bench --bench dedup  # the same with 5 rounds instead of 15
 //! DEDUP_BENCH_SMOKE=1 cargo test --all-features --bench dedup  # CI smoke run: tiny sizes
 //! ```
@@ -77,6 +79,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+#[path = "dedup/relay.rs"]
+mod relay;
 
 use dedup_runtime::Backend;
 use dedup_runtime::inbox::{Inbox, InboxHandler, Incoming, Received};
@@ -1280,6 +1285,10 @@ struct Brokers {
     channel: lapin::Channel,
     jetstream: dedup_runtime::async_nats::JetStreamPublisher,
     stream: async_nats::jetstream::stream::Stream,
+    /// For the hand-written relays (`-- relay`): a channel in confirm mode, and the
+    /// JetStream context.
+    hand_channel: lapin::Channel,
+    context: async_nats::jetstream::Context,
 }
 
 #[cfg(feature = "brokers")]
@@ -1316,11 +1325,17 @@ impl Brokers {
                 ..Default::default()
             })
             .await?;
+        let hand_channel = connection.create_channel().await?;
+        hand_channel
+            .confirm_select(lapin::options::ConfirmSelectOptions::default())
+            .await?;
         let brokers = Brokers {
             rabbitmq,
             channel,
-            jetstream: dedup_runtime::async_nats::JetStreamPublisher::new(context),
+            jetstream: dedup_runtime::async_nats::JetStreamPublisher::new(context.clone()),
             stream,
+            hand_channel,
+            context,
         };
         brokers.purge().await?;
         Ok(brokers)
@@ -2397,7 +2412,7 @@ fn svg(summary: &Summary, config: &Config, backends: &[BackendName]) -> String {
 // Main
 // ---------------------------------------------------------------------------------------
 
-async fn run(config: Config, batch_only: bool) -> Result<(), Error> {
+async fn run(config: Config, batch_only: bool, relay_only: bool) -> Result<(), Error> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = manifest.join("target/dedup-bench");
     std::fs::create_dir_all(&dir)?;
@@ -2422,6 +2437,26 @@ async fn run(config: Config, batch_only: bool) -> Result<(), Error> {
                 .busy_timeout(Duration::from_secs(60)),
         )
         .await?;
+    // `cargo bench --bench dedup -- relay`: the relay group alone (and, tiny, in the
+    // smoke run, below).
+    if relay_only || config.smoke {
+        let mysql_url = dedup_suite::mysql_url();
+        let maria = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(4)
+            .connect(&mysql_url)
+            .await
+            .map_err(|error| format!("MariaDB at {mysql_url}: {error}"))?;
+        let (rounds, rows) = if config.smoke {
+            (1, 200)
+        } else {
+            (relay_rounds(), 5_000)
+        };
+        relay::run(&pg, &lite, &maria, &dir, rounds, rows).await?;
+        if relay_only {
+            return Ok(());
+        }
+    }
+
     postgres_setup(&pg, &config).await?;
     sqlite_setup(&lite, &config).await?;
     dedup_runtime::inbox::migrate_table(&pg, INBOX_TABLE).await?;
@@ -2771,9 +2806,18 @@ async fn run(config: Config, batch_only: bool) -> Result<(), Error> {
     Ok(())
 }
 
+/// The relay group's rounds: `DEDUP_BENCH_ROUNDS`, 8 by default.
+fn relay_rounds() -> usize {
+    std::env::var("DEDUP_BENCH_ROUNDS")
+        .ok()
+        .and_then(|rounds| rounds.parse().ok())
+        .unwrap_or(8)
+}
+
 fn main() -> ExitCode {
     // `cargo bench` passes `--bench`; `batch` runs the batch group alone.
     let batch_only = std::env::args().skip(1).any(|arg| arg == "batch");
+    let relay_only = std::env::args().skip(1).any(|arg| arg == "relay");
     let config = Config::from_env();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -2786,7 +2830,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(config, batch_only)) {
+    match runtime.block_on(run(config, batch_only, relay_only)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("dedup bench: {error}");

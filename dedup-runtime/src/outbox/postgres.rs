@@ -132,6 +132,20 @@ impl OutboxBackend for Postgres {
         pool: &'a Pool<Self>,
         table: &'a Table,
     ) -> Result<Vec<ExpiredOutgoing>, sqlx::Error> {
+        // Most claims find no claim ended: first a look along the lease index, which
+        // stops at the first such row (and, an index scan, marks the dead entries it
+        // passes, where a bitmap scan of the whole query would read them every time).
+        let any = format!(
+            "SELECT 1 FROM {} WHERE state = 1 AND lease_until <= clock_timestamp() ORDER BY lease_until LIMIT 1",
+            table.name()
+        );
+        if sqlx::query(AssertSqlSafe(any))
+            .fetch_optional(pool)
+            .await?
+            .is_none()
+        {
+            return Ok(Vec::new());
+        }
         let sql = format!(
             "SELECT owner, id::text, attempts FROM {name} WHERE state = 1 \
              AND owner IN (SELECT owner FROM {name} WHERE state = 1 \
@@ -264,9 +278,13 @@ impl OutboxBackend for Postgres {
         ids: &'a [OutgoingId],
         owner: &'a Owner,
     ) -> Result<u64, sqlx::Error> {
+        // A join with the ids, not `id = ANY($1)`: the planner, which counts few claimed
+        // rows, walks the claimed rows' index and tests each against the whole array
+        // (500 × 500 comparisons: 90 ms for a claim of 500); the join is linear (5 ms).
         let sql = format!(
-            "UPDATE {} SET state = 2, sent_at = clock_timestamp(), owner = NULL, \
-             lease_until = NULL WHERE id = ANY($1::text[]::uuid[]) AND owner = $2 AND state = 1",
+            "UPDATE {} AS t SET state = 2, sent_at = clock_timestamp(), owner = NULL, \
+             lease_until = NULL FROM unnest($1::text[]::uuid[]) AS s (id) \
+             WHERE t.id = s.id AND t.owner = $2 AND t.state = 1",
             table.name()
         );
         let ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
