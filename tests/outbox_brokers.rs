@@ -1,6 +1,7 @@
 //! The outbox's publishers against the real brokers: the relay sends each row to
 //! RabbitMQ (publisher confirms, the outgoing id as the AMQP `message-id`) and to NATS
-//! JetStream (the id as `Message-Id` and `Nats-Msg-Id`), and the broker has each message byte for byte,
+//! JetStream (the id as `Message-Id` and `Nats-Msg-Id`) and to Kafka (tansu; the id in the
+//! header `id`, the ordering key as the record key), and the broker has each message byte for byte,
 //! once; an unroutable message is a failed send, retried, never a silent loss; a re-send
 //! of a row JetStream already has is dropped by JetStream's duplicate window. The relay
 //! runs on SQLite here (its backends are tested in `tests/outbox.rs`).
@@ -320,5 +321,109 @@ mod jetstream {
         assert_eq!(info.state.messages, 2, "the stream kept one copy of each");
         context.delete_stream(&name).await.unwrap();
         context.delete_stream(format!("{name}_DEAD")).await.unwrap();
+    }
+}
+
+mod kafka {
+    use super::*;
+    use dedup_runtime::rdkafka::KafkaPublisher;
+    use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+    use rdkafka::client::DefaultClientContext;
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    use rdkafka::message::{Headers, Message};
+
+    fn brokers() -> String {
+        std::env::var("DEDUP_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:19092".to_owned())
+    }
+
+    /// The relay publishes a claim to Kafka through the idempotent producer of
+    /// `KafkaPublisher::producer_config`: each record once, the outgoing id in the header
+    /// `id`, the ordering key as the record key, the rows marked sent.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_relay_publishes_with_the_id_in_the_id_header() {
+        let topic = dedup_suite::unique("outbox-kafka");
+        let admin: AdminClient<DefaultClientContext> = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", brokers())
+            .create()
+            .unwrap();
+        admin
+            .create_topics(
+                &[NewTopic::new(&topic, 1, TopicReplication::Fixed(1))],
+                &AdminOptions::new(),
+            )
+            .await
+            .unwrap_or_else(|error| {
+                panic!(
+                    "the Kafka-protocol broker is not reachable at {}: {error}. Start it \
+                     (`bash .ci/run` starts tansu on 127.0.0.1:19092) or set \
+                     DEDUP_TEST_KAFKA_BROKERS",
+                    brokers()
+                )
+            });
+        let db = dedup_suite::sqlite().await;
+        dedup_runtime::outbox::migrate(&*db).await.unwrap();
+        let outbox = Outbox::new();
+        let cause = Cause::new("outbox-kafka", dedup_suite::unique("evt")).unwrap();
+        let mut tx = db.begin().await.unwrap();
+        let mut ids = Vec::new();
+        for (slot, payload) in [&b"first"[..], b"\x00\xff", b"third"].iter().enumerate() {
+            let mut message = cause.nth_outgoing(slot as u32, &topic, payload);
+            if slot == 1 {
+                message = message.ordering_key("order-7");
+            }
+            outbox.enqueue(&mut *tx, &message).await.unwrap();
+            ids.push(message.id());
+        }
+        tx.commit().await.unwrap();
+        let producer = KafkaPublisher::producer_config(&brokers())
+            .create()
+            .unwrap();
+        let publisher = KafkaPublisher::new(producer);
+        let relayed = outbox.relay(&*db).relay_batch(&publisher).await.unwrap();
+        assert_eq!((relayed.claimed, relayed.sent), (3, 3), "{relayed:?}");
+        for id in &ids {
+            assert_eq!(state(&db, *id).await, (2, None), "marked sent");
+        }
+
+        let consumer: StreamConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", brokers())
+            .set("group.id", dedup_suite::unique("outbox-kafka-check"))
+            .set("auto.offset.reset", "earliest")
+            .set("enable.auto.commit", "false")
+            .create()
+            .unwrap();
+        // The partition itself from its start: no group rebalance to wait for.
+        let mut partitions = rdkafka::TopicPartitionList::new();
+        partitions
+            .add_partition_offset(&topic, 0, rdkafka::Offset::Beginning)
+            .unwrap();
+        consumer.assign(&partitions).unwrap();
+        let mut received = Vec::new();
+        while received.len() < 3 {
+            let message = tokio::time::timeout(PATIENCE, consumer.recv())
+                .await
+                .unwrap_or_else(|_| panic!("only {received:?} on {topic}"))
+                .unwrap();
+            let id = message
+                .headers()
+                .and_then(|headers| headers.iter().find(|header| header.key == "id"))
+                .and_then(|header| header.value)
+                .map(|value| String::from_utf8(value.to_vec()).unwrap());
+            received.push((
+                id,
+                message.key().map(<[u8]>::to_vec),
+                message.payload().unwrap_or_default().to_vec(),
+            ));
+        }
+        let expected = vec![
+            (Some(ids[0].to_string()), None, b"first".to_vec()),
+            (
+                Some(ids[1].to_string()),
+                Some(b"order-7".to_vec()),
+                b"\x00\xff".to_vec(),
+            ),
+            (Some(ids[2].to_string()), None, b"third".to_vec()),
+        ];
+        assert_eq!(received, expected, "each once, in order, byte for byte");
     }
 }

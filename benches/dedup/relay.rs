@@ -4,8 +4,9 @@
 //! median over the rounds. In every round, in an order that changes with the round:
 //!
 //! - the library's relay (`Relay::relay_batch` in a loop) at claims of 32, 100 and 500,
-//!   to no broker (a publisher that drops each message), RabbitMQ (publisher confirms) and
-//!   JetStream (the stream's acknowledgements), on PostgreSQL, SQLite and MariaDB;
+//!   to no broker (a publisher that drops each message), RabbitMQ (publisher confirms),
+//!   JetStream (the stream's acknowledgements) and Kafka (tansu; the idempotent producer,
+//!   `acks=all`), on PostgreSQL, SQLite and MariaDB;
 //! - on PostgreSQL, three relays written by hand with sqlx and the broker clients:
 //!   - `before`: the relay as it was before issue 25 — claim 32 rows under a lease and
 //!     commit, then per row publish, await its confirm, one autocommitted `UPDATE`;
@@ -47,6 +48,8 @@ enum Broker {
     RabbitMq,
     #[cfg(feature = "brokers")]
     JetStream,
+    #[cfg(feature = "brokers")]
+    Kafka,
 }
 
 impl Broker {
@@ -57,6 +60,8 @@ impl Broker {
             Broker::RabbitMq,
             #[cfg(feature = "brokers")]
             Broker::JetStream,
+            #[cfg(feature = "brokers")]
+            Broker::Kafka,
         ]
     }
 
@@ -67,6 +72,8 @@ impl Broker {
             Broker::RabbitMq => "rabbitmq",
             #[cfg(feature = "brokers")]
             Broker::JetStream => "jetstream",
+            #[cfg(feature = "brokers")]
+            Broker::Kafka => "kafka",
         }
     }
 }
@@ -75,6 +82,12 @@ impl Broker {
 struct Clients {
     #[cfg(feature = "brokers")]
     brokers: super::Brokers,
+    /// Kafka (tansu in CI): the library's publisher, and a producer of the same settings
+    /// for the hand-written relays.
+    #[cfg(feature = "brokers")]
+    kafka: dedup_runtime::rdkafka::KafkaPublisher,
+    #[cfg(feature = "brokers")]
+    kafka_producer: rdkafka::producer::FutureProducer,
 }
 
 impl Clients {
@@ -144,7 +157,59 @@ impl Clients {
                 }
                 answers
             }
+            #[cfg(feature = "brokers")]
+            Broker::Kafka => {
+                use rdkafka::message::{Header, OwnedHeaders};
+                let mut deliveries = Vec::with_capacity(rows.len());
+                for (id, destination, payload) in rows {
+                    let headers = OwnedHeaders::new().insert(Header {
+                        key: "id",
+                        value: Some(id.as_str()),
+                    });
+                    let record = rdkafka::producer::FutureRecord::<str, [u8]>::to(destination)
+                        .payload(payload)
+                        .headers(headers);
+                    deliveries.push(self.kafka_producer.send_result(record).ok());
+                }
+                let mut answers = Vec::with_capacity(rows.len());
+                for delivery in deliveries {
+                    answers.push(match delivery {
+                        Some(delivery) => matches!(delivery.await, Ok(Ok(_))),
+                        None => false,
+                    });
+                }
+                answers
+            }
         }
+    }
+
+    #[cfg(feature = "brokers")]
+    async fn connect() -> Result<Clients, Error> {
+        let servers = std::env::var("DEDUP_TEST_KAFKA_BROKERS")
+            .unwrap_or_else(|_| "127.0.0.1:19092".to_owned());
+        let config = dedup_runtime::rdkafka::KafkaPublisher::producer_config(&servers);
+        let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
+            config.create()?;
+        let topic = rdkafka::admin::NewTopic::new(
+            super::DESTINATION,
+            1,
+            rdkafka::admin::TopicReplication::Fixed(1),
+        );
+        // Already there from an earlier run is fine.
+        let _ = admin
+            .create_topics(&[topic], &rdkafka::admin::AdminOptions::new())
+            .await
+            .map_err(|error| format!("Kafka at {servers}: {error}"))?;
+        Ok(Clients {
+            brokers: super::Brokers::connect().await?,
+            kafka: dedup_runtime::rdkafka::KafkaPublisher::new(config.create()?),
+            kafka_producer: config.create()?,
+        })
+    }
+
+    #[cfg(not(feature = "brokers"))]
+    async fn connect() -> Result<Clients, Error> {
+        Ok(Clients {})
     }
 
     async fn purge(&self) -> Result<(), Error> {
@@ -209,6 +274,8 @@ async fn library<DB: dedup_runtime::Backend>(
             Broker::RabbitMq => relay.relay_batch(&clients.brokers.rabbitmq).await?,
             #[cfg(feature = "brokers")]
             Broker::JetStream => relay.relay_batch(&clients.brokers.jetstream).await?,
+            #[cfg(feature = "brokers")]
+            Broker::Kafka => relay.relay_batch(&clients.kafka).await?,
         };
         sent += relayed.sent;
         if relayed.claimed == 0 {
@@ -366,10 +433,7 @@ pub(crate) async fn run(
     rounds: usize,
     rows: usize,
 ) -> Result<(), Error> {
-    let clients = Clients {
-        #[cfg(feature = "brokers")]
-        brokers: super::Brokers::connect().await?,
-    };
+    let clients = Clients::connect().await?;
     let table = "dedup_bench_relay";
     let mut samples: BTreeMap<Key, Vec<f64>> = BTreeMap::new();
     for round in 0..rounds {

@@ -204,6 +204,8 @@ mod outcome;
 mod probe;
 mod prune;
 mod queue;
+#[cfg(feature = "rdkafka")]
+pub mod rdkafka;
 mod retry;
 mod rolled_back;
 mod run;
