@@ -1,7 +1,8 @@
 //! The outbox's publishers against the real brokers: the relay sends each row to
 //! RabbitMQ (publisher confirms, the outgoing id as the AMQP `message-id`) and to NATS
-//! JetStream (the id as `Message-Id` and `Nats-Msg-Id`) and to Kafka (tansu; the id in the
-//! header `id`, the ordering key as the record key), and the broker has each message byte for byte,
+//! JetStream (the id as `Message-Id` and `Nats-Msg-Id`), to Kafka (tansu; the id in the
+//! header `id`, the ordering key as the record key) and to Redis Streams (the fields `id`
+//! and `body`), and the broker has each message byte for byte,
 //! once; an unroutable message is a failed send, retried, never a silent loss; a re-send
 //! of a row JetStream already has is dropped by JetStream's duplicate window. The relay
 //! runs on SQLite here (its backends are tested in `tests/outbox.rs`).
@@ -425,5 +426,77 @@ mod kafka {
             (Some(ids[2].to_string()), None, b"third".to_vec()),
         ];
         assert_eq!(received, expected, "each once, in order, byte for byte");
+    }
+}
+
+mod redis_streams {
+    use super::*;
+    use dedup_runtime::redis::RedisStreamsPublisher;
+    use redis::Value;
+
+    /// An entry's fields, name and bytes, in order.
+    type Fields = Vec<(String, Vec<u8>)>;
+
+    /// The relay publishes a claim to a Redis stream in one pipeline: each row one entry,
+    /// the outgoing id in the field `id`, the payload in `body`, in order; the rows marked
+    /// sent.
+    #[tokio::test]
+    async fn the_relay_adds_one_entry_per_row_with_the_id_field() {
+        let url = std::env::var("DEDUP_TEST_REDIS_URL")
+            .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned());
+        let client = redis::Client::open(url.as_str()).unwrap();
+        let mut connection = client
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap_or_else(|error| {
+                panic!(
+                    "Redis is not reachable at {url}: {error}. Start it or set DEDUP_TEST_REDIS_URL"
+                )
+            });
+        let stream = dedup_suite::unique("outbox-redis");
+        let payloads: [&[u8]; 3] = [b"first", b"\x00\xff binary", b"third"];
+        let (db, outbox, ids) = outbox_with(&stream, &payloads).await;
+        let publisher = RedisStreamsPublisher::new(connection.clone());
+        let relayed = outbox.relay(&*db).relay_batch(&publisher).await.unwrap();
+        assert_eq!((relayed.claimed, relayed.sent), (3, 3), "{relayed:?}");
+        for id in &ids {
+            assert_eq!(state(&db, *id).await, (2, None), "marked sent");
+        }
+        let entries: Vec<(String, Fields)> = redis::cmd("XRANGE")
+            .arg(&stream)
+            .arg("-")
+            .arg("+")
+            .query_async::<Vec<(String, Vec<(String, Value)>)>>(&mut connection)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(entry, fields)| {
+                let fields = fields
+                    .into_iter()
+                    .map(|(name, value)| match value {
+                        Value::BulkString(bytes) => (name, bytes),
+                        other => panic!("field {name}: {other:?}"),
+                    })
+                    .collect();
+                (entry, fields)
+            })
+            .collect();
+        let got: Vec<Fields> = entries.into_iter().map(|(_, f)| f).collect();
+        let expected: Vec<Fields> = ids
+            .iter()
+            .zip(payloads)
+            .map(|(id, payload)| {
+                vec![
+                    ("id".to_owned(), id.to_string().into_bytes()),
+                    ("body".to_owned(), payload.to_vec()),
+                ]
+            })
+            .collect();
+        assert_eq!(got, expected, "each once, in order, byte for byte");
+        let _: () = redis::cmd("DEL")
+            .arg(&stream)
+            .query_async(&mut connection)
+            .await
+            .unwrap();
     }
 }

@@ -206,6 +206,8 @@ mod prune;
 mod queue;
 #[cfg(feature = "rdkafka")]
 pub mod rdkafka;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod retry;
 mod rolled_back;
 mod run;
