@@ -28,7 +28,7 @@ const SAVEPOINT_GONE: u16 = 1305;
 
 use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
 use crate::schema::Table;
-use crate::schema::mysql::{Arg, READ_COMMITTED, placeholders, update_found};
+use crate::schema::mysql::{Arg, READ_COMMITTED, placeholders, update_found, update_found_in};
 
 /// What a batch may weigh, all its rows' bytes together, before its insert reads the
 /// server's `max_allowed_packet` to split it: far under any server's.
@@ -286,9 +286,8 @@ impl InboxBackend for MySql {
             .collect())
     }
 
-    /// In one READ COMMITTED transaction, every row by primary key (as `update_found`
-    /// does): the first row by its id, the others by the ids a plain read of the owner's
-    /// rows found, each checked again under its lock.
+    /// In one READ COMMITTED transaction, every row by primary key: the first row by its
+    /// id, the others through `update_found_in`.
     async fn inbox_reclaim<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,
@@ -323,26 +322,17 @@ impl InboxBackend for MySql {
             .await?
             .rows_affected()
             == 1;
-        let find = format!("SELECT message_id FROM {name} WHERE {fence}");
-        let ids: Vec<Vec<u8>> = sqlx::query_scalar(AssertSqlSafe(find))
-            .bind(consumer)
-            .bind(&owner[..])
-            .fetch_all(&mut *tx)
-            .await?;
-        if !ids.is_empty() {
-            let rest = format!(
-                "UPDATE {name} FORCE INDEX (PRIMARY) SET state = 0, owner = NULL, \
-                 lease_until = NULL, attempts = attempts - 1 WHERE {fence} AND message_id IN ({})",
-                placeholders(ids.len())
-            );
-            let mut query = sqlx::query(AssertSqlSafe(rest))
-                .bind(consumer)
-                .bind(&owner[..]);
-            for id in &ids {
-                query = query.bind(id);
-            }
-            query.execute(&mut *tx).await?;
-        }
+        update_found_in(
+            &mut tx,
+            name,
+            "message_id",
+            (
+                "state = 0, owner = NULL, lease_until = NULL, attempts = attempts - 1",
+                &[],
+            ),
+            (fence, &[Arg::Text(consumer), Arg::Bytes(&owner[..])]),
+        )
+        .await?;
         tx.commit().await?;
         Ok(taken)
     }

@@ -15,7 +15,7 @@ use crate::lease::Owner;
 
 use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
 use crate::schema::Table;
-use crate::schema::mysql::{Arg, READ_COMMITTED, placeholders, update_found};
+use crate::schema::mysql::{Arg, READ_COMMITTED, placeholders, update_found, update_found_in};
 
 /// The columns of a claimed row, as [`message`] reads them.
 const MESSAGE: &str = "id, CAST(destination AS CHAR), payload, headers, \
@@ -162,9 +162,8 @@ impl OutboxBackend for MySql {
         Ok(expired)
     }
 
-    /// In one READ COMMITTED transaction, every row by primary key (as `update_found`
-    /// does): the first row by its id, the others by the ids a plain read of the owner's
-    /// rows found, each checked again under its lock.
+    /// In one READ COMMITTED transaction, every row by primary key: the first row by its
+    /// id, the others through `update_found_in`.
     async fn outbox_reclaim<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,
@@ -197,23 +196,17 @@ impl OutboxBackend for MySql {
             .await?
             .rows_affected()
             == 1;
-        let find = format!("SELECT id FROM {name} WHERE {fence}");
-        let ids: Vec<Vec<u8>> = sqlx::query_scalar(AssertSqlSafe(find))
-            .bind(&owner[..])
-            .fetch_all(&mut *tx)
-            .await?;
-        if !ids.is_empty() {
-            let rest = format!(
-                "UPDATE {name} FORCE INDEX (PRIMARY) SET state = 0, owner = NULL, \
-                 lease_until = NULL, attempts = attempts - 1 WHERE {fence} AND id IN ({})",
-                placeholders(ids.len())
-            );
-            let mut query = sqlx::query(AssertSqlSafe(rest)).bind(&owner[..]);
-            for id in &ids {
-                query = query.bind(id);
-            }
-            query.execute(&mut *tx).await?;
-        }
+        update_found_in(
+            &mut tx,
+            name,
+            "id",
+            (
+                "state = 0, owner = NULL, lease_until = NULL, attempts = attempts - 1",
+                &[],
+            ),
+            (fence, &[Arg::Bytes(&owner[..])]),
+        )
+        .await?;
         tx.commit().await?;
         Ok(taken)
     }

@@ -221,12 +221,24 @@ pub(crate) async fn update_found(
     filter: (&str, &[Arg<'_>]),
 ) -> Result<u64, sqlx::Error> {
     let mut tx = pool.begin_with(READ_COMMITTED).await?;
+    let done = update_found_in(&mut tx, table, key, set, filter).await?;
+    tx.commit().await?;
+    Ok(done)
+}
+
+/// [`update_found`] inside the caller's READ COMMITTED transaction `conn`.
+pub(crate) async fn update_found_in(
+    conn: &mut sqlx::MySqlConnection,
+    table: &str,
+    key: &str,
+    set: (&str, &[Arg<'_>]),
+    filter: (&str, &[Arg<'_>]),
+) -> Result<u64, sqlx::Error> {
     let find = format!("SELECT {key} FROM {table} WHERE {}", filter.0);
     let keys: Vec<Vec<u8>> = sqlx::query_scalar_with(AssertSqlSafe(find), arguments(&[filter.1])?)
-        .fetch_all(&mut *tx)
+        .fetch_all(&mut *conn)
         .await?;
     if keys.is_empty() {
-        tx.rollback().await?;
         return Ok(0);
     }
     let keys: Vec<Arg<'_>> = keys.iter().map(|key| Arg::Bytes(key)).collect();
@@ -237,9 +249,8 @@ pub(crate) async fn update_found(
         placeholders(keys.len())
     );
     let done = sqlx::query_with(AssertSqlSafe(sql), arguments(&[set.1, filter.1, &keys])?)
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await?;
-    tx.commit().await?;
     Ok(done.rows_affected())
 }
 
