@@ -17,6 +17,7 @@
 //! | [`Shuffle`] | a reproducible shuffle of deliveries |
 //! | `partner` (feature `http`) | a stand-in payment provider: an HTTP server on loopback that honours `Idempotency-Key` (or ignores it) |
 //! | `jetstream::streams` (feature `brokers`) | the JetStream streams of `examples/nats.rs`: a stream and its dead-letter stream |
+//! | `mosquitto::Mosquitto` (feature `brokers`) | a Mosquitto of the test's own on a free port: restarted, paused, killed when dropped |
 //! | `fault::FaultProxy` | a TCP proxy between a pool and its server that loses one reply or cuts one request on cue |
 //! | `rabbitmq::declare` (feature `brokers`) | the RabbitMQ topology of `examples/rabbitmq.rs`: a queue, its dead-letter exchange and queue |
 
@@ -25,6 +26,8 @@
 pub mod fault;
 #[cfg(feature = "brokers")]
 pub mod jetstream;
+#[cfg(feature = "brokers")]
+pub mod mosquitto;
 #[cfg(feature = "http")]
 pub mod partner;
 #[cfg(feature = "brokers")]

@@ -1,8 +1,9 @@
 //! The outbox's publishers against the real brokers: the relay sends each row to
 //! RabbitMQ (publisher confirms, the outgoing id as the AMQP `message-id`) and to NATS
 //! JetStream (the id as `Message-Id` and `Nats-Msg-Id`), to Kafka (tansu; the id in the
-//! header `id`, the ordering key as the record key) and to Redis Streams (the fields `id`
-//! and `body`), and the broker has each message byte for byte,
+//! header `id`, the ordering key as the record key), to Redis Streams (the fields `id`
+//! and `body`) and to MQTT (a Mosquitto of the test's own; QoS 1, the id as the payload's
+//! first line), and the broker has each message byte for byte,
 //! once; an unroutable message is a failed send, retried, never a silent loss; a re-send
 //! of a row JetStream already has is dropped by JetStream's duplicate window. The relay
 //! runs on SQLite here (its backends are tested in `tests/outbox.rs`).
@@ -498,5 +499,256 @@ mod redis_streams {
             .query_async(&mut connection)
             .await
             .unwrap();
+    }
+}
+
+mod mqtt {
+    use super::*;
+    use dedup_runtime::rumqttc::MqttPublisher;
+    use dedup_suite::mosquitto::Mosquitto;
+    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+    use tokio::sync::mpsc;
+
+    /// A clean-session subscriber of `topic` at QoS 1, subscribed (its `SUBACK` is back):
+    /// the payloads it receives, in order.
+    async fn subscriber(port: u16, topic: &str) -> mpsc::UnboundedReceiver<Vec<u8>> {
+        let options = MqttOptions::new(dedup_suite::unique("sub"), "127.0.0.1", port);
+        let (client, mut events) = AsyncClient::new(options, 64);
+        client
+            .subscribe(topic, QoS::AtLeastOnce)
+            .await
+            .expect("subscribe");
+        loop {
+            match tokio::time::timeout(PATIENCE, events.poll()).await {
+                Ok(Ok(Event::Incoming(Packet::SubAck(_)))) => break,
+                Ok(Ok(_)) => {}
+                Ok(Err(error)) => panic!("the subscriber's connection: {error}"),
+                Err(_) => panic!("no SUBACK within {PATIENCE:?}"),
+            }
+        }
+        let (tell, payloads) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let _client = client;
+            while let Ok(event) = events.poll().await {
+                if let Event::Incoming(Packet::Publish(publish)) = event
+                    && tell.send(publish.payload.to_vec()).is_err()
+                {
+                    return;
+                }
+            }
+        });
+        payloads
+    }
+
+    /// The next `count` payloads, then nothing more for a while.
+    async fn receive(
+        payloads: &mut mpsc::UnboundedReceiver<Vec<u8>>,
+        count: usize,
+    ) -> Vec<Vec<u8>> {
+        let mut got = Vec::new();
+        while got.len() < count {
+            match tokio::time::timeout(PATIENCE, payloads.recv()).await {
+                Ok(Some(payload)) => got.push(payload),
+                _ => panic!("{} of {count} payloads within {PATIENCE:?}", got.len()),
+            }
+        }
+        got
+    }
+
+    /// What the publisher sends for a row: `<id>\n<payload>`.
+    fn wire(id: OutgoingId, payload: &[u8]) -> Vec<u8> {
+        [format!("{id}\n").as_bytes(), payload].concat()
+    }
+
+    fn publisher(broker: &Mosquitto) -> MqttPublisher {
+        MqttPublisher::new(MqttOptions::new(
+            dedup_suite::unique("relay"),
+            "127.0.0.1",
+            broker.port(),
+        ))
+    }
+
+    /// The relay publishes a claim at QoS 1: each row once, in order, its payload
+    /// `<id>\n<payload>` byte for byte (a payload with line feeds of its own, an empty
+    /// one, a binary one), the rows marked sent once the `PUBACK`s are back.
+    #[tokio::test]
+    async fn the_relay_publishes_at_qos_1_with_the_id_as_the_first_line() {
+        let broker = Mosquitto::start(&dedup_suite::unique("outbox-mqtt"), "");
+        let topic = dedup_suite::unique("outbox-mqtt/orders");
+        let mut payloads = subscriber(broker.port(), &topic).await;
+        let sent: [&[u8]; 4] = [b"first", b"two\nlines\n", b"", b"\x00\xff binary"];
+        let (db, outbox, ids) = outbox_with(&topic, &sent).await;
+        let publisher = publisher(&broker);
+        let relayed = outbox.relay(&*db).relay_batch(&publisher).await.unwrap();
+        assert_eq!((relayed.claimed, relayed.sent), (4, 4), "{relayed:?}");
+        for id in &ids {
+            assert_eq!(state(&db, *id).await, (2, None), "marked sent");
+        }
+        let expected: Vec<Vec<u8>> = ids.iter().zip(sent).map(|(id, p)| wire(*id, p)).collect();
+        assert_eq!(
+            receive(&mut payloads, 4).await,
+            expected,
+            "each once, in order"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(payloads.try_recv().is_err(), "nothing more");
+    }
+
+    /// A row whose packet is over the publisher's `max_packet_size`, or whose destination
+    /// is not a topic to publish to (a wildcard), fails by itself with its reason; the
+    /// rows around it are sent.
+    #[tokio::test]
+    async fn an_oversized_row_or_a_wildcard_topic_fails_alone() {
+        let broker = Mosquitto::start(&dedup_suite::unique("outbox-mqtt"), "");
+        let topic = dedup_suite::unique("outbox-mqtt/sized");
+        let mut payloads = subscriber(broker.port(), &topic).await;
+        let big = vec![b'x'; 1_000];
+        let db = dedup_suite::sqlite().await;
+        dedup_runtime::outbox::migrate(&*db).await.unwrap();
+        let outbox = Outbox::new();
+        let cause = Cause::new("outbox-brokers", dedup_suite::unique("evt")).unwrap();
+        let rows: [(&str, &[u8]); 4] = [
+            (&topic, b"small"),
+            (&topic, &big),
+            ("outbox-mqtt/+/wildcard", b"nowhere"),
+            (&topic, b"after"),
+        ];
+        let mut tx = db.begin().await.unwrap();
+        let mut ids = Vec::new();
+        for (index, (destination, payload)) in rows.iter().enumerate() {
+            let message = cause.nth_outgoing(index as u32, destination, payload);
+            outbox.enqueue(&mut *tx, &message).await.unwrap();
+            ids.push(message.id());
+        }
+        tx.commit().await.unwrap();
+        // `small`'s packet: 1 + 1 + (2 + topic + 2 + 37 + 5) bytes; the limit lets it and
+        // `after` through, not 1,000 bytes of payload.
+        let publisher = publisher(&broker).max_packet_size(300);
+        let relayed = outbox.relay(&*db).relay_batch(&publisher).await.unwrap();
+        assert_eq!(
+            (relayed.claimed, relayed.sent, relayed.failed),
+            (4, 2, 2),
+            "{relayed:?}"
+        );
+        assert_eq!(state(&db, ids[0]).await, (2, None));
+        assert_eq!(state(&db, ids[3]).await, (2, None));
+        let (state_big, error_big) = state(&db, ids[1]).await;
+        let error_big = error_big.expect("the oversized row's error");
+        assert!(
+            state_big != 2 && error_big.contains("over the publisher's limit of 300"),
+            "{state_big} {error_big}"
+        );
+        let (state_wild, error_wild) = state(&db, ids[2]).await;
+        let error_wild = error_wild.expect("the wildcard row's error");
+        assert!(
+            state_wild != 2 && error_wild.contains("is not an MQTT topic to publish to"),
+            "{state_wild} {error_wild}"
+        );
+        assert_eq!(
+            receive(&mut payloads, 2).await,
+            vec![wire(ids[0], b"small"), wire(ids[3], b"after")]
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(payloads.try_recv().is_err(), "nothing more");
+    }
+
+    /// The broker paused (`SIGSTOP`: the connection up, no `PUBACK`): the claim's rows
+    /// fail with the confirm timeout, none marked sent. Resumed, the next claim (a new
+    /// connection) sends them again, with the same first line; the subscriber has each at
+    /// least once (the paused broker may still deliver the first copies) and nothing else.
+    #[tokio::test]
+    async fn a_puback_not_back_in_time_fails_the_claim_and_the_rows_are_sent_again() {
+        let broker = Mosquitto::start(&dedup_suite::unique("outbox-mqtt"), "");
+        let topic = dedup_suite::unique("outbox-mqtt/paused");
+        let mut payloads = subscriber(broker.port(), &topic).await;
+        let sent: [&[u8]; 3] = [b"one", b"two", b"three"];
+        let (db, outbox, ids) = outbox_with(&topic, &sent).await;
+        let publisher = publisher(&broker).confirm_timeout(Duration::from_millis(500));
+        let relay = outbox
+            .relay(&*db)
+            .backoff(Duration::from_millis(1), Duration::from_millis(1));
+        let signal = |name: &str| {
+            let status = std::process::Command::new("kill")
+                .arg(format!("-{name}"))
+                .arg(broker.pid().to_string())
+                .status()
+                .expect("run kill");
+            assert!(status.success(), "kill -{name}");
+        };
+        signal("STOP");
+        let started = Instant::now();
+        let relayed = relay.relay_batch(&publisher).await;
+        let waited = started.elapsed();
+        signal("CONT");
+        let relayed = relayed.unwrap();
+        assert_eq!((relayed.claimed, relayed.failed), (3, 3), "{relayed:?}");
+        assert!(waited >= Duration::from_millis(500), "waited {waited:?}");
+        for id in &ids {
+            let (row_state, error) = state(&db, *id).await;
+            assert!(
+                row_state != 2 && error.as_deref().is_some_and(|e| e.contains("in time")),
+                "{row_state} {error:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let relayed = relay.relay_batch(&publisher).await.unwrap();
+        assert_eq!((relayed.claimed, relayed.sent), (3, 3), "{relayed:?}");
+        for id in &ids {
+            // The last error stays with the row: what happened before it was sent.
+            assert_eq!(state(&db, *id).await.0, 2, "marked sent");
+        }
+        let mut got = receive(&mut payloads, 3).await;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        while let Ok(more) = payloads.try_recv() {
+            got.push(more);
+        }
+        let expected: Vec<Vec<u8>> = ids.iter().zip(sent).map(|(id, p)| wire(*id, p)).collect();
+        for payload in &expected {
+            assert!(got.contains(payload), "{payload:?} missing from {got:?}");
+        }
+        assert!(
+            got.iter().all(|payload| expected.contains(payload)) && got.len() <= 6,
+            "only the rows, at most twice each: {got:?}"
+        );
+    }
+
+    /// The broker restarted between two claims (the publisher's connection cut while it
+    /// idled): the next claim connects again and is sent.
+    #[tokio::test]
+    async fn the_publisher_connects_again_after_the_broker_restarted() {
+        let mut broker = Mosquitto::start(&dedup_suite::unique("outbox-mqtt"), "");
+        let topic = dedup_suite::unique("outbox-mqtt/restart");
+        let (db, outbox, ids) = outbox_with(&topic, &[b"before", b"after"]).await;
+        let publisher = publisher(&broker);
+        let relay = outbox
+            .relay(&*db)
+            .batch(1)
+            .backoff(Duration::from_millis(1), Duration::from_millis(1));
+        let mut payloads = subscriber(broker.port(), &topic).await;
+        let relayed = relay.relay_batch(&publisher).await.unwrap();
+        assert_eq!(relayed.sent, 1, "{relayed:?}");
+        assert_eq!(
+            receive(&mut payloads, 1).await,
+            vec![wire(ids[0], b"before")]
+        );
+        broker.restart();
+        let mut payloads = subscriber(broker.port(), &topic).await;
+        // The cut may be seen at once or only by the next claim's writes (which then
+        // fail, and are sent again by the claim after).
+        let mut tries = 0;
+        while state(&db, ids[1]).await.0 != 2 {
+            tries += 1;
+            assert!(
+                tries <= 3,
+                "not sent after 3 claims: {:?}",
+                state(&db, ids[1]).await
+            );
+            relay.relay_batch(&publisher).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            receive(&mut payloads, 1).await,
+            vec![wire(ids[1], b"after")]
+        );
     }
 }

@@ -172,7 +172,10 @@
 //   ledger/         the operator's lookup and forget of one id (`Ledger`)
 //   ack.rs          what to tell the broker (`AckPolicy`)
 //   lapin.rs, async_nats.rs  the broker side of `Ack`: delivery counts and settling, on
-//                   RabbitMQ and NATS JetStream (features `lapin`, `async-nats`)
+//                   RabbitMQ and NATS JetStream (features `lapin`, `async-nats`), and
+//                   their outbox publishers
+//   rdkafka.rs, redis.rs, rumqttc.rs  the outbox's Kafka, Redis Streams and MQTT publishers
+//                   (features `rdkafka`, `redis`, `rumqttc`)
 //   metrics.rs      counters and a latency histogram (feature `metrics`)
 //   idempotency.rs  keys for effects outside the database (`IdempotencyKey`)
 //   key.rs          message ids (`MessageKey`) and the ids refused (`InvalidMessageId`)
@@ -208,6 +211,8 @@ mod queue;
 pub mod rdkafka;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(feature = "rumqttc")]
+pub mod rumqttc;
 mod retry;
 mod rolled_back;
 mod run;
