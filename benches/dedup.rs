@@ -6,6 +6,8 @@
 //! cargo bench --bench dedup -- batch              # the batch group alone (batch.csv)
 //! cargo bench --bench dedup --features brokers -- relay  # the relay group alone (relay.csv;
 //!                                                 # in the smoke run too, tiny: see dedup/relay.rs)
+//! cargo bench --bench dedup -- inbox              # the inbox workers' group alone (inbox.csv;
+//!                                                 # in the smoke run too, tiny: see dedup/inbox.rs)
 //! DEDUP_BENCH_ROUNDS=5 cargo bench --bench dedup  # the same with 5 rounds instead of 15
 //! DEDUP_BENCH_SMOKE=1 cargo test --all-features --bench dedup  # CI smoke run: tiny sizes
 //! ```
@@ -80,6 +82,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+#[path = "dedup/inbox.rs"]
+mod inbox;
 #[path = "dedup/relay.rs"]
 mod relay;
 
@@ -2412,7 +2416,12 @@ fn svg(summary: &Summary, config: &Config, backends: &[BackendName]) -> String {
 // Main
 // ---------------------------------------------------------------------------------------
 
-async fn run(config: Config, batch_only: bool, relay_only: bool) -> Result<(), Error> {
+async fn run(
+    config: Config,
+    batch_only: bool,
+    relay_only: bool,
+    inbox_only: bool,
+) -> Result<(), Error> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = manifest.join("target/dedup-bench");
     std::fs::create_dir_all(&dir)?;
@@ -2437,6 +2446,19 @@ async fn run(config: Config, batch_only: bool, relay_only: bool) -> Result<(), E
                 .busy_timeout(Duration::from_secs(60)),
         )
         .await?;
+    // `cargo bench --bench dedup -- inbox`: the inbox workers' group alone (and, tiny, in
+    // the smoke run).
+    if inbox_only || config.smoke {
+        let (rounds, messages) = if config.smoke {
+            (1, 200)
+        } else {
+            (relay_rounds(), 4_000)
+        };
+        inbox::run(&pg, &dir, rounds, messages).await?;
+        if inbox_only {
+            return Ok(());
+        }
+    }
     // `cargo bench --bench dedup -- relay`: the relay group alone (and, tiny, in the
     // smoke run, below).
     if relay_only || config.smoke {
@@ -2818,6 +2840,7 @@ fn main() -> ExitCode {
     // `cargo bench` passes `--bench`; `batch` runs the batch group alone.
     let batch_only = std::env::args().skip(1).any(|arg| arg == "batch");
     let relay_only = std::env::args().skip(1).any(|arg| arg == "relay");
+    let inbox_only = std::env::args().skip(1).any(|arg| arg == "inbox");
     let config = Config::from_env();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -2830,7 +2853,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(config, batch_only, relay_only)) {
+    match runtime.block_on(run(config, batch_only, relay_only, inbox_only)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("dedup bench: {error}");

@@ -6,13 +6,15 @@
 //! crash). The test starts it again after each death; the attempt counted at the claim
 //! makes that message dead after its attempts, and the others complete.
 //!
-//! Environment: `DATABASE_URL` (`postgres://…`, `mysql://…` or `sqlite:…`), and
-//! `DEDUP_INBOX_CONSUMER`. The effect table is `inbox_test_effects (message_id)`; the
+//! Environment: `DATABASE_URL` (`postgres://…`, `mysql://…` or `sqlite:…`),
+//! `DEDUP_INBOX_CONSUMER`, and `DEDUP_INBOX_BATCHED` (set: batch mode,
+//! `Worker::process_batched`, the claim's messages in one transaction). The effect table is `inbox_test_effects (message_id)`; the
 //! worker's lease is 300 ms (a 50 ms heartbeat), its attempts 3, its poll 50 ms. It prints
 //! `done` and exits 0 once the inbox has nothing left to do.
 
 use std::time::Duration;
 
+use dedup_runtime::batch::BatchHandler;
 use dedup_runtime::inbox::{Inbox, InboxHandler, InboxMessage};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -43,6 +45,21 @@ macro_rules! effects {
                 Ok(())
             }
         }
+
+        impl BatchHandler<$db, InboxMessage> for Effects {
+            type Error = sqlx::Error;
+
+            async fn handle(
+                &self,
+                tx: &mut $conn,
+                messages: &[&InboxMessage],
+            ) -> Result<(), sqlx::Error> {
+                for message in messages {
+                    InboxHandler::<$db>::handle(self, &mut *tx, message).await?;
+                }
+                Ok(())
+            }
+        }
     };
 }
 
@@ -64,8 +81,9 @@ async fn work<DB: dedup_runtime::Backend>(
     handler: &Effects,
 ) -> Result<(), Error>
 where
-    Effects: InboxHandler<DB>,
+    Effects: InboxHandler<DB> + BatchHandler<DB, InboxMessage>,
 {
+    let batched = std::env::var_os("DEDUP_INBOX_BATCHED").is_some();
     let inbox = Inbox::new(pool, consumer)?;
     let worker = inbox
         .worker()
@@ -73,7 +91,11 @@ where
         .heartbeat(Duration::from_millis(50))
         .max_attempts(3);
     loop {
-        let batch = worker.process_batch(handler).await?;
+        let batch = if batched {
+            worker.process_batched(handler).await?
+        } else {
+            worker.process_batch(handler).await?
+        };
         if batch.claimed > 0 {
             continue;
         }

@@ -96,8 +96,8 @@ mod sqlite;
 mod worker;
 
 use crate::lease::Owner;
-use worker::Claimed;
 pub use worker::{Batch, Claims, InboxHandler, InboxMessage, Processed, Worker};
+use worker::{Claimed, ClaimedMany};
 
 /// The default inbox table.
 pub const DEFAULT_TABLE: &str = "inbox_messages";
@@ -394,7 +394,9 @@ pub trait InboxBackend: Database {
 
     /// Claims up to `limit` pending rows that are due (the head of each ordering key) for
     /// `owner`, counting their attempt; in the claim's order (due time, then receive
-    /// order).
+    /// order). Also whether a claim's lease had ended (a row claimed, its lease past):
+    /// rows for [`InboxBackend::inbox_expired`] to find — PostgreSQL in the claim's own
+    /// statement, the others in a look along the lease index first.
     #[doc(hidden)]
     fn inbox_claim<'a>(
         pool: &'a Pool<Self>,
@@ -403,7 +405,7 @@ pub trait InboxBackend: Database {
         owner: &'a Owner,
         lease_us: i64,
         limit: u32,
-    ) -> impl Future<Output = Result<Vec<InboxMessage>, sqlx::Error>> + Send + 'a;
+    ) -> impl Future<Output = Result<(Vec<InboxMessage>, bool), sqlx::Error>> + Send + 'a;
 
     /// The rows `owner` holds claimed, in the claim's order: a claim tried again after its
     /// reply was lost finds the rows it took (their attempt counted once).
@@ -439,6 +441,24 @@ pub trait InboxBackend: Database {
         conn: &'c mut Self::Connection,
         row: &'c Claimed<'c>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// [`InboxBackend::inbox_begin`] for a batch processed in one transaction: the ids the
+    /// handler may run on. PostgreSQL and MySQL check nothing here (all of `rows.ids`);
+    /// SQLite marks the rows still `rows.owner`'s, and returns those.
+    #[doc(hidden)]
+    fn inbox_begin_many<'c>(
+        conn: &'c mut Self::Connection,
+        rows: &'c ClaimedMany<'c>,
+    ) -> impl Future<Output = Result<(sqlx::Transaction<'c, Self>, Vec<String>), sqlx::Error>> + Send + 'c;
+
+    /// [`InboxBackend::inbox_finish`] for a batch: marks `rows.ids` processed where they
+    /// are still `rows.owner`'s, in one statement; how many were (fewer than all: a claim
+    /// was lost, roll back). [`RolledBack`](crate::RolledBack) if the transaction is gone.
+    #[doc(hidden)]
+    fn inbox_finish_many<'c>(
+        conn: &'c mut Self::Connection,
+        rows: &'c ClaimedMany<'c>,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c;
 
     /// The heartbeat: `owner`'s claimed rows get a lease of `lease_us` from now; how many.
     #[doc(hidden)]

@@ -211,10 +211,10 @@ mod queue;
 pub mod rdkafka;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(feature = "rumqttc")]
-pub mod rumqttc;
 mod retry;
 mod rolled_back;
+#[cfg(feature = "rumqttc")]
+pub mod rumqttc;
 mod run;
 mod schema;
 

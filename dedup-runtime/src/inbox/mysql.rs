@@ -14,8 +14,8 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{Connection, Transaction};
 
 use super::{
-    Claimed, Expired, InboxBackend, InboxMessage, InboxOperatorBackend, MAX_BATCH, Owner, Row,
-    STOPPED, StatsRow,
+    Claimed, ClaimedMany, Expired, InboxBackend, InboxMessage, InboxOperatorBackend, MAX_BATCH,
+    Owner, Row, STOPPED, StatsRow,
 };
 use crate::rolled_back::RolledBack;
 
@@ -129,6 +129,24 @@ fn message(row: sqlx::mysql::MySqlRow) -> Result<InboxMessage, sqlx::Error> {
         ordering_key: row.try_get(4)?,
         attempt: row.try_get::<i32, _>(3)?.max(0) as u32,
     })
+}
+
+/// Whether some claim's lease has ended: a look along the lease index, which stops at the
+/// first such row (an index scan, which marks the dead entries it passes).
+async fn expired_any(
+    pool: &Pool<MySql>,
+    table: &Table,
+    consumer: &str,
+) -> Result<bool, sqlx::Error> {
+    let any = format!(
+        "SELECT 1 FROM {} WHERE consumer = ? AND state = 1 AND lease_until <= UTC_TIMESTAMP(6) ORDER BY lease_until LIMIT 1",
+        table.name()
+    );
+    Ok(sqlx::query(AssertSqlSafe(any))
+        .bind(consumer)
+        .fetch_optional(pool)
+        .await?
+        .is_some())
 }
 
 impl InboxBackend for MySql {
@@ -246,21 +264,6 @@ impl InboxBackend for MySql {
         table: &'a Table,
         consumer: &'a str,
     ) -> Result<Vec<Expired>, sqlx::Error> {
-        // Most claims find no claim ended: first a look along the lease index, which
-        // stops at the first such row (and, an index scan, marks the dead entries it
-        // passes, where a bitmap scan of the whole query would read them every time).
-        let any = format!(
-            "SELECT 1 FROM {} WHERE consumer = ? AND state = 1 AND lease_until <= UTC_TIMESTAMP(6) ORDER BY lease_until LIMIT 1",
-            table.name()
-        );
-        if sqlx::query(AssertSqlSafe(any))
-            .bind(consumer)
-            .fetch_optional(pool)
-            .await?
-            .is_none()
-        {
-            return Ok(Vec::new());
-        }
         let sql = format!(
             "SELECT owner, CAST(message_id AS CHAR), attempts FROM {name} WHERE consumer = ? \
              AND state = 1 AND owner IN (SELECT owner FROM {name} WHERE consumer = ? \
@@ -365,7 +368,8 @@ impl InboxBackend for MySql {
         owner: &'a Owner,
         lease_us: i64,
         limit: u32,
-    ) -> Result<Vec<InboxMessage>, sqlx::Error> {
+    ) -> Result<(Vec<InboxMessage>, bool), sqlx::Error> {
+        let expired = expired_any(pool, table, consumer).await?;
         let name = table.name();
         // READ COMMITTED: no gap locks, so that workers claiming at once skip each other's
         // rows instead of deadlocking on the index ranges they scan.
@@ -385,7 +389,7 @@ impl InboxBackend for MySql {
             .await?;
         if ids.is_empty() {
             tx.rollback().await?;
-            return Ok(Vec::new());
+            return Ok((Vec::new(), expired));
         }
         let update = format!(
             "UPDATE {name} SET state = 1, owner = ?, attempts = attempts + 1, \
@@ -417,7 +421,7 @@ impl InboxBackend for MySql {
             .collect::<Result<Vec<_>, sqlx::Error>>()?;
         // In the claim's order, not the key's.
         messages.sort_by_key(|message| ids.iter().position(|id| *id == message.id));
-        Ok(messages)
+        Ok((messages, expired))
     }
 
     /// The worker's `BEGIN` (the session out of autocommit) and a savepoint, in one round
@@ -466,6 +470,54 @@ impl InboxBackend for MySql {
             .execute(conn)
             .await?;
         Ok(done.rows_affected() == 1)
+    }
+
+    /// As [`inbox_begin`](InboxBackend::inbox_begin): no check, no lock.
+    async fn inbox_begin_many<'c>(
+        conn: &'c mut MySqlConnection,
+        rows: &'c ClaimedMany<'c>,
+    ) -> Result<(Transaction<'c, Self>, Vec<String>), sqlx::Error> {
+        let begin = format!("SET autocommit = 0; BEGIN; SAVEPOINT {SAVEPOINT}");
+        let tx = conn.begin_with(AssertSqlSafe(begin)).await?;
+        Ok((tx, rows.ids.iter().map(|id| (*id).to_owned()).collect()))
+    }
+
+    /// The savepoint released ([`RolledBack`] if it is gone with its transaction), then
+    /// the owner-checked mark of every id, by primary key.
+    async fn inbox_finish_many<'c>(
+        conn: &'c mut MySqlConnection,
+        rows: &'c ClaimedMany<'c>,
+    ) -> Result<u64, sqlx::Error> {
+        match sqlx::raw_sql(AssertSqlSafe(format!("RELEASE SAVEPOINT {SAVEPOINT}")))
+            .execute(&mut *conn)
+            .await
+        {
+            Ok(_) => {}
+            Err(error) if error_number(&error) == Some(SAVEPOINT_GONE) => {
+                return Err(RolledBack::error("MySQL", Some(error)));
+            }
+            Err(error) => return Err(error),
+        }
+        if rows.ids.is_empty() {
+            return Ok(0);
+        }
+        let sql = format!(
+            "UPDATE {} SET state = 2, processed_at = UTC_TIMESTAMP(6), lease_until = NULL{} \
+             WHERE consumer = ? AND message_id IN ({}) AND owner = ? AND state = 1",
+            rows.table.name(),
+            if rows.drop_payload {
+                ", payload = NULL, headers = NULL"
+            } else {
+                ""
+            },
+            placeholders(rows.ids.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(rows.consumer);
+        for id in rows.ids {
+            query = query.bind(*id);
+        }
+        let done = query.bind(&rows.owner[..]).execute(conn).await?;
+        Ok(done.rows_affected())
     }
 
     async fn inbox_renew<'a>(

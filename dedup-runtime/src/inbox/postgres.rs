@@ -10,13 +10,13 @@ use sqlx::postgres::PgConnection;
 use sqlx::{Connection, Transaction};
 
 use super::{
-    Claimed, Expired, InboxBackend, InboxMessage, InboxOperatorBackend, MAX_BATCH, Owner, Row,
-    STOPPED, StatsRow,
+    Claimed, ClaimedMany, Expired, InboxBackend, InboxMessage, InboxOperatorBackend, MAX_BATCH,
+    Owner, Row, STOPPED, StatsRow,
 };
 use crate::claim::postgres::revealed;
 use crate::rolled_back::RolledBack;
 use crate::schema::Table;
-use crate::schema::postgres::index_name;
+use crate::schema::postgres::{UNFLUSHED_CLAIM, index_name};
 
 /// The transaction-local setting that tells the finishing mark its transaction is the one
 /// the owner check began.
@@ -43,6 +43,13 @@ fn channel(table: &Table) -> String {
     }
     name
 }
+
+/// The marks' test of the claimed state, written so that it cannot use the partial index
+/// of claimed rows (`WHERE state = 1`): a mark finds its rows by primary key. With
+/// `state = 1` the planner takes that index whenever its statistics say few rows are
+/// claimed (always, right after an `ANALYZE`), and reads every claimed row of the
+/// consumer — and the index's dead entries since the last vacuum — for each mark.
+const BY_KEY: &str = "state + 0 = 1";
 
 /// An owner token in lowercase hex digits, as `encode(owner, 'hex')` gives it: safe in a
 /// statement's text.
@@ -177,21 +184,6 @@ impl InboxBackend for Postgres {
         table: &'a Table,
         consumer: &'a str,
     ) -> Result<Vec<Expired>, sqlx::Error> {
-        // Most claims find no claim ended: first a look along the lease index, which
-        // stops at the first such row (and, an index scan, marks the dead entries it
-        // passes, where a bitmap scan of the whole query would read them every time).
-        let any = format!(
-            "SELECT 1 FROM {} WHERE consumer = $1 AND state = 1 AND lease_until <= clock_timestamp() ORDER BY lease_until LIMIT 1",
-            table.name()
-        );
-        if sqlx::query(AssertSqlSafe(any))
-            .bind(consumer)
-            .fetch_optional(pool)
-            .await?
-            .is_none()
-        {
-            return Ok(Vec::new());
-        }
         let sql = format!(
             "SELECT owner, message_id, attempts FROM {name} WHERE consumer = $1 AND state = 1 \
              AND owner IN (SELECT owner FROM {name} WHERE consumer = $1 AND state = 1 \
@@ -268,31 +260,49 @@ impl InboxBackend for Postgres {
         owner: &'a Owner,
         lease_us: i64,
         limit: u32,
-    ) -> Result<Vec<InboxMessage>, sqlx::Error> {
+    ) -> Result<(Vec<InboxMessage>, bool), sqlx::Error> {
         let name = table.name();
         let head = head(name);
         // Pending rows that are due, through their partial index, skipping rows other
-        // workers hold. `UPDATE … RETURNING` returns its rows in no particular order:
-        // sorted again, in the claim's order (due time, then receive order), as the other
-        // backends return them.
+        // workers hold. The limit is written out, not a parameter: with `LIMIT $4` the
+        // generic plan's cost is a guess at a tenth of the table, and PostgreSQL plans
+        // the statement again at every call (half a millisecond, more than the claim
+        // itself), where a written limit lets it settle on the generic plan.
+        //
+        // Joined to one row that says whether a claim's lease has ended: a look along
+        // the lease index that stops at the first such row (an index scan, which marks
+        // the dead entries it passes), in the claim's round trip — always one row back,
+        // the message columns NULL when nothing was claimed. `UPDATE … RETURNING`
+        // returns its rows in no particular order: sorted again, in the claim's order
+        // (due time, then receive order), as the other backends return them.
         let pending = format!(
             "WITH claimed AS (UPDATE {name} SET state = 1, owner = $2, attempts = attempts + 1, \
              lease_until = clock_timestamp() + $3::float8 * interval '1 microsecond' \
-             WHERE (consumer, message_id) IN (\
+             WHERE {UNFLUSHED_CLAIM} AND (consumer, message_id) IN (\
              SELECT consumer, message_id FROM {name} AS m WHERE consumer = $1 AND state = 0 \
              AND next_attempt_at <= clock_timestamp() AND {head} \
-             ORDER BY next_attempt_at, seq LIMIT $4 FOR UPDATE SKIP LOCKED) \
+             ORDER BY next_attempt_at, seq LIMIT {limit} FOR UPDATE SKIP LOCKED) \
              RETURNING {MESSAGE}, next_attempt_at, seq) \
-             SELECT {MESSAGE} FROM claimed ORDER BY next_attempt_at, seq"
+             SELECT c.message_id, c.payload, c.headers, c.attempts, c.ordering_key, x.expired \
+             FROM (SELECT EXISTS (SELECT 1 FROM {name} WHERE consumer = $1 AND state = 1 \
+             AND lease_until <= clock_timestamp()) AS expired) AS x \
+             LEFT JOIN claimed AS c ON true ORDER BY c.next_attempt_at, c.seq"
         );
         let rows = sqlx::query(AssertSqlSafe(pending))
             .bind(consumer)
             .bind(&owner[..])
             .bind(lease_us)
-            .bind(i64::from(limit))
             .fetch_all(pool)
             .await?;
-        rows.into_iter().map(message).collect()
+        let mut expired = false;
+        let mut messages = Vec::with_capacity(rows.len());
+        for row in rows {
+            expired = row.try_get(5)?;
+            if row.try_get::<Option<&str>, _>(0)?.is_some() {
+                messages.push(message(row)?);
+            }
+        }
+        Ok((messages, expired))
     }
 
     async fn inbox_held<'a>(
@@ -335,7 +345,7 @@ impl InboxBackend for Postgres {
         let sql = format!(
             "WITH marked AS (UPDATE {} SET state = 2, processed_at = clock_timestamp(), \
              lease_until = NULL{} \
-             WHERE consumer = $1 AND message_id = $2 AND owner = $3 AND state = 1 \
+             WHERE consumer = $1 AND message_id = $2 AND owner = $3 AND {BY_KEY} \
              AND current_setting('{CLAIM_SETTING}', true) = encode($3, 'hex') RETURNING 1) \
              SELECT current_setting('{CLAIM_SETTING}', true) IS NOT DISTINCT FROM \
              encode($3, 'hex'), \
@@ -358,6 +368,51 @@ impl InboxBackend for Postgres {
             return Err(RolledBack::error("PostgreSQL", None));
         }
         Ok(marked == 1)
+    }
+
+    /// As [`inbox_begin`](InboxBackend::inbox_begin): no check, no lock.
+    async fn inbox_begin_many<'c>(
+        conn: &'c mut PgConnection,
+        rows: &'c ClaimedMany<'c>,
+    ) -> Result<(Transaction<'c, Self>, Vec<String>), sqlx::Error> {
+        let begin = format!("BEGIN; SET LOCAL {CLAIM_SETTING} = '{}'", hex(rows.owner));
+        let tx = conn.begin_with(AssertSqlSafe(begin)).await?;
+        Ok((tx, rows.ids.iter().map(|id| (*id).to_owned()).collect()))
+    }
+
+    /// The owner-checked mark of every id, by primary key (`message_id = ANY($2)` under
+    /// `consumer = $1`: one probe of the key per id), and the transaction's check, in one
+    /// statement.
+    async fn inbox_finish_many<'c>(
+        conn: &'c mut PgConnection,
+        rows: &'c ClaimedMany<'c>,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "WITH marked AS (UPDATE {} SET state = 2, processed_at = clock_timestamp(), \
+             lease_until = NULL{} WHERE consumer = $1 AND message_id = ANY($2) \
+             AND owner = $3 AND {BY_KEY} \
+             AND current_setting('{CLAIM_SETTING}', true) = encode($3, 'hex') RETURNING 1) \
+             SELECT current_setting('{CLAIM_SETTING}', true) IS NOT DISTINCT FROM \
+             encode($3, 'hex'), \
+             (SELECT COUNT(*) FROM marked)",
+            rows.table.name(),
+            if rows.drop_payload {
+                ", payload = NULL, headers = NULL"
+            } else {
+                ""
+            }
+        );
+        let (intact, marked): (bool, i64) = sqlx::query_as(AssertSqlSafe(sql))
+            .bind(rows.consumer)
+            .bind(rows.ids)
+            .bind(&rows.owner[..])
+            .fetch_one(conn)
+            .await
+            .map_err(revealed)?;
+        if !intact {
+            return Err(RolledBack::error("PostgreSQL", None));
+        }
+        Ok(marked.max(0) as u64)
     }
 
     async fn inbox_renew<'a>(

@@ -10,8 +10,8 @@ use sqlx::sqlite::SqliteConnection;
 use sqlx::{Connection, Transaction};
 
 use super::{
-    Claimed, Expired, InboxBackend, InboxMessage, InboxOperatorBackend, MAX_BATCH, Owner, Row,
-    STOPPED, StatsRow,
+    Claimed, ClaimedMany, Expired, InboxBackend, InboxMessage, InboxOperatorBackend, MAX_BATCH,
+    Owner, Row, STOPPED, StatsRow,
 };
 use crate::claim::sqlite::BEGIN;
 use crate::schema::Table;
@@ -38,6 +38,24 @@ fn message(row: sqlx::sqlite::SqliteRow) -> Result<InboxMessage, sqlx::Error> {
         ordering_key: row.try_get(4)?,
         attempt: row.try_get::<i64, _>(3)?.clamp(0, i64::from(u32::MAX)) as u32,
     })
+}
+
+/// Whether some claim's lease has ended: a look along the lease index, which stops at the
+/// first such row (an index scan, which marks the dead entries it passes).
+async fn expired_any(
+    pool: &Pool<Sqlite>,
+    table: &Table,
+    consumer: &str,
+) -> Result<bool, sqlx::Error> {
+    let any = format!(
+        "SELECT 1 FROM {} WHERE consumer = ?1 AND state = 1 AND lease_until <= {NOW} ORDER BY lease_until LIMIT 1",
+        table.name()
+    );
+    Ok(sqlx::query(AssertSqlSafe(any))
+        .bind(consumer)
+        .fetch_optional(pool)
+        .await?
+        .is_some())
 }
 
 impl InboxBackend for Sqlite {
@@ -133,21 +151,6 @@ impl InboxBackend for Sqlite {
         table: &'a Table,
         consumer: &'a str,
     ) -> Result<Vec<Expired>, sqlx::Error> {
-        // Most claims find no claim ended: first a look along the lease index, which
-        // stops at the first such row (and, an index scan, marks the dead entries it
-        // passes, where a bitmap scan of the whole query would read them every time).
-        let any = format!(
-            "SELECT 1 FROM {} WHERE consumer = ?1 AND state = 1 AND lease_until <= {NOW} ORDER BY lease_until LIMIT 1",
-            table.name()
-        );
-        if sqlx::query(AssertSqlSafe(any))
-            .bind(consumer)
-            .fetch_optional(pool)
-            .await?
-            .is_none()
-        {
-            return Ok(Vec::new());
-        }
         let sql = format!(
             "SELECT owner, message_id, attempts FROM {name} WHERE consumer = ?1 AND state = 1 \
              AND owner IN (SELECT owner FROM {name} WHERE consumer = ?1 AND state = 1 \
@@ -223,7 +226,8 @@ impl InboxBackend for Sqlite {
         owner: &'a Owner,
         lease_us: i64,
         limit: u32,
-    ) -> Result<Vec<InboxMessage>, sqlx::Error> {
+    ) -> Result<(Vec<InboxMessage>, bool), sqlx::Error> {
+        let expired = expired_any(pool, table, consumer).await?;
         let name = table.name();
         // One statement, atomic under SQLite's single writer.
         let pending = format!(
@@ -252,7 +256,11 @@ impl InboxBackend for Sqlite {
                 row.try_get::<i64, _>(6).unwrap_or(i64::MAX),
             )
         });
-        rows.into_iter().map(message).collect()
+        let messages = rows
+            .into_iter()
+            .map(message)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((messages, expired))
     }
 
     async fn inbox_held<'a>(
@@ -318,6 +326,59 @@ impl InboxBackend for Sqlite {
                 .await?;
         }
         Ok(true)
+    }
+
+    /// `BEGIN IMMEDIATE`, then the rows still `rows.owner`'s marked processed (this
+    /// transaction holds the write lock: no other worker can take them before it ends);
+    /// the ids marked, for the handler.
+    async fn inbox_begin_many<'c>(
+        conn: &'c mut SqliteConnection,
+        rows: &'c ClaimedMany<'c>,
+    ) -> Result<(Transaction<'c, Self>, Vec<String>), sqlx::Error> {
+        let mut tx = conn.begin_with(BEGIN).await?;
+        if rows.ids.is_empty() {
+            return Ok((tx, Vec::new()));
+        }
+        let list = (0..rows.ids.len())
+            .map(|index| format!("?{}", index + 3))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let sql = format!(
+            "UPDATE {} SET state = 2, processed_at = {NOW}, lease_until = NULL{} \
+             WHERE consumer = ?1 AND owner = ?2 AND state = 1 AND message_id IN ({list}) \
+             RETURNING message_id",
+            rows.table.name(),
+            if rows.drop_payload {
+                ", payload = NULL, headers = NULL"
+            } else {
+                ""
+            }
+        );
+        let mut query = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(rows.consumer)
+            .bind(&rows.owner[..]);
+        for id in rows.ids {
+            query = query.bind(*id);
+        }
+        let marked: Vec<String> = query.fetch_all(&mut *tx).await?;
+        Ok((tx, marked))
+    }
+
+    /// Marked at the start; renews the claim's other rows as
+    /// [`inbox_finish`](InboxBackend::inbox_finish) does.
+    async fn inbox_finish_many<'c>(
+        conn: &'c mut SqliteConnection,
+        rows: &'c ClaimedMany<'c>,
+    ) -> Result<u64, sqlx::Error> {
+        if let Some(lease_us) = rows.renew {
+            sqlx::query(AssertSqlSafe(renew_sql(rows.table)))
+                .bind(rows.consumer)
+                .bind(&rows.owner[..])
+                .bind(lease_us)
+                .execute(conn)
+                .await?;
+        }
+        Ok(rows.ids.len() as u64)
     }
 
     async fn inbox_renew<'a>(

@@ -19,6 +19,8 @@ use crate::queue::{
 
 use super::{Inbox, InboxError};
 
+mod batched;
+
 /// A message a worker claimed, as the handler sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InboxMessage {
@@ -152,6 +154,25 @@ pub struct Claimed<'a> {
     /// A lease (µs) to renew the claim's other rows with, in the processing transaction,
     /// on a backend whose heartbeat cannot write meanwhile (SQLite); `None` when the last
     /// renewal is recent.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+    pub(crate) renew: Option<i64>,
+}
+
+/// The rows of a batch processed in one transaction ([`Worker::process_batched`]): the
+/// inbox's table and consumer, the ids, their owner.
+#[doc(hidden)]
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+pub struct ClaimedMany<'a> {
+    pub(crate) table: &'a crate::schema::Table,
+    pub(crate) consumer: &'a str,
+    pub(crate) ids: &'a [&'a str],
+    pub(crate) owner: &'a Owner,
+    /// The mark drops the payloads and headers ([`Inbox::drop_payloads`]).
+    pub(crate) drop_payload: bool,
+    /// As [`Claimed`]'s: SQLite renews the claim's other rows in the transaction.
     #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     pub(crate) renew: Option<i64>,
 }
@@ -361,21 +382,19 @@ impl<'p, DB: Backend> Worker<'p, DB> {
             };
             ended = self.renewing(&claims.owner, &granted, work).await;
             if let Err(error) = &ended {
-                // The batch ended on a database failure: the rows not finished, the one in
-                // hand included (its failure was the database's, not its handler's), go
-                // back at once with their attempt given back, if the database answers.
-                match self.release(&claims).await {
-                    Ok(released) => batch.released += released,
-                    Err(release) => tracing::debug!(
-                        %error, %release,
-                        "inbox worker: releasing the claim after a failure failed; its rows are taken back after the lease"
-                    ),
-                }
+                batch.released += self.release_after(&claims, error).await;
             }
         }
         if let Some(stop) = stop.as_mut() {
             batch.released += std::mem::take(&mut stop.released);
         }
+        self.count(&batch);
+        ended?;
+        Ok(batch)
+    }
+
+    /// `dedup_inbox_processed_total` of one batch.
+    fn count(&self, batch: &Batch) {
         let consumer = &self.inbox.consumer;
         for (outcome, count) in [
             ("processed", batch.processed),
@@ -391,8 +410,6 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                 count as u64,
             );
         }
-        ended?;
-        Ok(batch)
     }
 
     /// The first half of [`process_batch`](Self::process_batch), for a loop of your own:
@@ -410,33 +427,60 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     pub async fn claim(&self) -> Result<Claims, InboxError> {
         let inbox = &self.inbox;
         let (pool, table, consumer) = (inbox.pool, &inbox.table, inbox.consumer.as_str());
-        let buried = retry_reachable::<DB, _, _>(|| {
-            super::reclaim::<DB>(pool, table, consumer, self.max_attempts)
-        })
-        .await
-        .map_err(|error| self.classify(error))?;
         let owner = new_token();
-        let tried = AtomicBool::new(false);
-        let messages = retry_reachable::<DB, _, _>(|| {
-            let again = tried.swap(true, std::sync::atomic::Ordering::Relaxed);
-            let owner = &owner;
-            async move {
-                if again {
-                    let held = DB::inbox_held(pool, table, consumer, owner).await?;
-                    if !held.is_empty() {
-                        return Ok(held);
-                    }
-                }
-                DB::inbox_claim(pool, table, consumer, owner, micros(self.lease), self.batch).await
+        // The claim also says whether some claim's lease had ended (in the same statement
+        // on PostgreSQL): only then the take-back, and a second claim for the room left,
+        // the rows then read back in the claim's order.
+        let (mut messages, expired) = self.claim_rows(&owner, self.batch).await?;
+        let mut buried = 0;
+        if expired {
+            buried = retry_reachable::<DB, _, _>(|| {
+                super::reclaim::<DB>(pool, table, consumer, self.max_attempts)
+            })
+            .await
+            .map_err(|error| self.classify(error))?;
+            let room = self.batch.saturating_sub(messages.len() as u32);
+            if room > 0 {
+                self.claim_rows(&owner, room).await?;
+                messages =
+                    retry_reachable::<DB, _, _>(|| DB::inbox_held(pool, table, consumer, &owner))
+                        .await
+                        .map_err(|error| self.classify(error))?;
             }
-        })
-        .await
-        .map_err(|error| self.classify(error))?;
+        }
         Ok(Claims {
             owner,
             messages,
             buried: buried as usize,
         })
+    }
+
+    /// One claim of up to `limit` rows for `owner`, tried again after a deadlock or a lost
+    /// connection: a retry first reads what `owner` holds (a claim whose reply was lost
+    /// took its rows). Whether a lease had ended, as the claim saw it (`false` after such
+    /// a retry: the next claim looks).
+    async fn claim_rows(
+        &self,
+        owner: &Owner,
+        limit: u32,
+    ) -> Result<(Vec<InboxMessage>, bool), InboxError> {
+        let inbox = &self.inbox;
+        let (pool, table, consumer) = (inbox.pool, &inbox.table, inbox.consumer.as_str());
+        let tried = AtomicBool::new(false);
+        retry_reachable::<DB, _, _>(|| {
+            let again = tried.swap(true, std::sync::atomic::Ordering::Relaxed);
+            async move {
+                if again {
+                    let held = DB::inbox_held(pool, table, consumer, owner).await?;
+                    if !held.is_empty() {
+                        return Ok((held, false));
+                    }
+                }
+                DB::inbox_claim(pool, table, consumer, owner, micros(self.lease), limit).await
+            }
+        })
+        .await
+        .map_err(|error| self.classify(error))
     }
 
     /// Runs `handler` on one claimed message, its row marked processed in the same
@@ -499,6 +543,22 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         .await
         .map_err(|error| self.classify(error))?;
         Ok(released as usize)
+    }
+
+    /// After a database failure ended a batch: the rows not finished, the one in hand
+    /// included (its failure was the database's, not its handler's), go back at once with
+    /// their attempt given back, if the database answers; how many.
+    async fn release_after(&self, claims: &Claims, error: &InboxError) -> usize {
+        match self.release(claims).await {
+            Ok(released) => released,
+            Err(release) => {
+                tracing::debug!(
+                    %error, %release,
+                    "inbox worker: releasing the claim after a failure failed; its rows are taken back after the lease"
+                );
+                0
+            }
+        }
     }
 
     /// One message; `None` when `stop`'s deadline cancelled its handler (the row is still
@@ -621,38 +681,46 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         };
         match outcome {
             Ok(()) => Ok(Some(Processed::Processed)),
-            Err(text) => {
-                let dead = message.attempt >= self.max_attempts;
-                let delay = micros(self.delay(message.attempt));
-                let (row, text) = (&row, text.as_str());
-                let failed = retry_reachable::<DB, _, _>(move || {
-                    DB::inbox_fail(inbox.pool, row, text, delay, dead)
-                })
+            Err(text) => self.fail_one(&row, message, &text).await.map(Some),
+        }
+    }
+
+    /// After a failed attempt of `message` (claimed as `row`): the row pending again after
+    /// the backoff, or dead after its last attempt, with `text` as its last error.
+    async fn fail_one(
+        &self,
+        row: &Claimed<'_>,
+        message: &InboxMessage,
+        text: &str,
+    ) -> Result<Processed, InboxError> {
+        let inbox = &self.inbox;
+        let dead = message.attempt >= self.max_attempts;
+        let delay = micros(self.delay(message.attempt));
+        let failed =
+            retry_reachable::<DB, _, _>(move || DB::inbox_fail(inbox.pool, row, text, delay, dead))
                 .await
                 .map_err(|error| self.classify(error))?;
-                if !failed {
-                    return Ok(Some(Processed::Lost));
-                }
-                if dead {
-                    tracing::warn!(
-                        consumer = inbox.consumer,
-                        message_id = message.id,
-                        attempts = message.attempt,
-                        error = text,
-                        "inbox message dead after its last attempt"
-                    );
-                    Ok(Some(Processed::Dead))
-                } else {
-                    tracing::debug!(
-                        consumer = inbox.consumer,
-                        message_id = message.id,
-                        attempt = message.attempt,
-                        error = text,
-                        "inbox message failed; retried later"
-                    );
-                    Ok(Some(Processed::Failed))
-                }
-            }
+        if !failed {
+            return Ok(Processed::Lost);
+        }
+        if dead {
+            tracing::warn!(
+                consumer = inbox.consumer,
+                message_id = message.id,
+                attempts = message.attempt,
+                error = text,
+                "inbox message dead after its last attempt"
+            );
+            Ok(Processed::Dead)
+        } else {
+            tracing::debug!(
+                consumer = inbox.consumer,
+                message_id = message.id,
+                attempt = message.attempt,
+                error = text,
+                "inbox message failed; retried later"
+            );
+            Ok(Processed::Failed)
         }
     }
 
@@ -673,6 +741,15 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         handler: &H,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<(), InboxError> {
+        self.run_with(shutdown, &PerMessage(handler)).await
+    }
+
+    /// [`run`](Self::run)'s loop, each batch processed by `step`.
+    async fn run_with(
+        &self,
+        shutdown: impl Future<Output = ()> + Send,
+        step: &impl Step<DB>,
+    ) -> Result<(), InboxError> {
         self.check()?;
         let signal = std::pin::pin!(shutdown);
         let mut shutdown = Shutdown::new(signal, self.shutdown_deadline);
@@ -683,7 +760,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
             if shutdown.check() {
                 return Ok(());
             }
-            let nothing = match self.process_until(handler, Some(&mut shutdown)).await {
+            let nothing = match step.step(self, &mut shutdown).await {
                 Ok(batch) => batch.claimed == 0,
                 Err(error) => {
                     tracing::warn!(%error, "inbox worker: claiming or marking failed; trying again");
@@ -698,6 +775,28 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                 return Ok(());
             }
         }
+    }
+}
+
+/// How [`Worker::run`]'s loop processes one batch: per message, or in batch mode.
+trait Step<DB: Backend>: Sync {
+    fn step<'s>(
+        &'s self,
+        worker: &'s Worker<'_, DB>,
+        stop: &'s mut Shutdown<'_>,
+    ) -> impl Future<Output = Result<Batch, InboxError>> + Send + 's;
+}
+
+/// One transaction per message.
+struct PerMessage<'h, H>(&'h H);
+
+impl<DB: Backend, H: InboxHandler<DB>> Step<DB> for PerMessage<'_, H> {
+    fn step<'s>(
+        &'s self,
+        worker: &'s Worker<'_, DB>,
+        stop: &'s mut Shutdown<'_>,
+    ) -> impl Future<Output = Result<Batch, InboxError>> + Send + 's {
+        worker.process_until(self.0, Some(stop))
     }
 }
 

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::lease::Owner;
 use crate::schema::Table;
-use crate::schema::postgres::index_name;
+use crate::schema::postgres::{UNFLUSHED_CLAIM, index_name};
 
 /// The columns of a claimed row, as [`message`] reads them.
 const MESSAGE: &str = "id::text, destination, payload, headers, ordering_key, attempts, seq";
@@ -216,22 +216,22 @@ impl OutboxBackend for Postgres {
     ) -> Result<Vec<OutboxMessage>, sqlx::Error> {
         let name = table.name();
         // Unsent rows that are due, through their partial index, skipping rows other
-        // relays hold; `UPDATE … RETURNING` returns them in no particular order: sorted
+        // relays hold (the limit written out, as the inbox's claim does, so that the
+        // statement is not planned again at every call); `UPDATE … RETURNING` returns them in no particular order: sorted
         // again, in the claim's order.
         let unsent = format!(
             "WITH claimed AS (UPDATE {name} SET state = 1, owner = $1, attempts = attempts + 1, \
              lease_until = clock_timestamp() + $2::float8 * interval '1 microsecond' \
-             WHERE id IN (SELECT id FROM {name} AS m WHERE state = 0 \
+             WHERE {UNFLUSHED_CLAIM} AND id IN (SELECT id FROM {name} AS m WHERE state = 0 \
              AND next_attempt_at <= clock_timestamp() \
              AND (m.ordering_key IS NULL OR NOT EXISTS (SELECT 1 FROM {name} AS e \
              WHERE e.ordering_key = m.ordering_key AND e.seq < m.seq AND e.state <> 2)) \
-             ORDER BY next_attempt_at, seq LIMIT $3 FOR UPDATE SKIP LOCKED) \
+             ORDER BY next_attempt_at, seq LIMIT {limit} FOR UPDATE SKIP LOCKED) \
              RETURNING {MESSAGE}) SELECT * FROM claimed ORDER BY seq"
         );
         let rows = sqlx::query(AssertSqlSafe(unsent))
             .bind(&owner[..])
             .bind(lease_us)
-            .bind(i64::from(limit))
             .fetch_all(pool)
             .await?;
         rows.into_iter().map(message).collect()

@@ -1,0 +1,293 @@
+//! The inbox workers' group: `cargo bench --bench dedup -- inbox` (and, tiny, in the smoke
+//! run). 4 workers empty an inbox of `messages` stored messages (4,000; stored untimed
+//! before each run, then the table vacuumed, as autovacuum keeps a live table), each
+//! message's effect one `INSERT` into `dedup_bench_inbox_effects`; messages per second,
+//! the median over the rounds. In every round, in an order that turns with the round, on
+//! PostgreSQL:
+//!
+//! - `per-message`: the library's workers, `Worker::process_batch` in a loop (claims of
+//!   16, one transaction per message: the handler, the owner-checked mark, the commit);
+//! - `batched`: the library's workers in batch mode, `Worker::process_batched` (claims of
+//!   10, one transaction per claim: the handler over the 10, one mark, one commit);
+//! - `hand-1`: a hand-written per-message worker — `BEGIN; SELECT … LIMIT 1 FOR UPDATE
+//!   SKIP LOCKED`, the effect, `UPDATE … SET state = 2`, `COMMIT`;
+//! - `hand-10`: a hand-written worker of 10 per transaction — `BEGIN; SELECT … LIMIT 10
+//!   FOR UPDATE SKIP LOCKED`, the 10 effects, one `UPDATE … = ANY($2)`, `COMMIT`.
+//!
+//! All on the library's own table and consumer, the same pool (8 connections).
+//! `target/dedup-bench/inbox.csv`: `backend,workers,mode,messages_per_s,
+//! handwritten_per_s,ratio_vs_handwritten`, `per-message` against `hand-1` and `batched`
+//! against `hand-10`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Instant;
+
+use dedup_runtime::batch::BatchHandler;
+use dedup_runtime::inbox::{Inbox, InboxHandler, InboxMessage, Incoming};
+use sqlx::{AssertSqlSafe, PgConnection, Pool, Postgres};
+
+use super::Error;
+
+const TABLE: &str = "dedup_bench_inbox_w";
+const CONSUMER: &str = "bench-inbox-workers";
+const WORKERS: usize = 4;
+
+async fn effect(tx: &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO dedup_bench_inbox_effects (message_id) VALUES ($1)")
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// The per-message handler.
+struct One;
+
+impl InboxHandler<Postgres> for One {
+    type Error = sqlx::Error;
+
+    async fn handle(
+        &self,
+        tx: &mut PgConnection,
+        message: &InboxMessage,
+    ) -> Result<(), sqlx::Error> {
+        effect(tx, message.id()).await
+    }
+}
+
+/// The batch handler: the same effect, message by message.
+struct Many;
+
+impl BatchHandler<Postgres, InboxMessage> for Many {
+    type Error = sqlx::Error;
+
+    async fn handle(
+        &self,
+        tx: &mut PgConnection,
+        messages: &[&InboxMessage],
+    ) -> Result<(), sqlx::Error> {
+        for message in messages {
+            effect(tx, message.id()).await?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Mode {
+    PerMessage,
+    Batched,
+    Hand1,
+    Hand10,
+}
+
+impl Mode {
+    const ALL: [Mode; 4] = [Mode::PerMessage, Mode::Batched, Mode::Hand1, Mode::Hand10];
+
+    fn name(self) -> &'static str {
+        match self {
+            Mode::PerMessage => "per-message",
+            Mode::Batched => "batched",
+            Mode::Hand1 => "hand-1",
+            Mode::Hand10 => "hand-10",
+        }
+    }
+
+    /// The hand-written worker a mode is measured against.
+    fn baseline(self) -> Option<Mode> {
+        match self {
+            Mode::PerMessage => Some(Mode::Hand1),
+            Mode::Batched => Some(Mode::Hand10),
+            _ => None,
+        }
+    }
+}
+
+/// Empties the tables, stores `messages` messages, vacuums.
+async fn fill(pool: &Pool<Postgres>, messages: usize, round: usize) -> Result<(), Error> {
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "TRUNCATE {TABLE}, dedup_bench_inbox_effects"
+    )))
+    .execute(pool)
+    .await?;
+    let inbox = Inbox::new(pool, CONSUMER)?.with_table(TABLE)?;
+    let ids: Vec<String> = (0..messages).map(|n| format!("r{round}-m{n:06}")).collect();
+    for chunk in ids.chunks(1_000) {
+        let batch: Vec<Incoming<'_>> = chunk
+            .iter()
+            .map(|id| Incoming::new(id.as_str(), b"payload"))
+            .collect();
+        inbox.receive_batch(&batch).await?;
+    }
+    for table in [TABLE, "dedup_bench_inbox_effects"] {
+        sqlx::raw_sql(AssertSqlSafe(format!("VACUUM ANALYZE {table}")))
+            .execute(pool)
+            .await?;
+    }
+    Ok(())
+}
+
+/// One worker of `mode` until nothing is left; messages it processed.
+async fn worker(pool: Pool<Postgres>, mode: Mode) -> Result<usize, Error> {
+    let mut processed = 0;
+    match mode {
+        Mode::PerMessage | Mode::Batched => {
+            let inbox = Inbox::new(&pool, CONSUMER)?.with_table(TABLE)?;
+            let worker = if mode == Mode::PerMessage {
+                inbox.worker().batch(16)
+            } else {
+                inbox.worker().batch(10)
+            };
+            loop {
+                let batch = if mode == Mode::PerMessage {
+                    worker.process_batch(&One).await?
+                } else {
+                    worker.process_batched(&Many).await?
+                };
+                processed += batch.processed;
+                if batch.claimed == 0 {
+                    return Ok(processed);
+                }
+            }
+        }
+        Mode::Hand1 | Mode::Hand10 => {
+            let limit: i64 = if mode == Mode::Hand1 { 1 } else { 10 };
+            let select = format!(
+                "SELECT message_id FROM {TABLE} WHERE consumer = $1 AND state = 0 \
+                 AND next_attempt_at <= clock_timestamp() ORDER BY next_attempt_at, seq \
+                 LIMIT $2 FOR UPDATE SKIP LOCKED"
+            );
+            let mark_one = format!(
+                "UPDATE {TABLE} SET state = 2, processed_at = clock_timestamp() \
+                 WHERE consumer = $1 AND message_id = $2"
+            );
+            let mark_many = format!(
+                "UPDATE {TABLE} SET state = 2, processed_at = clock_timestamp() \
+                 WHERE consumer = $1 AND message_id = ANY($2)"
+            );
+            loop {
+                let mut tx = pool.begin().await?;
+                let ids: Vec<String> = sqlx::query_scalar(AssertSqlSafe(select.clone()))
+                    .bind(CONSUMER)
+                    .bind(limit)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                if ids.is_empty() {
+                    tx.commit().await?;
+                    return Ok(processed);
+                }
+                for id in &ids {
+                    effect(&mut tx, id).await?;
+                }
+                if let [id] = &ids[..] {
+                    sqlx::query(AssertSqlSafe(mark_one.clone()))
+                        .bind(CONSUMER)
+                        .bind(id)
+                        .execute(&mut *tx)
+                        .await?;
+                } else {
+                    sqlx::query(AssertSqlSafe(mark_many.clone()))
+                        .bind(CONSUMER)
+                        .bind(&ids)
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await?;
+                processed += ids.len();
+            }
+        }
+    }
+}
+
+/// 4 workers of `mode` empty the inbox; messages per second, checked against the effects.
+async fn measure(pool: &Pool<Postgres>, mode: Mode, messages: usize) -> Result<f64, Error> {
+    let start = Arc::new(tokio::sync::Barrier::new(WORKERS + 1));
+    let handles: Vec<_> = (0..WORKERS)
+        .map(|_| {
+            let (pool, start) = (pool.clone(), start.clone());
+            tokio::spawn(async move {
+                start.wait().await;
+                worker(pool, mode).await
+            })
+        })
+        .collect();
+    start.wait().await;
+    let began = Instant::now();
+    let mut processed = 0;
+    for handle in handles {
+        processed += handle.await??;
+    }
+    let seconds = began.elapsed().as_secs_f64();
+    let effects: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dedup_bench_inbox_effects")
+        .fetch_one(pool)
+        .await?;
+    if processed != messages || effects != messages as i64 {
+        return Err(format!(
+            "inbox {}: {processed} processed, {effects} effects, of {messages}",
+            mode.name()
+        )
+        .into());
+    }
+    Ok(messages as f64 / seconds)
+}
+
+/// Runs the group: `rounds` interleaved rounds; writes `inbox.csv`.
+pub(crate) async fn run(
+    pool: &Pool<Postgres>,
+    dir: &Path,
+    rounds: usize,
+    messages: usize,
+) -> Result<(), Error> {
+    dedup_runtime::inbox::migrate_table(pool, TABLE).await?;
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS dedup_bench_inbox_effects (message_id text NOT NULL)",
+    )
+    .execute(pool)
+    .await?;
+    let mut samples: BTreeMap<Mode, Vec<f64>> = BTreeMap::new();
+    for round in 0..rounds {
+        let mut plan = Mode::ALL.to_vec();
+        plan.rotate_left(round % Mode::ALL.len());
+        for mode in plan {
+            fill(pool, messages, round).await?;
+            let rate = measure(pool, mode, messages).await?;
+            println!(
+                "inbox round {round}: postgres {WORKERS} workers {:<12} {rate:>8.0} messages/s",
+                mode.name()
+            );
+            samples.entry(mode).or_default().push(rate);
+        }
+    }
+    let median = |mode: Mode| {
+        samples
+            .get(&mode)
+            .map(|values| super::median(values.clone()))
+    };
+    let mut csv = String::from(
+        "backend,workers,mode,messages_per_s,handwritten_per_s,ratio_vs_handwritten\n",
+    );
+    println!("\nthe inbox workers, medians of {rounds} rounds, {messages} messages per run:");
+    for mode in Mode::ALL {
+        let rate = median(mode).unwrap_or(0.0);
+        let hand = mode.baseline().and_then(median);
+        csv.push_str(&format!(
+            "postgres,{WORKERS},{},{rate:.0},{},{}\n",
+            mode.name(),
+            hand.map_or(String::new(), |h| format!("{h:.0}")),
+            hand.map_or(String::new(), |h| format!("{:.3}", rate / h)),
+        ));
+        println!(
+            "  postgres {WORKERS} workers {:<12} {rate:>8.0} messages/s{}",
+            mode.name(),
+            hand.map_or(String::new(), |h| format!(
+                "  {:.3} of {}",
+                rate / h,
+                mode.baseline().map_or("", Mode::name)
+            )),
+        );
+    }
+    std::fs::write(dir.join("inbox.csv"), csv)?;
+    Ok(())
+}
