@@ -1,5 +1,6 @@
 //! What a call emits: one `tracing` span with the handler, consumer, message id, outcome
-//! and attempts; and exactly the statements claim, body, COMMIT after the BEGIN (the
+//! and attempts (and the inbox workers' and the relay's spans, with OpenTelemetry's
+//! messaging names); and exactly the statements claim, body, COMMIT after the BEGIN (the
 //! claim alone for a duplicate; no probing queries), as sqlx's own statement log shows
 //! them. sqlx sends BEGIN, and a queued ROLLBACK, without logging them. On PostgreSQL,
 //! whose driver logs COMMIT (SQLite's runs it on its worker without logging it).
@@ -13,6 +14,11 @@ use sqlx::{Connection, PgConnection};
 use tracing::field::{Field, Visit};
 use tracing::span::{Attributes, Id, Record};
 use tracing::{Event, Metadata, Subscriber};
+
+/// One test at a time: each installs its own subscriber, and `tracing` caches each
+/// callsite's interest across threads (a test without one running beside another could
+/// switch the other's statement log off).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// A span's name and fields.
 type SpanRecord = (String, BTreeMap<String, String>);
@@ -84,6 +90,7 @@ async fn observed(tx: &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
 
 #[tokio::test(flavor = "current_thread")]
 async fn one_span_and_no_extra_statement_per_call() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     drop(dedup_suite::postgres().await); // migrated
     // The hot path: a pool (of one connection, so that the queued rollback is seen to be
     // flushed before the next use).
@@ -154,4 +161,125 @@ async fn one_span_and_no_extra_statement_per_call() {
         assert_eq!(fields["outcome"], outcome);
         assert_eq!(fields["attempts"], "1");
     }
+}
+
+/// The spans of one claim of the inbox's workers: per message (`process_batch`), one
+/// `process` span each with the consumer group, the inbox table, the message's id and
+/// attempt and the outcome; in batch mode (`process_batched`) one for the transaction,
+/// with the count.
+#[tokio::test(flavor = "current_thread")]
+async fn inbox_workers_span_each_transaction_with_the_messaging_names() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    use dedup_runtime::batch::BatchHandler;
+    use dedup_runtime::inbox::{Inbox, InboxHandler, InboxMessage, Incoming};
+
+    struct Nothing;
+    impl InboxHandler<sqlx::Sqlite> for Nothing {
+        type Error = sqlx::Error;
+        async fn handle(
+            &self,
+            _: &mut sqlx::SqliteConnection,
+            _: &InboxMessage,
+        ) -> Result<(), sqlx::Error> {
+            Ok(())
+        }
+    }
+    impl BatchHandler<sqlx::Sqlite, InboxMessage> for Nothing {
+        type Error = sqlx::Error;
+        async fn handle(
+            &self,
+            _: &mut sqlx::SqliteConnection,
+            _: &[&InboxMessage],
+        ) -> Result<(), sqlx::Error> {
+            Ok(())
+        }
+    }
+
+    let db = dedup_suite::sqlite().await;
+    dedup_runtime::inbox::migrate(&*db).await.unwrap();
+    let inbox = Inbox::new(&*db, "observed-inbox").unwrap();
+    for id in ["a", "b", "c", "d"] {
+        inbox.receive(Incoming::new(id, b"p")).await.unwrap();
+    }
+    let recorder = Arc::new(Recorder::default());
+    let _default = tracing::subscriber::set_default(Shared(recorder.clone()));
+    let worker = inbox.worker().batch(2);
+    assert_eq!(worker.process_batch(&Nothing).await.unwrap().processed, 2);
+    assert_eq!(worker.process_batched(&Nothing).await.unwrap().processed, 2);
+
+    let spans = recorder.spans.lock().unwrap();
+    let process: Vec<&BTreeMap<String, String>> = spans
+        .values()
+        .filter(|(name, _)| name == "process")
+        .map(|(_, fields)| fields)
+        .collect();
+    assert_eq!(
+        process.len(),
+        3,
+        "two messages alone, then one batch: {spans:#?}"
+    );
+    for (fields, id) in process[..2].iter().zip(["a", "b"]) {
+        assert_eq!(fields["messaging.operation.type"], "process");
+        assert_eq!(fields["messaging.consumer.group.name"], "observed-inbox");
+        assert_eq!(fields["messaging.destination.name"], "inbox_messages");
+        assert_eq!(fields["messaging.message.id"], id);
+        assert_eq!(fields["messaging.batch.message_count"], "1");
+        assert_eq!(fields["attempt"], "1");
+        assert_eq!(fields["outcome"], "processed");
+    }
+    let batch = process[2];
+    assert_eq!(batch["messaging.batch.message_count"], "2");
+    assert!(!batch.contains_key("messaging.message.id"), "{batch:?}");
+    assert_eq!(batch["outcome"], "processed");
+}
+
+/// The relay's span of one claim's sends: the publisher's `messaging.system`, the
+/// destination, the count, and how many the broker took and refused.
+#[tokio::test(flavor = "current_thread")]
+async fn the_relay_spans_each_claim_with_the_messaging_names() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    use dedup_runtime::outbox::{Cause, Outbox, OutboxMessage, Publisher};
+
+    /// Refuses the message whose payload is `no`.
+    struct Picky;
+    impl Publisher for Picky {
+        type Error = String;
+        const SYSTEM: &'static str = "test-broker";
+        async fn publish(&self, message: &OutboxMessage) -> Result<(), String> {
+            if message.payload() == b"no" {
+                Err("refused".to_owned())
+            } else {
+                Ok(())
+            }
+        }
+    }
+
+    let db = dedup_suite::sqlite().await;
+    dedup_runtime::outbox::migrate(&*db).await.unwrap();
+    let outbox = Outbox::new();
+    let cause = Cause::new("observed-relay", "in-1").unwrap();
+    let mut tx = db.begin().await.unwrap();
+    for (index, payload) in [&b"yes"[..], b"no", b"yes"].into_iter().enumerate() {
+        let message = cause.nth_outgoing(index as u32, "orders", payload);
+        outbox.enqueue(&mut *tx, &message).await.unwrap();
+    }
+    tx.commit().await.unwrap();
+    let recorder = Arc::new(Recorder::default());
+    let _default = tracing::subscriber::set_default(Shared(recorder.clone()));
+    let relayed = outbox.relay(&*db).relay_batch(&Picky).await.unwrap();
+    assert_eq!((relayed.sent, relayed.failed), (2, 1));
+
+    let spans = recorder.spans.lock().unwrap();
+    let sends: Vec<&BTreeMap<String, String>> = spans
+        .values()
+        .filter(|(name, _)| name == "send")
+        .map(|(_, fields)| fields)
+        .collect();
+    assert_eq!(sends.len(), 1, "one span per claim: {spans:#?}");
+    let send = sends[0];
+    assert_eq!(send["messaging.system"], "test-broker");
+    assert_eq!(send["messaging.operation.type"], "send");
+    assert_eq!(send["messaging.destination.name"], "orders");
+    assert_eq!(send["messaging.batch.message_count"], "3");
+    assert_eq!((send["sent"].as_str(), send["failed"].as_str()), ("2", "1"));
 }

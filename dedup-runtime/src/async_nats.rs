@@ -225,6 +225,7 @@ impl JetStreamPublisher {
 
 impl crate::outbox::Publisher for JetStreamPublisher {
     type Error = ::async_nats::jetstream::context::PublishError;
+    const SYSTEM: &'static str = "nats";
 
     async fn publish(&self, message: &crate::outbox::OutboxMessage) -> Result<(), Self::Error> {
         self.start(message).await?.await?;

@@ -396,6 +396,7 @@ impl RabbitMqPublisher {
 
 impl crate::outbox::Publisher for RabbitMqPublisher {
     type Error = PublishError;
+    const SYSTEM: &'static str = "rabbitmq";
 
     async fn publish(&self, message: &crate::outbox::OutboxMessage) -> Result<(), PublishError> {
         let confirm = self.start(message).await?;

@@ -69,6 +69,7 @@ const QUEUE_WAIT: Duration = Duration::from_secs(30);
 
 impl Publisher for KafkaPublisher {
     type Error = KafkaError;
+    const SYSTEM: &'static str = "kafka";
 
     async fn publish(&self, message: &OutboxMessage) -> Result<(), KafkaError> {
         self.publish_batch(std::slice::from_ref(message))

@@ -48,6 +48,7 @@ impl RedisStreamsPublisher {
 
 impl Publisher for RedisStreamsPublisher {
     type Error = RedisError;
+    const SYSTEM: &'static str = "redis";
 
     async fn publish(&self, message: &OutboxMessage) -> Result<(), RedisError> {
         let mut answers = self.publish_batch(std::slice::from_ref(message)).await;

@@ -273,6 +273,7 @@ async fn poll(mut events: EventLoop, wire: mpsc::UnboundedSender<Wire>) {
 
 impl Publisher for MqttPublisher {
     type Error = MqttPublishError;
+    const SYSTEM: &'static str = "mqtt";
 
     async fn publish(&self, message: &OutboxMessage) -> Result<(), MqttPublishError> {
         let mut answers = self.publish_batch(std::slice::from_ref(message)).await;

@@ -9,6 +9,8 @@ use std::sync::atomic::AtomicBool;
 use std::task::Poll;
 use std::time::Duration;
 
+use tracing::Instrument as _;
+
 use crate::backend::Backend;
 use crate::claim::Tx;
 use crate::lease::{Guarded, Owner, new_token};
@@ -357,6 +359,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                         batch.released += self.release(&claims).await?;
                         break;
                     }
+                    let span = self.span(1, Some(message));
                     let outcome = self
                         .process_one(
                             handler,
@@ -365,7 +368,11 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                             stop.as_deref_mut(),
                             Some(&granted),
                         )
+                        .instrument(span.clone())
                         .await?;
+                    if !span.is_disabled() {
+                        span.record("outcome", outcome.map_or("released", Processed::name));
+                    }
                     match outcome {
                         Some(Processed::Processed) => batch.processed += 1,
                         Some(Processed::Failed) => batch.failed += 1,
@@ -391,6 +398,29 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         self.count(&batch);
         ended?;
         Ok(batch)
+    }
+
+    /// The span of one processing transaction (OpenTelemetry's messaging names): the
+    /// consumer (group), the inbox table (the destination the messages were received
+    /// into), the message's id and attempt when it is one, the count; `outcome` once done.
+    fn span(&self, count: usize, message: Option<&InboxMessage>) -> tracing::Span {
+        let span = tracing::info_span!(
+            "process",
+            messaging.operation.type = "process",
+            messaging.consumer.group.name = self.inbox.consumer.as_str(),
+            messaging.destination.name = self.inbox.table.name(),
+            messaging.batch.message_count = count,
+            messaging.message.id = tracing::field::Empty,
+            attempt = tracing::field::Empty,
+            outcome = tracing::field::Empty,
+        );
+        if let Some(message) = message
+            && !span.is_disabled()
+        {
+            span.record("messaging.message.id", message.id.as_str());
+            span.record("attempt", message.attempt);
+        }
+        span
     }
 
     /// `dedup_inbox_processed_total` of one batch.
@@ -890,6 +920,18 @@ pub enum Processed {
     /// found the row another's, and the handler's effects were rolled back. Nothing of
     /// this attempt committed.
     Lost,
+}
+
+impl Processed {
+    /// Its name in a span's `outcome`.
+    fn name(self) -> &'static str {
+        match self {
+            Processed::Processed => "processed",
+            Processed::Failed => "failed",
+            Processed::Dead => "dead",
+            Processed::Lost => "lost",
+        }
+    }
 }
 
 /// Rows one [`Worker::claim`] took, under one owner token.

@@ -17,6 +17,8 @@ use crate::queue::{
     retry_reachable, with_heartbeat,
 };
 
+use tracing::Instrument as _;
+
 use super::{Outbox, OutboxError, OutgoingId};
 
 /// A message the relay claimed, as a [`Publisher`] sees it.
@@ -89,6 +91,10 @@ pub trait Publisher: Send + Sync {
     /// The publisher's error; its `Display` is kept on the row.
     type Error: fmt::Display + Send;
 
+    /// The broker, as OpenTelemetry's `messaging.system` names it (`rabbitmq`, `kafka`,
+    /// …): the relay's `send` span carries it. `"unknown"` unless a publisher says.
+    const SYSTEM: &'static str = "unknown";
+
     /// Sends one message; `Ok` once the broker has it.
     fn publish<'a>(
         &'a self,
@@ -116,6 +122,33 @@ pub trait Publisher: Send + Sync {
             answers
         }
     }
+}
+
+/// The span of one claim's sends (OpenTelemetry's messaging names): the broker, the
+/// destination when the claim has one, the message count; `sent` and `failed` once the
+/// broker answered.
+fn send_span<P: Publisher>(messages: &[OutboxMessage]) -> tracing::Span {
+    let span = tracing::info_span!(
+        "send",
+        messaging.system = P::SYSTEM,
+        messaging.operation.type = "send",
+        messaging.destination.name = tracing::field::Empty,
+        messaging.batch.message_count = messages.len(),
+        messaging.message.id = tracing::field::Empty,
+        sent = tracing::field::Empty,
+        failed = tracing::field::Empty,
+    );
+    if !span.is_disabled()
+        && let Some(first) = messages.first()
+    {
+        if messages.iter().all(|m| m.destination == first.destination) {
+            span.record("messaging.destination.name", first.destination.as_str());
+        }
+        if messages.len() == 1 {
+            span.record("messaging.message.id", first.id.to_string());
+        }
+    }
+    span
 }
 
 /// The error kept on a row its publisher's [`Publisher::publish_batch`] gave no answer for.
@@ -357,7 +390,12 @@ impl<'p, DB: Backend> Relay<'p, DB> {
             // Every row out at once, the confirms awaited together (the claim holds at most
             // one row per ordering key, so the order per key holds), then one mark for all
             // the rows the broker has.
-            let mut answers = publisher.publish_batch(&messages).await.into_iter();
+            let span = send_span::<P>(&messages);
+            let mut answers = publisher
+                .publish_batch(&messages)
+                .instrument(span.clone())
+                .await
+                .into_iter();
             let mut sent = Vec::with_capacity(messages.len());
             let mut failed = Vec::new();
             for message in &messages {
@@ -368,6 +406,10 @@ impl<'p, DB: Backend> Relay<'p, DB> {
                     }
                     None => failed.push((message, NO_ANSWER.to_owned())),
                 }
+            }
+            if !span.is_disabled() {
+                span.record("sent", sent.len());
+                span.record("failed", failed.len());
             }
             if !sent.is_empty() {
                 let marked =

@@ -6,6 +6,8 @@ use std::sync::atomic::AtomicBool;
 use std::task::Poll;
 
 use super::{Batch, Claimed, ClaimedMany, Claims, InboxMessage, Processed, Step, Worker};
+use tracing::Instrument as _;
+
 use crate::backend::Backend;
 use crate::batch::{BatchError, BatchHandler};
 use crate::claim::Tx;
@@ -150,10 +152,16 @@ impl<DB: Backend> Worker<'_, DB> {
                     }
                     let messages: Vec<&InboxMessage> =
                         part.iter().map(|&k| &claims.messages[k]).collect();
-                    let Some(ended) = self
+                    let single = (messages.len() == 1).then(|| messages[0]);
+                    let span = self.span(messages.len(), single);
+                    let ended = self
                         .part(handler, &claims, &messages, stop.as_deref_mut(), &granted)
-                        .await?
-                    else {
+                        .instrument(span.clone())
+                        .await?;
+                    if !span.is_disabled() {
+                        span.record("outcome", ended.as_ref().map_or("released", PartEnd::name));
+                    }
+                    let Some(ended) = ended else {
                         // Cancelled at the shutdown deadline: this part and the rest.
                         batch.released += self.release(&claims).await?;
                         break;
@@ -456,4 +464,15 @@ enum PartEnd {
     Lost {
         kept: Vec<String>,
     },
+}
+
+impl PartEnd {
+    /// Its name in a span's `outcome`.
+    fn name(&self) -> &'static str {
+        match self {
+            PartEnd::Committed { .. } => "processed",
+            PartEnd::Failed(_) => "failed",
+            PartEnd::Lost { .. } => "lost",
+        }
+    }
 }
