@@ -3,7 +3,8 @@
 //! JetStream (the id as `Message-Id` and `Nats-Msg-Id`), to Kafka (tansu; the id in the
 //! header `id`, the ordering key as the record key), to Redis Streams (the fields `id`
 //! and `body`) and to MQTT (a Mosquitto of the test's own; QoS 1, the id as the payload's
-//! first line), and the broker has each message byte for byte,
+//! first line), and the broker has each message byte for byte (and the first one's trace
+//! context as its `traceparent` header, or field),
 //! once; an unroutable message is a failed send, retried, never a silent loss; a re-send
 //! of a row JetStream already has is dropped by JetStream's duplicate window. The relay
 //! runs on SQLite here (its backends are tested in `tests/outbox.rs`).
@@ -13,6 +14,10 @@ use std::time::{Duration, Instant};
 use dedup_runtime::outbox::{Cause, Outbox, OutgoingId};
 
 const PATIENCE: Duration = Duration::from_secs(15);
+
+/// The trace context of the first message [`outbox_with`] enqueues (the others have none):
+/// each publisher sends it as the broker's `traceparent` header (Redis: a field).
+const TRACE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
 /// A fresh SQLite outbox holding one message per payload to `destination`.
 async fn outbox_with(
@@ -26,7 +31,10 @@ async fn outbox_with(
     let mut tx = db.begin().await.unwrap();
     let mut ids = Vec::new();
     for (index, payload) in payloads.iter().enumerate() {
-        let message = cause.nth_outgoing(index as u32, destination, payload);
+        let mut message = cause.nth_outgoing(index as u32, destination, payload);
+        if index == 0 {
+            message = message.traceparent(TRACE);
+        }
         outbox.enqueue(&mut *tx, &message).await.unwrap();
         ids.push(message.id());
     }
@@ -92,6 +100,16 @@ mod rabbitmq {
                         .as_ref()
                         .map(|id| id.to_string()),
                     message.delivery.data.clone(),
+                    message
+                        .delivery
+                        .properties
+                        .headers()
+                        .as_ref()
+                        .and_then(|headers| headers.inner().get("traceparent").cloned())
+                        .and_then(|value| match value {
+                            lapin::types::AMQPValue::LongString(text) => Some(text.to_string()),
+                            _ => None,
+                        }),
                 )),
                 None => {
                     assert!(Instant::now() < deadline, "only {received:?} on {queue}");
@@ -102,9 +120,16 @@ mod rabbitmq {
         let expected: Vec<_> = ids
             .iter()
             .zip(payloads)
-            .map(|(id, payload)| (Some(id.to_string()), payload.to_vec()))
+            .enumerate()
+            .map(|(n, (id, payload))| {
+                let trace = (n == 0).then(|| TRACE.to_owned());
+                (Some(id.to_string()), payload.to_vec(), trace)
+            })
             .collect();
-        assert_eq!(received, expected, "each once, in order, byte for byte");
+        assert_eq!(
+            received, expected,
+            "each once, in order, byte for byte, the first with its traceparent header"
+        );
         for id in &ids {
             assert_eq!(state(&db, *id).await, (2, None), "marked sent");
         }
@@ -307,6 +332,14 @@ mod jetstream {
                     "{header}"
                 );
             }
+            assert_eq!(
+                message
+                    .headers
+                    .get("traceparent")
+                    .map(|value| value.as_str()),
+                (sequence == 1).then_some(TRACE),
+                "the first message's trace context, and no other's"
+            );
         }
 
         // A relay that stopped after its send and before its mark: the row is sent again,
@@ -371,7 +404,7 @@ mod kafka {
         for (slot, payload) in [&b"first"[..], b"\x00\xff", b"third"].iter().enumerate() {
             let mut message = cause.nth_outgoing(slot as u32, &topic, payload);
             if slot == 1 {
-                message = message.ordering_key("order-7");
+                message = message.ordering_key("order-7").traceparent(TRACE);
             }
             outbox.enqueue(&mut *tx, &message).await.unwrap();
             ids.push(message.id());
@@ -406,25 +439,29 @@ mod kafka {
                 .await
                 .unwrap_or_else(|_| panic!("only {received:?} on {topic}"))
                 .unwrap();
-            let id = message
-                .headers()
-                .and_then(|headers| headers.iter().find(|header| header.key == "id"))
-                .and_then(|header| header.value)
-                .map(|value| String::from_utf8(value.to_vec()).unwrap());
+            let header = |name: &str| {
+                message
+                    .headers()
+                    .and_then(|headers| headers.iter().find(|header| header.key == name))
+                    .and_then(|header| header.value)
+                    .map(|value| String::from_utf8(value.to_vec()).unwrap())
+            };
             received.push((
-                id,
+                header("id"),
                 message.key().map(<[u8]>::to_vec),
                 message.payload().unwrap_or_default().to_vec(),
+                header("traceparent"),
             ));
         }
         let expected = vec![
-            (Some(ids[0].to_string()), None, b"first".to_vec()),
+            (Some(ids[0].to_string()), None, b"first".to_vec(), None),
             (
                 Some(ids[1].to_string()),
                 Some(b"order-7".to_vec()),
                 b"\x00\xff".to_vec(),
+                Some(TRACE.to_owned()),
             ),
-            (Some(ids[2].to_string()), None, b"third".to_vec()),
+            (Some(ids[2].to_string()), None, b"third".to_vec(), None),
         ];
         assert_eq!(received, expected, "each once, in order, byte for byte");
     }
@@ -486,11 +523,16 @@ mod redis_streams {
         let expected: Vec<Fields> = ids
             .iter()
             .zip(payloads)
-            .map(|(id, payload)| {
-                vec![
+            .enumerate()
+            .map(|(n, (id, payload))| {
+                let mut fields = vec![
                     ("id".to_owned(), id.to_string().into_bytes()),
                     ("body".to_owned(), payload.to_vec()),
-                ]
+                ];
+                if n == 0 {
+                    fields.push(("traceparent".to_owned(), TRACE.as_bytes().to_vec()));
+                }
+                fields
             })
             .collect();
         assert_eq!(got, expected, "each once, in order, byte for byte");

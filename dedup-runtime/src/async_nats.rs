@@ -175,6 +175,7 @@ mod tests {
 /// JetStream's own duplicate window drops a re-send within it too. A send is `Ok` once the
 /// stream acknowledged it (a duplicate JetStream dropped counts: the stream has the
 /// message).
+/// The row's trace context, if it has one, goes as the header `traceparent`.
 ///
 /// The row's headers are not sent (their encoding is yours): wrap this publisher in a
 /// [`Publisher`](crate::outbox::Publisher) of your own to map them onto NATS headers.
@@ -213,6 +214,9 @@ impl JetStreamPublisher {
         let mut headers = HeaderMap::new();
         headers.insert("Message-Id", id.as_str());
         headers.insert(::async_nats::header::NATS_MESSAGE_ID, id.as_str());
+        if let Some(traceparent) = message.traceparent() {
+            headers.insert("traceparent", traceparent);
+        }
         self.context
             .publish_with_headers(
                 message.destination().to_owned(),

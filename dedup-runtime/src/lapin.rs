@@ -259,8 +259,11 @@ mod tests {
 /// broker confirmed it (publisher confirms): a `nack`, or a return because nothing
 /// routed it, is an error, and the relay tries again later.
 ///
-/// The row's headers are not sent (their encoding is yours): wrap this publisher in a
-/// [`Publisher`](crate::outbox::Publisher) of your own to map them onto AMQP headers.
+/// The row's trace context, if it has one
+/// ([`OutboxMessage::traceparent`](crate::outbox::OutboxMessage::traceparent)), goes as the
+/// AMQP header `traceparent`. The row's headers are not sent (their encoding is yours):
+/// wrap this publisher in a [`Publisher`](crate::outbox::Publisher) of your own to map
+/// them onto AMQP headers.
 ///
 /// ```no_run
 /// use dedup_runtime::lapin::RabbitMqPublisher;
@@ -358,9 +361,17 @@ impl RabbitMqPublisher {
         use ::lapin::options::BasicPublishOptions;
 
         let id = message.id().to_string();
-        let properties = BasicProperties::default()
+        let mut properties = BasicProperties::default()
             .with_message_id(id.as_str().into())
             .with_delivery_mode(2);
+        if let Some(traceparent) = message.traceparent() {
+            let mut headers = ::lapin::types::FieldTable::default();
+            headers.insert(
+                "traceparent".into(),
+                ::lapin::types::AMQPValue::LongString(traceparent.into()),
+            );
+            properties = properties.with_headers(headers);
+        }
         let options = BasicPublishOptions {
             mandatory: true,
             ..BasicPublishOptions::default()

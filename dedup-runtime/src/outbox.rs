@@ -399,6 +399,7 @@ pub struct Outgoing<'a> {
     payload: &'a [u8],
     headers: Option<&'a [u8]>,
     ordering_key: Option<&'a str>,
+    traceparent: Option<&'a str>,
 }
 
 impl<'a> Outgoing<'a> {
@@ -417,6 +418,7 @@ impl<'a> Outgoing<'a> {
             payload,
             headers: None,
             ordering_key: None,
+            traceparent: None,
         }
     }
 
@@ -443,6 +445,22 @@ impl<'a> Outgoing<'a> {
     pub fn ordering_key(self, key: &'a str) -> Self {
         Outgoing {
             ordering_key: Some(key),
+            ..self
+        }
+    }
+
+    /// The trace context to send it with: a W3C `traceparent` value
+    /// (`00-<32 hex trace id>-<16 hex parent id>-<2 hex flags>`, lowercase), the span
+    /// that enqueued it as your OpenTelemetry propagator writes it. Stored with the row;
+    /// the relay hands it to the publisher, which sends it as the broker's `traceparent`
+    /// header (RabbitMQ, JetStream, Kafka; Redis Streams a field; MQTT 3.1.1 has no
+    /// headers), so that one trace links the handler, the relay's send and the consumer
+    /// downstream. A value that is not one is refused ([`Refused::InvalidTraceparent`]).
+    /// Without it, the outbox's [`trace_context`](Outbox::trace_context) hook, if any,
+    /// gives it.
+    pub fn traceparent(self, traceparent: &'a str) -> Self {
+        Outgoing {
+            traceparent: Some(traceparent),
             ..self
         }
     }
@@ -506,6 +524,9 @@ pub enum Refused {
         /// [`MAX_HEADERS_LEN`].
         max: usize,
     },
+    /// The trace context ([`Outgoing::traceparent`], or the outbox's
+    /// [`trace_context`](Outbox::trace_context) hook) is not a W3C `traceparent`: why.
+    InvalidTraceparent(String),
 }
 
 impl fmt::Display for Refused {
@@ -522,6 +543,7 @@ impl fmt::Display for Refused {
                 f,
                 "the headers are {len} bytes, over the outbox's limit of {max} bytes"
             ),
+            Refused::InvalidTraceparent(why) => write!(f, "invalid traceparent: {why}"),
         }
     }
 }
@@ -670,6 +692,8 @@ pub struct Outbox {
     max_payload_len: usize,
     /// With [`Outbox::notify_relay`]: when the last hint went out, shared by clones.
     hints: Option<std::sync::Arc<crate::queue::Hints>>,
+    /// [`Outbox::trace_context`].
+    trace_context: Option<fn() -> Option<String>>,
 }
 
 impl Default for Outbox {
@@ -685,6 +709,7 @@ impl Outbox {
             table: Table::new(DEFAULT_TABLE).expect("the default table name is valid"),
             max_payload_len: DEFAULT_MAX_PAYLOAD_LEN,
             hints: None,
+            trace_context: None,
         }
     }
 
@@ -707,6 +732,32 @@ impl Outbox {
     /// The table.
     pub fn table(&self) -> &Table {
         &self.table
+    }
+
+    /// Where the trace context of a message enqueued without one
+    /// ([`Outgoing::traceparent`]) comes from: `hook` is called at each such
+    /// [`enqueue`](Self::enqueue), in the handler's span, and returns the W3C
+    /// `traceparent` of the current span, or `None`. This crate depends on `tracing`
+    /// only; with `tracing-opentelemetry` the hook is a few lines of yours (the current
+    /// span's context through your propagator). A value that is not a `traceparent` is
+    /// refused, as the setter's is.
+    ///
+    /// ```
+    /// use dedup_runtime::outbox::Outbox;
+    ///
+    /// fn current_traceparent() -> Option<String> {
+    ///     // With tracing-opentelemetry: inject `tracing::Span::current().context()`
+    ///     // through `TraceContextPropagator` and return its `traceparent` entry.
+    ///     None
+    /// }
+    ///
+    /// let outbox = Outbox::new().trace_context(current_traceparent);
+    /// ```
+    pub fn trace_context(self, hook: fn() -> Option<String>) -> Outbox {
+        Outbox {
+            trace_context: Some(hook),
+            ..self
+        }
     }
 
     /// Whether [`hint`](Self::hint) wakes idle relays (PostgreSQL: a `NOTIFY`, at most
@@ -748,6 +799,13 @@ impl Outbox {
         message: &Outgoing<'_>,
     ) -> Result<Enqueued, OutboxError> {
         self.check(message).map_err(OutboxError::Refused)?;
+        let hooked = match (message.traceparent, self.trace_context) {
+            (None, Some(hook)) => hook(),
+            _ => None,
+        };
+        if let Some(traceparent) = &hooked {
+            check_traceparent(traceparent).map_err(OutboxError::Refused)?;
+        }
         let row = Row {
             id: message.id,
             consumer: &message.cause.consumer,
@@ -757,6 +815,7 @@ impl Outbox {
             payload: message.payload,
             headers: message.headers,
             ordering_key: message.ordering_key,
+            traceparent: message.traceparent.or(hooked.as_deref()),
         };
         let conn = conn.connection();
         let inserted = <C::Database as OutboxBackend>::outbox_insert(conn, &self.table, &row)
@@ -933,6 +992,9 @@ impl Outbox {
                 max: MAX_HEADERS_LEN,
             });
         }
+        if let Some(traceparent) = message.traceparent {
+            check_traceparent(traceparent)?;
+        }
         Ok(())
     }
 
@@ -955,6 +1017,43 @@ impl Outbox {
 }
 
 /// The rules of a destination or an ordering key: 1 to 255 bytes, no NUL.
+/// The length of a version-00 W3C `traceparent`.
+pub const TRACEPARENT_LEN: usize = 55;
+
+/// A W3C `traceparent` of version `00`: `00-` 32 hex digits (not all zero) `-` 16 hex
+/// digits (not all zero) `-` 2 hex digits, lowercase, 55 bytes in all.
+fn check_traceparent(value: &str) -> Result<(), Refused> {
+    let refuse = |why: &str| Err(Refused::InvalidTraceparent(format!("{value:?}: {why}")));
+    let bytes = value.as_bytes();
+    if bytes.len() != TRACEPARENT_LEN {
+        return refuse(&format!(
+            "{} bytes, where a traceparent has {TRACEPARENT_LEN}",
+            bytes.len()
+        ));
+    }
+    let hex = |range: std::ops::Range<usize>| {
+        bytes[range]
+            .iter()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+    };
+    if !(bytes[2] == b'-' && bytes[35] == b'-' && bytes[52] == b'-') {
+        return refuse("not four fields joined by '-'");
+    }
+    if !(hex(0..2) && hex(3..35) && hex(36..52) && hex(53..55)) {
+        return refuse("the fields are not lowercase hex digits");
+    }
+    if &bytes[0..2] != b"00" {
+        return refuse("only version 00 is stored");
+    }
+    if bytes[3..35].iter().all(|b| *b == b'0') {
+        return refuse("the trace id is all zeros");
+    }
+    if bytes[36..52].iter().all(|b| *b == b'0') {
+        return refuse("the parent id is all zeros");
+    }
+    Ok(())
+}
+
 fn check_name(name: &str) -> Result<(), String> {
     if name.is_empty() {
         Err("it is empty".to_owned())
@@ -1019,6 +1118,7 @@ pub struct Row<'a> {
     pub(crate) payload: &'a [u8],
     pub(crate) headers: Option<&'a [u8]>,
     pub(crate) ordering_key: Option<&'a str>,
+    pub(crate) traceparent: Option<&'a str>,
 }
 
 /// What [`OutboxBackend::outbox_stats`] reads.

@@ -18,6 +18,7 @@ use crate::outbox::{OutboxMessage, Publisher};
 /// producer of [`producer_config`](KafkaPublisher::producer_config) (`acks=all`,
 /// `enable.idempotence=true`) that is once every in-sync replica has it, and the broker
 /// drops the producer's own retried copies of a record.
+/// The row's trace context, if it has one, goes as the record header `traceparent`.
 ///
 /// A claim's records are all handed to the producer before any delivery is awaited.
 /// The row's headers are not sent (their encoding is yours).
@@ -87,10 +88,16 @@ impl Publisher for KafkaPublisher {
             .collect();
         let mut deliveries = Vec::with_capacity(messages.len());
         for (message, id) in messages.iter().zip(&ids) {
-            let headers = OwnedHeaders::new().insert(Header {
+            let mut headers = OwnedHeaders::new().insert(Header {
                 key: "id",
                 value: Some(id.as_str()),
             });
+            if let Some(traceparent) = message.traceparent() {
+                headers = headers.insert(Header {
+                    key: "traceparent",
+                    value: Some(traceparent),
+                });
+            }
             let mut record = FutureRecord::<str, [u8]>::to(message.destination())
                 .payload(message.payload())
                 .headers(headers);

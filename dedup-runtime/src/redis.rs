@@ -10,7 +10,8 @@ use crate::outbox::{OutboxMessage, Publisher};
 /// of the stream named by its destination, with the outgoing id in the field `id` and the
 /// payload in the field `body` — where the consumer downstream reads them
 /// (`examples/redis_streams.rs`): the entry id Redis assigns changes when an entry is
-/// added again, the `id` field does not. A send is `Ok` once Redis answered its `XADD`.
+/// added again, the `id` field does not. A row's trace context, if it has one, is the
+/// field `traceparent`. A send is `Ok` once Redis answered its `XADD`.
 ///
 /// A claim's entries go in one pipeline: one round trip for the whole claim. A pipeline
 /// that fails fails every row of it (some entries may be in the stream: sent again later
@@ -67,6 +68,9 @@ impl Publisher for RedisStreamsPublisher {
                 .arg(message.id().to_string())
                 .arg("body")
                 .arg(message.payload());
+            if let Some(traceparent) = message.traceparent() {
+                pipeline.arg("traceparent").arg(traceparent);
+            }
         }
         let mut connection = self.connection.clone();
         match pipeline.query_async::<Vec<Value>>(&mut connection).await {

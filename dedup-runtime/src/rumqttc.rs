@@ -27,7 +27,7 @@ pub const MQTT_MAX_PACKET: usize = 268_435_455 + 5;
 /// travels in the payload, where the consumer downstream reads it (`examples/mqtt.rs`
 /// parses exactly this form). A row sent again — after a lost `PUBACK`, or by another
 /// relay after a stall — carries the same first line, which the consumer dedups. The
-/// row's headers and ordering key are not sent (a session delivers one topic's QoS 1
+/// row's headers, trace context and ordering key are not sent (a session delivers one topic's QoS 1
 /// messages in order).
 ///
 /// The publisher owns its connection: it connects with `options` at the first send, keeps

@@ -11,6 +11,7 @@ CREATE TABLE IF NOT EXISTS outbox_messages (
     payload         LONGBLOB NOT NULL,
     headers         MEDIUMBLOB NULL,
     ordering_key    VARBINARY(255) NULL,
+    traceparent     VARBINARY(55) NULL,
     created_at      DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     state           TINYINT NOT NULL DEFAULT 0 CHECK (state IN (0, 1, 2, 3)),
     attempts        INT NOT NULL DEFAULT 0,

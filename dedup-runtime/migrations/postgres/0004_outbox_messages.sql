@@ -11,6 +11,7 @@ CREATE TABLE IF NOT EXISTS outbox_messages (
     payload         bytea NOT NULL,
     headers         bytea,
     ordering_key    text COLLATE "C",
+    traceparent     text,
     created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),
     state           smallint NOT NULL DEFAULT 0 CHECK (state IN (0, 1, 2, 3)),
     attempts        integer NOT NULL DEFAULT 0,

@@ -11,6 +11,7 @@ CREATE TABLE IF NOT EXISTS outbox_messages (
     payload         BLOB NOT NULL,
     headers         BLOB,
     ordering_key    TEXT,
+    traceparent     TEXT,
     created_at      TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
     state           INTEGER NOT NULL DEFAULT 0 CHECK (state IN (0, 1, 2, 3)),
     attempts        INTEGER NOT NULL DEFAULT 0,

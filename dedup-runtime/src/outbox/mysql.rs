@@ -19,7 +19,7 @@ use crate::schema::mysql::{Arg, READ_COMMITTED, placeholders, update_found, upda
 
 /// The columns of a claimed row, as [`message`] reads them.
 const MESSAGE: &str = "id, CAST(destination AS CHAR), payload, headers, \
-                       CAST(ordering_key AS CHAR), attempts, seq";
+                       CAST(ordering_key AS CHAR), attempts, seq, CAST(traceparent AS CHAR)";
 
 /// A claimed row from the columns of [`MESSAGE`].
 fn message(row: sqlx::mysql::MySqlRow) -> Result<OutboxMessage, sqlx::Error> {
@@ -31,6 +31,7 @@ fn message(row: sqlx::mysql::MySqlRow) -> Result<OutboxMessage, sqlx::Error> {
         ordering_key: row.try_get(4)?,
         attempt: row.try_get::<i32, _>(5)?.max(0) as u32,
         seq: row.try_get(6)?,
+        traceparent: row.try_get(7)?,
     })
 }
 
@@ -48,6 +49,7 @@ impl OutboxBackend for MySql {
              payload         LONGBLOB NOT NULL,\n    \
              headers         MEDIUMBLOB NULL,\n    \
              ordering_key    VARBINARY(255) NULL,\n    \
+             traceparent     VARBINARY(55) NULL,\n    \
              created_at      DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),\n    \
              state           TINYINT NOT NULL DEFAULT 0 CHECK (state IN (0, 1, 2, 3)),\n    \
              attempts        INT NOT NULL DEFAULT 0,\n    \
@@ -78,7 +80,9 @@ impl OutboxBackend for MySql {
 
     async fn outbox_create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
         crate::schema::mysql::create_locked(pool, Self::outbox_ddl(table)).await?;
-        crate::schema::mysql::widen_headers(pool, table).await
+        crate::schema::mysql::widen_headers(pool, table).await?;
+        // A table made before the trace context was stored.
+        crate::schema::mysql::add_missing(pool, table, "traceparent", "VARBINARY(55) NULL").await
     }
 
     /// A plain insert: InnoDB rolls back only the statement on its duplicate-key error
@@ -92,7 +96,7 @@ impl OutboxBackend for MySql {
         let id = row.id.as_uuid();
         let insert = format!(
             "INSERT INTO {name} (id, consumer, cause_id, slot, destination, payload, headers, \
-             ordering_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+             ordering_key, traceparent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)"
         );
         let inserted = sqlx::query(AssertSqlSafe(insert))
             .bind(&id.as_bytes()[..])
@@ -103,6 +107,7 @@ impl OutboxBackend for MySql {
             .bind(row.payload)
             .bind(row.headers)
             .bind(row.ordering_key)
+            .bind(row.traceparent)
             .execute(&mut *conn)
             .await;
         match inserted {

@@ -15,7 +15,8 @@ use crate::schema::Table;
 use crate::schema::postgres::{UNFLUSHED_CLAIM, index_name};
 
 /// The columns of a claimed row, as [`message`] reads them.
-const MESSAGE: &str = "id::text, destination, payload, headers, ordering_key, attempts, seq";
+const MESSAGE: &str =
+    "id::text, destination, payload, headers, ordering_key, attempts, seq, traceparent";
 
 /// A claimed row from the columns of [`MESSAGE`].
 fn message(row: sqlx::postgres::PgRow) -> Result<OutboxMessage, sqlx::Error> {
@@ -27,6 +28,7 @@ fn message(row: sqlx::postgres::PgRow) -> Result<OutboxMessage, sqlx::Error> {
         ordering_key: row.try_get(4)?,
         attempt: row.try_get::<i32, _>(5)?.max(0) as u32,
         seq: row.try_get(6)?,
+        traceparent: row.try_get(7)?,
     })
 }
 
@@ -45,6 +47,7 @@ impl OutboxBackend for Postgres {
                  payload         bytea NOT NULL,\n    \
                  headers         bytea,\n    \
                  ordering_key    text COLLATE \"C\",\n    \
+                 traceparent     text,\n    \
                  created_at      timestamptz NOT NULL DEFAULT clock_timestamp(),\n    \
                  state           smallint NOT NULL DEFAULT 0 CHECK (state IN (0, 1, 2, 3)),\n    \
                  attempts        integer NOT NULL DEFAULT 0,\n    \
@@ -86,7 +89,13 @@ impl OutboxBackend for Postgres {
     }
 
     async fn outbox_create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
-        crate::schema::postgres::create_locked(pool, Self::outbox_ddl(table)).await
+        let mut ddl = Self::outbox_ddl(table);
+        // A table made before the trace context was stored.
+        ddl.push(format!(
+            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS traceparent text",
+            table.name()
+        ));
+        crate::schema::postgres::create_locked(pool, ddl).await
     }
 
     /// `ON CONFLICT DO NOTHING`: a duplicate never aborts the caller's transaction.
@@ -99,7 +108,8 @@ impl OutboxBackend for Postgres {
         let id = row.id.to_string();
         let insert = format!(
             "INSERT INTO {name} (id, consumer, cause_id, slot, destination, payload, headers, \
-             ordering_key) VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO NOTHING"
+             ordering_key, traceparent) VALUES ($1::uuid, $2, $3, $4, $5, $6, $7, $8, $9) \
+             ON CONFLICT (id) DO NOTHING"
         );
         let done = sqlx::query(AssertSqlSafe(insert))
             .bind(&id)
@@ -110,6 +120,7 @@ impl OutboxBackend for Postgres {
             .bind(row.payload)
             .bind(row.headers)
             .bind(row.ordering_key)
+            .bind(row.traceparent)
             .execute(&mut *conn)
             .await?;
         if done.rows_affected() == 1 {

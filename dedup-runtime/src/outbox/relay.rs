@@ -29,6 +29,7 @@ pub struct OutboxMessage {
     pub(crate) payload: Vec<u8>,
     pub(crate) headers: Option<Vec<u8>>,
     pub(crate) ordering_key: Option<String>,
+    pub(crate) traceparent: Option<String>,
     pub(crate) attempt: u32,
     pub(crate) seq: i64,
 }
@@ -58,6 +59,13 @@ impl OutboxMessage {
     /// Its ordering key, if any.
     pub fn ordering_key(&self) -> Option<&str> {
         self.ordering_key.as_deref()
+    }
+
+    /// Its trace context, a W3C `traceparent`, if it was enqueued with one
+    /// ([`Outgoing::traceparent`](super::Outgoing::traceparent)): send it as the broker's
+    /// `traceparent` header.
+    pub fn traceparent(&self) -> Option<&str> {
+        self.traceparent.as_deref()
     }
 
     /// Which attempt this is, from 1: counted when the row was claimed (a stopped relay's

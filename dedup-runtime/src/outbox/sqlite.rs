@@ -14,7 +14,7 @@ use crate::schema::Table;
 use crate::schema::sqlite::{NOW, index_name, later};
 
 /// The columns of a claimed row, as [`message`] reads them.
-const MESSAGE: &str = "id, destination, payload, headers, ordering_key, attempts, seq";
+const MESSAGE: &str = "id, destination, payload, headers, ordering_key, attempts, seq, traceparent";
 
 /// A claimed row from the columns of [`MESSAGE`].
 fn message(row: sqlx::sqlite::SqliteRow) -> Result<OutboxMessage, sqlx::Error> {
@@ -26,6 +26,7 @@ fn message(row: sqlx::sqlite::SqliteRow) -> Result<OutboxMessage, sqlx::Error> {
         ordering_key: row.try_get(4)?,
         attempt: row.try_get::<i64, _>(5)?.max(0) as u32,
         seq: row.try_get(6)?,
+        traceparent: row.try_get(7)?,
     })
 }
 
@@ -45,6 +46,7 @@ impl OutboxBackend for Sqlite {
                  payload         BLOB NOT NULL,\n    \
                  headers         BLOB,\n    \
                  ordering_key    TEXT,\n    \
+                 traceparent     TEXT,\n    \
                  created_at      TEXT NOT NULL DEFAULT ({NOW}),\n    \
                  state           INTEGER NOT NULL DEFAULT 0 CHECK (state IN (0, 1, 2, 3)),\n    \
                  attempts        INTEGER NOT NULL DEFAULT 0,\n    \
@@ -86,7 +88,9 @@ impl OutboxBackend for Sqlite {
     }
 
     async fn outbox_create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
-        crate::schema::sqlite::create_locked(pool, Self::outbox_ddl(table)).await
+        crate::schema::sqlite::create_locked(pool, Self::outbox_ddl(table)).await?;
+        // A table made before the trace context was stored.
+        crate::schema::sqlite::add_missing(pool, table, "traceparent", "TEXT").await
     }
 
     async fn outbox_insert<'c>(
@@ -98,7 +102,8 @@ impl OutboxBackend for Sqlite {
         let id = row.id.as_uuid();
         let insert = format!(
             "INSERT INTO {name} (id, consumer, cause_id, slot, destination, payload, headers, \
-             ordering_key) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (id) DO NOTHING"
+             ordering_key, traceparent) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) \
+             ON CONFLICT (id) DO NOTHING"
         );
         let done = sqlx::query(AssertSqlSafe(insert))
             .bind(&id.as_bytes()[..])
@@ -109,6 +114,7 @@ impl OutboxBackend for Sqlite {
             .bind(row.payload)
             .bind(row.headers)
             .bind(row.ordering_key)
+            .bind(row.traceparent)
             .execute(&mut *conn)
             .await?;
         if done.rows_affected() == 1 {

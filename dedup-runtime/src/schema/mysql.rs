@@ -175,6 +175,43 @@ pub(crate) async fn widen_headers(pool: &Pool<MySql>, table: &Table) -> Result<(
     Ok(())
 }
 
+/// Adds `column` (`definition`) to `table` if it lacks it (a table made before the column
+/// was): MySQL 8 has no `ADD COLUMN IF NOT EXISTS`, so the catalog says. A table already
+/// right is only looked at.
+pub(crate) async fn add_missing(
+    pool: &Pool<MySql>,
+    table: &Table,
+    column: &str,
+    definition: &str,
+) -> Result<(), sqlx::Error> {
+    let name = table.name();
+    let (schema, bare) = match name.rsplit_once('.') {
+        Some((schema, bare)) => (Some(schema), bare),
+        None => (None, name),
+    };
+    let present: Option<i64> = sqlx::query_scalar(
+        "SELECT 1 FROM information_schema.COLUMNS \
+         WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = ?",
+    )
+    .bind(schema)
+    .bind(bare)
+    .bind(column)
+    .fetch_optional(pool)
+    .await?;
+    if present.is_none() {
+        let alter = format!("ALTER TABLE {name} ADD COLUMN {column} {definition}");
+        match create_locked(pool, vec![alter]).await {
+            // Another process added it between the look and the change.
+            Err(error) if crate::classify::mysql::error_number(&error) == Some(DUP_FIELDNAME) => {}
+            other => other?,
+        }
+    }
+    Ok(())
+}
+
+/// `ER_DUP_FIELDNAME`: the column is there already.
+const DUP_FIELDNAME: u16 = 1060;
+
 /// A worker's or a relay's claim transaction: READ COMMITTED, so no gap locks, and
 /// claiming processes skip each other's rows instead of deadlocking on the index ranges
 /// they scan.

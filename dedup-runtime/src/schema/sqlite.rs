@@ -135,6 +135,38 @@ pub(crate) async fn create_locked(
     tx.commit().await
 }
 
+/// Adds `column` (`definition`) to `table` if it lacks it (a table made before the column
+/// was): SQLite has no `ADD COLUMN IF NOT EXISTS`, so `pragma_table_info` says, in the
+/// same write transaction as the change.
+pub(crate) async fn add_missing(
+    pool: &Pool<Sqlite>,
+    table: &Table,
+    column: &str,
+    definition: &str,
+) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin_with(BEGIN).await?;
+    let (schema, bare) = match table.name().rsplit_once('.') {
+        Some((schema, bare)) => (schema, bare),
+        None => ("main", table.name()),
+    };
+    let present: Option<i64> =
+        sqlx::query_scalar("SELECT 1 FROM pragma_table_info(?1, ?2) WHERE name = ?3")
+            .bind(bare)
+            .bind(schema)
+            .bind(column)
+            .fetch_optional(&mut *tx)
+            .await?;
+    if present.is_none() {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "ALTER TABLE {} ADD COLUMN {column} {definition}",
+            table.name()
+        )))
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await
+}
+
 /// The database's now, as every time column of the inbox and the outbox holds it (UTC,
 /// `%Y-%m-%dT%H:%M:%fZ`): text that compares as the time it says.
 pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
