@@ -754,6 +754,82 @@ mod mqtt {
         );
     }
 
+    /// The confirm timeout with the relay on PostgreSQL and MariaDB too (the test above
+    /// runs it on SQLite): the broker paused, the claim's rows fail with the timeout, none
+    /// marked; resumed, the next claim sends them and marks them.
+    macro_rules! confirm_timeout_on {
+        ($name:ident, $pool:expr, $state:literal) => {
+            #[tokio::test]
+            async fn $name() {
+                let broker = Mosquitto::start(&dedup_suite::unique("outbox-mqtt"), "");
+                let topic = dedup_suite::unique("outbox-mqtt/paused-db");
+                let pool = $pool;
+                let table = dedup_suite::unique_table("outbox_mqtt");
+                dedup_runtime::outbox::migrate_table(&pool, &table)
+                    .await
+                    .unwrap();
+                let outbox = Outbox::with_table(&table).unwrap();
+                let cause = Cause::new("outbox-brokers", dedup_suite::unique("evt")).unwrap();
+                let mut tx = pool.begin().await.unwrap();
+                let mut ids = Vec::new();
+                for index in 0..3 {
+                    let message = cause.nth_outgoing(index, &topic, b"p");
+                    outbox.enqueue(&mut *tx, &message).await.unwrap();
+                    ids.push(message.id().to_string());
+                }
+                tx.commit().await.unwrap();
+                let state = async |id: &str| -> (i64, Option<String>) {
+                    sqlx::query_as(sqlx::AssertSqlSafe(format!($state, table)))
+                        .bind(id)
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap()
+                };
+                let publisher = publisher(&broker).confirm_timeout(Duration::from_millis(400));
+                let relay = outbox
+                    .relay(&pool)
+                    .backoff(Duration::from_millis(1), Duration::from_millis(1));
+                let signal = |name: &str| {
+                    let status = std::process::Command::new("kill")
+                        .arg(format!("-{name}"))
+                        .arg(broker.pid().to_string())
+                        .status()
+                        .expect("run kill");
+                    assert!(status.success(), "kill -{name}");
+                };
+                signal("STOP");
+                let relayed = relay.relay_batch(&publisher).await;
+                signal("CONT");
+                let relayed = relayed.unwrap();
+                assert_eq!((relayed.claimed, relayed.failed, relayed.sent), (3, 3, 0));
+                for id in &ids {
+                    let (row_state, error) = state(id).await;
+                    assert!(
+                        row_state != 2 && error.as_deref().is_some_and(|e| e.contains("in time")),
+                        "{row_state} {error:?}"
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let relayed = relay.relay_batch(&publisher).await.unwrap();
+                assert_eq!((relayed.claimed, relayed.sent), (3, 3), "{relayed:?}");
+                for id in &ids {
+                    assert_eq!(state(id).await.0, 2, "marked sent");
+                }
+            }
+        };
+    }
+
+    confirm_timeout_on!(
+        a_confirm_timeout_on_postgres,
+        dedup_suite::postgres().await,
+        "SELECT state::int8, last_error FROM {} WHERE id = $1::uuid"
+    );
+    confirm_timeout_on!(
+        a_confirm_timeout_on_mariadb,
+        dedup_suite::mysql().await,
+        "SELECT CAST(state AS SIGNED), last_error FROM {} WHERE id = UNHEX(REPLACE(?, '-', ''))"
+    );
+
     /// The broker restarted between two claims (the publisher's connection cut while it
     /// idled): the next claim connects again and is sent.
     #[tokio::test]
