@@ -149,6 +149,22 @@ async fn expired_any(
         .is_some())
 }
 
+/// Releases the processing transaction's savepoint: [`RolledBack`] if it is gone with its
+/// transaction (a deadlock rollback the handler swallowed, a `ROLLBACK` it sent), so that
+/// a mark never commits without the handler's effects.
+async fn release_savepoint(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+    match sqlx::raw_sql(AssertSqlSafe(format!("RELEASE SAVEPOINT {SAVEPOINT}")))
+        .execute(&mut *conn)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(error) if error_number(&error) == Some(SAVEPOINT_GONE) => {
+            Err(RolledBack::error("MySQL", Some(error)))
+        }
+        Err(error) => Err(error),
+    }
+}
+
 impl InboxBackend for MySql {
     fn inbox_ddl(table: &Table) -> Vec<String> {
         vec![format!(
@@ -443,16 +459,7 @@ impl InboxBackend for MySql {
         conn: &'c mut MySqlConnection,
         row: &'c Claimed<'c>,
     ) -> Result<bool, sqlx::Error> {
-        match sqlx::raw_sql(AssertSqlSafe(format!("RELEASE SAVEPOINT {SAVEPOINT}")))
-            .execute(&mut *conn)
-            .await
-        {
-            Ok(_) => {}
-            Err(error) if error_number(&error) == Some(SAVEPOINT_GONE) => {
-                return Err(RolledBack::error("MySQL", Some(error)));
-            }
-            Err(error) => return Err(error),
-        }
+        release_savepoint(conn).await?;
         let sql = format!(
             "UPDATE {} SET state = 2, processed_at = UTC_TIMESTAMP(6), lease_until = NULL{} \
              WHERE consumer = ? AND message_id = ? AND owner = ? AND state = 1",
@@ -488,16 +495,7 @@ impl InboxBackend for MySql {
         conn: &'c mut MySqlConnection,
         rows: &'c ClaimedMany<'c>,
     ) -> Result<u64, sqlx::Error> {
-        match sqlx::raw_sql(AssertSqlSafe(format!("RELEASE SAVEPOINT {SAVEPOINT}")))
-            .execute(&mut *conn)
-            .await
-        {
-            Ok(_) => {}
-            Err(error) if error_number(&error) == Some(SAVEPOINT_GONE) => {
-                return Err(RolledBack::error("MySQL", Some(error)));
-            }
-            Err(error) => return Err(error),
-        }
+        release_savepoint(conn).await?;
         if rows.ids.is_empty() {
             return Ok(0);
         }
