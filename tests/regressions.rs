@@ -234,3 +234,11 @@ mod stopped_claim_taken_back_in_bulk;
 // connection).
 #[path = "regressions/connection_faults_spend_no_attempt.rs"]
 mod connection_faults_spend_no_attempt;
+
+// The pipelined relay (issue 25) sent a whole claim before marking any row; a relay
+// stopped mid-claim had every row unmarked, and the take-back charged the first one in the
+// claim's order at every stop — an innocent row dead after its attempts while the row that
+// stopped the relay went on. Fixed by sending a row on a later attempt alone, in its place
+// in the claim's order (the inbox's batch mode does the same).
+#[path = "regressions/relay_stopper_charged_innocents.rs"]
+mod relay_stopper_charged_innocents;

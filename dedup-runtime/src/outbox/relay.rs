@@ -111,7 +111,9 @@ pub trait Publisher: Send + Sync {
 
     /// Sends a claim's messages: one answer per message, in their order (`Ok` once the
     /// broker has it; a message without an answer fails). The relay calls this once per
-    /// claim, and marks every message answered `Ok` sent in one statement.
+    /// claim — a message on its second attempt or later in a call of its own, in its
+    /// place in the claim's order — and marks the messages of each call answered `Ok`
+    /// sent in one statement.
     ///
     /// The default sends them one after the other through [`publish`](Self::publish).
     /// Override it to send them all before awaiting any confirm — as the RabbitMQ and
@@ -130,6 +132,26 @@ pub trait Publisher: Send + Sync {
             answers
         }
     }
+}
+
+/// A claim's parts, in the claim's order: runs of rows on their first attempt together,
+/// each row on a later attempt alone.
+fn parts(messages: &[OutboxMessage]) -> Vec<&[OutboxMessage]> {
+    let mut parts: Vec<&[OutboxMessage]> = Vec::new();
+    let mut start = 0;
+    for (index, message) in messages.iter().enumerate() {
+        if message.attempt > 1 {
+            if start < index {
+                parts.push(&messages[start..index]);
+            }
+            parts.push(&messages[index..=index]);
+            start = index + 1;
+        }
+    }
+    if start < messages.len() {
+        parts.push(&messages[start..]);
+    }
+    parts
 }
 
 /// The span of one claim's sends (OpenTelemetry's messaging names): the broker, the
@@ -397,48 +419,56 @@ impl<'p, DB: Backend> Relay<'p, DB> {
             }
             // Every row out at once, the confirms awaited together (the claim holds at most
             // one row per ordering key, so the order per key holds), then one mark for all
-            // the rows the broker has.
-            let span = send_span::<P>(&messages);
-            let mut answers = publisher
-                .publish_batch(&messages)
-                .instrument(span.clone())
-                .await
-                .into_iter();
-            let mut sent = Vec::with_capacity(messages.len());
-            let mut failed = Vec::new();
-            for message in &messages {
-                match answers.next() {
-                    Some(Ok(())) => sent.push(message.id),
-                    Some(Err(error)) => {
-                        failed.push((message, crate::queue::error_text(error.to_string())));
+            // the rows the broker has — except that a row on a later attempt goes alone,
+            // in its place in the claim's order: a relay that stopped while its rows were
+            // all in flight leaves no trace of which one stopped it, and the take-back
+            // charges the first; alone, the next time, that row is charged only for
+            // itself (and a row that stops its relay every time is dead after its
+            // attempts, the others losing at most one each).
+            for part in parts(&messages) {
+                let span = send_span::<P>(part);
+                let mut answers = publisher
+                    .publish_batch(part)
+                    .instrument(span.clone())
+                    .await
+                    .into_iter();
+                let mut sent = Vec::with_capacity(part.len());
+                let mut failed = Vec::new();
+                for message in part {
+                    match answers.next() {
+                        Some(Ok(())) => sent.push(message.id),
+                        Some(Err(error)) => {
+                            failed.push((message, crate::queue::error_text(error.to_string())));
+                        }
+                        None => failed.push((message, NO_ANSWER.to_owned())),
                     }
-                    None => failed.push((message, NO_ANSWER.to_owned())),
                 }
-            }
-            if !span.is_disabled() {
-                span.record("sent", sent.len());
-                span.record("failed", failed.len());
-            }
-            if !sent.is_empty() {
-                let marked =
-                    retry_reachable::<DB, _, _>(|| DB::outbox_sent(pool, table, &sent, &owner))
-                        .await
-                        .map_err(|error| self.classify(error))? as usize;
-                relayed.sent += marked;
-                if marked < sent.len() {
-                    relayed.lost += sent.len() - marked;
-                    tracing::warn!(
-                        lost = sent.len() - marked,
-                        "outbox: sent, but rows were another relay's by then (this relay's \
-                         lease had ended): duplicate sends, which the consumer dedups by the id"
-                    );
+                if !span.is_disabled() {
+                    span.record("sent", sent.len());
+                    span.record("failed", failed.len());
                 }
-            }
-            for (message, text) in failed {
-                match self.fail(&owner, message, &text).await? {
-                    Delivery::Lost => relayed.lost += 1,
-                    Delivery::Failed => relayed.failed += 1,
-                    Delivery::Dead => relayed.dead += 1,
+                if !sent.is_empty() {
+                    let marked =
+                        retry_reachable::<DB, _, _>(|| DB::outbox_sent(pool, table, &sent, &owner))
+                            .await
+                            .map_err(|error| self.classify(error))?
+                            as usize;
+                    relayed.sent += marked;
+                    if marked < sent.len() {
+                        relayed.lost += sent.len() - marked;
+                        tracing::warn!(
+                            lost = sent.len() - marked,
+                            "outbox: sent, but rows were another relay's by then (this relay's \
+                             lease had ended): duplicate sends, which the consumer dedups by the id"
+                        );
+                    }
+                }
+                for (message, text) in failed {
+                    match self.fail(&owner, message, &text).await? {
+                        Delivery::Lost => relayed.lost += 1,
+                        Delivery::Failed => relayed.failed += 1,
+                        Delivery::Dead => relayed.dead += 1,
+                    }
                 }
             }
             Ok::<(), OutboxError>(())
