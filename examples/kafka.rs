@@ -27,6 +27,8 @@
 //! | `MESSAGE_ID` | `header:id` | where the message id is: `header:<name>`, `key`, or `offset` (see below) |
 //! | `PREFETCH` | `16` | records a partition's worker holds before the partition is paused |
 //! | `SESSION_TIMEOUT_MS` | `10000` | `session.timeout.ms`: a killed member's partitions go to another after this long |
+//! | `FORWARD_TO` | unset | service A of a two-hop chain: also send an event to this topic, through the outbox |
+//! | `DEDUP_OUTBOX_TABLE` | `outbox_messages` | with `FORWARD_TO`: the outbox table |
 //! | `DEDUP_EXIT_WHEN_IDLE_MS` | unset: run forever | exit cleanly after this long without a record, counted from the first assignment |
 //! | `DEDUP_CRASH_WINDOW_MS` | `0` | testing: pause between COMMIT and the offset commit |
 //!
@@ -118,6 +120,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use dedup_runtime::outbox::{Cause, Outbox};
 use dedup_runtime::{Ack, AckPolicy, Outcome, idempotent};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
@@ -160,6 +163,34 @@ async fn apply(tx: &mut PgConnection, msg: &Message) -> Result<(), sqlx::Error> 
         .bind(&msg.body)
         .execute(&mut *tx)
         .await?;
+    Ok(())
+}
+
+/// Where service A of a two-hop chain sends its events (`FORWARD_TO`: a topic).
+struct Forward {
+    to: String,
+    outbox: Outbox,
+}
+
+/// Service A of a two-hop chain: the effect row and an event for the next service, the
+/// event written to the outbox in the same transaction (`examples/outbox_relay.rs`
+/// publishes it, with `DEDUP_KAFKA_BROKERS`: the event's id in the record header `id`,
+/// where this example's default `MESSAGE_ID` reads it). Its id is derived from this
+/// message's, so a second run of the handler would enqueue the same event, never another.
+#[idempotent(consumer = "kafka-example-forward", key = msg.id)]
+async fn apply_and_forward(
+    tx: &mut PgConnection,
+    msg: &Message,
+    forward: &Forward,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO kafka_example_effects (message_id, body) VALUES ($1, $2)")
+        .bind(&msg.id)
+        .bind(&msg.body)
+        .execute(&mut *tx)
+        .await?;
+    let cause = Cause::new("kafka-example-forward", msg.id.as_str())?;
+    let event = cause.outgoing("event", &forward.to, msg.body.as_bytes())?;
+    forward.outbox.enqueue(&mut *tx, &event).await?;
     Ok(())
 }
 
@@ -252,6 +283,7 @@ struct Config {
     session_timeout_ms: u64,
     exit_when_idle: Option<Duration>,
     crash_window: Duration,
+    forward: Option<Forward>,
 }
 
 impl Config {
@@ -271,6 +303,16 @@ impl Config {
                 .map(|_| number("DEDUP_EXIT_WHEN_IDLE_MS", 0).map(Duration::from_millis))
                 .transpose()?,
             crash_window: Duration::from_millis(number("DEDUP_CRASH_WINDOW_MS", 0)?),
+            forward: match std::env::var("FORWARD_TO") {
+                Ok(to) => Some(Forward {
+                    to,
+                    outbox: Outbox::with_table(&var(
+                        "DEDUP_OUTBOX_TABLE",
+                        dedup_runtime::outbox::DEFAULT_TABLE,
+                    ))?,
+                }),
+                Err(_) => None,
+            },
         })
     }
 
@@ -456,7 +498,10 @@ impl Shared {
         let mut attempt = 1;
         let ack = loop {
             println!("delivered {attempt} {shown} {place}");
-            let result = apply(&self.pool, &msg).await;
+            let result = match &self.config.forward {
+                None => apply(&self.pool, &msg).await,
+                Some(forward) => apply_and_forward(&self.pool, &msg, forward).await,
+            };
             match &result {
                 Ok(Outcome::Processed(())) => {
                     println!("committed {shown}");
@@ -698,6 +743,9 @@ async fn main() -> Result<(), Error> {
         .map_err(|error| format!("cannot connect to {}: {error}", config.database_url))?;
     dedup_runtime::migrate(&pool).await?;
     sqlx::query(CREATE_EFFECTS).execute(&pool).await?;
+    if let Some(forward) = &config.forward {
+        dedup_runtime::outbox::migrate_table(&pool, forward.outbox.table().name()).await?;
+    }
     config.declare().await?;
 
     let consumer: KafkaConsumer = config

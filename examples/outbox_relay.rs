@@ -1,10 +1,13 @@
-//! The outbox's relay as a command: publishes the rows of an outbox table to RabbitMQ or
-//! NATS JetStream, as long as it runs — start as many as you like, they share the work.
+//! The outbox's relay as a command: publishes the rows of an outbox table to RabbitMQ, NATS
+//! JetStream, Kafka, Redis Streams or MQTT, as long as it runs — start as many as you like,
+//! they share the work.
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test DEDUP_AMQP_URL=amqp://127.0.0.1:5672/%2f \
 //!     cargo run --features brokers --example outbox_relay
 //! DATABASE_URL=sqlite:app.db DEDUP_NATS_URL=nats://127.0.0.1:4222 \
+//!     cargo run --features brokers --example outbox_relay
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test DEDUP_KAFKA_BROKERS=127.0.0.1:19092 \
 //!     cargo run --features brokers --example outbox_relay
 //! ```
 //!
@@ -14,16 +17,26 @@
 //! | `DEDUP_AMQP_URL` | | publish to RabbitMQ (the row's destination is the routing key) |
 //! | `DEDUP_AMQP_EXCHANGE` | `""` | the exchange (the default one: destination = queue name) |
 //! | `DEDUP_NATS_URL` | | publish to JetStream instead (the destination is the subject) |
+//! | `DEDUP_KAFKA_BROKERS` | | publish to Kafka instead (`bootstrap.servers`; the destination is the topic, the id in the record header `id`, the ordering key as the record key) |
+//! | `DEDUP_REDIS_URL` | | publish to Redis Streams instead (the destination is the stream; fields `id` and `body`) |
+//! | `DEDUP_MQTT_URL` | | publish to MQTT instead, `mqtt://host:port` (QoS 1; the destination is the topic; the payload `<id>\n<payload>`) |
+//! | `DEDUP_MQTT_CLIENT_ID` | `dedup-outbox-relay` | with `DEDUP_MQTT_URL`: the relay's client id (one per process) |
 //! | `DEDUP_OUTBOX_TABLE` | `outbox_messages` | the outbox table |
 //! | `DEDUP_RELAY_LEASE_MS` | `30000` | the lease on claimed rows: a relay that stops is taken over after it |
 //! | `DEDUP_RELAY_MAX_ATTEMPTS` | `10` | attempts of a row before it is dead |
 //! | `DEDUP_EXIT_WHEN_IDLE_MS` | unset: run forever | exit after this long with nothing to send |
 //! | `DEDUP_REPORT_SENDS` | unset | testing: print `sent <id>` once the broker has a message |
-//! | `DEDUP_CRASH_WINDOW_MS` | `0` | testing: pause after each send, before its row is marked |
+//! | `DEDUP_CRASH_WINDOW_MS` | `0` | testing: pause after each batch of sends, before its rows are marked |
+//!
+//! The variables naming a broker are tried in the order of the table; the first one set
+//! picks it. Each claim goes to the broker's publisher at once
+//! (`Publisher::publish_batch`: every message put out before any confirm is awaited).
 //!
 //! It prints one line per batch that did something — `relayed <claimed> sent <n> lost <n>
 //! failed <n> dead <n>` — and `idle` when it exits (the crash harness of
-//! `tests/brokers.rs` reads them, and the `sent` lines). Exit status: 0 when it stopped by
+//! `tests/brokers.rs` reads them, and the `sent` lines: with `DEDUP_REPORT_SENDS`, one per
+//! message the broker has, once the claim's sends are all answered, before the batch's
+//! mark and its `relayed` line). Exit status: 0 when it stopped by
 //! itself, 1 on a failure (the database or the broker unreachable, a bad setting), with
 //! its message on standard error.
 
@@ -34,30 +47,61 @@ use dedup_runtime::Backend;
 use dedup_runtime::async_nats::JetStreamPublisher;
 use dedup_runtime::lapin::RabbitMqPublisher;
 use dedup_runtime::outbox::{Outbox, OutboxMessage, Publisher};
+use dedup_runtime::rdkafka::KafkaPublisher;
+use dedup_runtime::redis::RedisStreamsPublisher;
+use dedup_runtime::rumqttc::MqttPublisher;
 use sqlx::Pool;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// Testing: `publisher`, reporting each message the broker has (`sent <id>`), then
-/// pausing — the window in which a crash leaves a sent row unmarked, to be sent again.
+/// pausing — the window in which a crash leaves sent rows unmarked, to be sent again.
 struct Reporting<P> {
     publisher: P,
     report: bool,
     pause: Duration,
 }
 
+impl<P: Publisher> Reporting<P> {
+    /// The window between the sends and the relay's mark, once the broker has something.
+    async fn pause(&self) {
+        if !self.pause.is_zero() {
+            tokio::time::sleep(self.pause).await;
+        }
+    }
+}
+
 impl<P: Publisher> Publisher for Reporting<P> {
     type Error = P::Error;
+    const SYSTEM: &'static str = P::SYSTEM;
 
     async fn publish(&self, message: &OutboxMessage) -> Result<(), P::Error> {
         self.publisher.publish(message).await?;
         if self.report {
             println!("sent {}", message.id());
         }
-        if !self.pause.is_zero() {
-            tokio::time::sleep(self.pause).await;
-        }
+        self.pause().await;
         Ok(())
+    }
+
+    /// The relay's path: the inner publisher's `publish_batch` (its pipelined sends), a
+    /// `sent` line for each message the broker has, then one pause for the whole batch —
+    /// after the sends, before the relay marks the rows.
+    async fn publish_batch(&self, messages: &[OutboxMessage]) -> Vec<Result<(), P::Error>> {
+        let answers = self.publisher.publish_batch(messages).await;
+        let mut any_sent = false;
+        for (message, answer) in messages.iter().zip(&answers) {
+            if answer.is_ok() {
+                any_sent = true;
+                if self.report {
+                    println!("sent {}", message.id());
+                }
+            }
+        }
+        if any_sent {
+            self.pause().await;
+        }
+        answers
     }
 }
 
@@ -113,8 +157,32 @@ async fn with_publisher<DB: Backend>(pool: Pool<DB>, outbox: Outbox) -> Result<(
         let client = async_nats::connect(&url).await?;
         let publisher = JetStreamPublisher::new(async_nats::jetstream::new(client));
         relay(&pool, &outbox, publisher, exit_when_idle).await
+    } else if let Ok(brokers) = std::env::var("DEDUP_KAFKA_BROKERS") {
+        let producer = KafkaPublisher::producer_config(&brokers).create()?;
+        let publisher = KafkaPublisher::new(producer);
+        relay(&pool, &outbox, publisher, exit_when_idle).await
+    } else if let Ok(url) = std::env::var("DEDUP_REDIS_URL") {
+        let client = redis::Client::open(url.as_str())?;
+        let connection = client.get_multiplexed_async_connection().await?;
+        let publisher = RedisStreamsPublisher::new(connection);
+        relay(&pool, &outbox, publisher, exit_when_idle).await
+    } else if let Ok(url) = std::env::var("DEDUP_MQTT_URL") {
+        let address = url
+            .strip_prefix("mqtt://")
+            .ok_or("DEDUP_MQTT_URL: expected mqtt://host:port")?;
+        let (host, port) = address
+            .rsplit_once(':')
+            .ok_or("DEDUP_MQTT_URL: expected mqtt://host:port")?;
+        let client_id = std::env::var("DEDUP_MQTT_CLIENT_ID")
+            .unwrap_or_else(|_| "dedup-outbox-relay".to_owned());
+        let options = rumqttc::MqttOptions::new(client_id, host, port.parse::<u16>()?);
+        relay(&pool, &outbox, MqttPublisher::new(options), exit_when_idle).await
     } else {
-        Err("set DEDUP_AMQP_URL (RabbitMQ) or DEDUP_NATS_URL (JetStream)".into())
+        Err(
+            "set DEDUP_AMQP_URL (RabbitMQ), DEDUP_NATS_URL (JetStream), DEDUP_KAFKA_BROKERS \
+             (Kafka), DEDUP_REDIS_URL (Redis Streams) or DEDUP_MQTT_URL (MQTT)"
+                .into(),
+        )
     }
 }
 

@@ -17,6 +17,9 @@
 //! - **anywhere**: a few milliseconds after a random line of output: in a transaction, in
 //!   an acknowledgement, between deliveries.
 //!
+//! A life whose moment does not come within 3 s of its `ready` line (a Kafka member's
+//! first assignment, a second or so after its start) is killed then.
+//!
 //! After each kill it restarts the consumer; after the last, it lets one run until the
 //! queue has been idle for a while and the process exits by itself. Then it checks, against
 //! PostgreSQL and the broker: one effect row for every published id and no other, dedup
@@ -30,18 +33,24 @@
 //! multiple-ack), so that a kill between the commit and the acknowledgements catches up
 //! to 16 messages at once.
 //!
-//! **Two hops** (`rabbitmq_two_hop_…`, `nats_two_hop_…`): the same input, consumed by
-//! service A (the example with `FORWARD_TO`: its `#[idempotent]` transaction writes the
-//! effect and enqueues an event for B in the outbox, the event's id derived from the
-//! input's); the relay (`examples/outbox_relay.rs`, a 1 s lease, a 5 ms pause after each
-//! send) publishes the events to a second queue or stream; service B (the plain example)
-//! consumes them. A, the relay and B are killed side by side, 60 SIGKILLs in all (24, 18,
-//! 18; the relay's on-commit kills land right after a send, before its mark), then each
+//! **Two hops** (`rabbitmq_two_hop_…`, `nats_two_hop_…`, `kafka_two_hop_…`): the same
+//! input, consumed by service A (the example with `FORWARD_TO`: its `#[idempotent]`
+//! transaction writes the effect and enqueues an event for B in the outbox, the event's id
+//! derived from the input's); the relay (`examples/outbox_relay.rs`, a 1 s lease, each
+//! claim sent at once through the publisher's `publish_batch`, a 5 ms pause after each
+//! batch of sends) publishes the events to a second queue, stream or topic; service B (the
+//! plain example) consumes them. A, the relay and B are killed side by side, 60 SIGKILLs
+//! in all (24, 18, 18; the relay's on-commit kills land right after a `sent` line, i.e.
+//! after its batch's sends and before their mark, so the whole claim is sent again; the
+//! relay's and B's kills are drawn over the backlog left to them upstream, as they can get
+//! no further, and A's and B's within what their lives have been seen to reach), then each
 //! runs to the end in turn. The checks: every input's effect exactly once in A, every
 //! event sent and its effect exactly once in B, no event lost or dead, the relay sent some
 //! events twice and B took each re-send for a duplicate. (JetStream would drop a re-send
 //! within its duplicate window by `Nats-Msg-Id`; the events' stream has the least, 100 ms,
-//! so that every re-send reaches B.)
+//! so that every re-send reaches B. On Kafka the relay's producer is idempotent, which
+//! drops only its own retries within one producer session: a re-send from a later life is
+//! a new record.)
 //!
 //! The crate feature `brokers` builds it (and the examples it runs): `cargo test --features
 //! brokers --test brokers`, or `--all-features` as CI does. Larger runs:
@@ -61,14 +70,19 @@
 //! again after a kill itself. The checks: the group's committed offset of every
 //! partition at its end (from the delivery reports: tansu's ListOffsets answers short
 //! ends for multi-record batches), and the dead-letter topic holding the poison messages
-//! and nothing else.
+//! and nothing else. In the two-hop run the relay's producer picks the events' partitions
+//! (they have no ordering key), so the ends of the events' topic are read back after the
+//! run, record by record (Fetch): B's group must have committed each, and B must have been
+//! delivered every record of it; A's dead-letter topic holds the poison messages and
+//! nothing else, B's nothing.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -293,6 +307,9 @@ fn life(
         Some(Kill::AfterStart(after)) => started + after,
         _ => started + patience,
     };
+    // The deadline is the patience's, which restarts at a `ready` line (a Kafka member is
+    // ready at its first assignment, a second or two after it started).
+    let mut on_patience = matches!(kill, Some(Kill::OnCommit(_) | Kill::AfterLine(..)));
     let mut killed = false;
     let mut timed_out = false;
     let (mut triggers, mut lines_seen) = (0, 0);
@@ -308,9 +325,8 @@ fn life(
                     continue;
                 }
                 match kill {
-                    Some(kind) => {
-                        timed_out =
-                            !matches!(kind, Kill::AfterStart(_)) && deadline >= started + patience;
+                    Some(_) => {
+                        timed_out = on_patience;
                         child.kill().expect("SIGKILL the child");
                         killed = true;
                         continue;
@@ -333,6 +349,9 @@ fn life(
         if killed {
             continue;
         }
+        if on_patience && line == "ready" {
+            deadline = Instant::now() + patience;
+        }
         match kill {
             Some(Kill::OnCommit(n)) if trigger && triggers == n => {
                 child.kill().expect("SIGKILL the child");
@@ -340,6 +359,7 @@ fn life(
             }
             Some(Kill::AfterLine(n, after)) if lines_seen == n => {
                 deadline = Instant::now() + after;
+                on_patience = false;
             }
             _ => {}
         }
@@ -420,7 +440,13 @@ fn live(
 /// A random moment to kill a life at, given the work left for the kills left.
 fn draw_kill(k: usize, remaining: usize, kills_left: usize, random: &mut Shuffle) -> Kill {
     // Spread the progress over the kills, so that the last ones still find work.
-    let budget = (remaining / (kills_left + 1)).max(1) as u64;
+    draw_kill_within(k, remaining / (kills_left + 1), random)
+}
+
+/// A random moment to kill a life at, about `budget` messages into its work (a commit
+/// up to twice that, or a line up to six times that).
+fn draw_kill_within(k: usize, budget: usize, random: &mut Shuffle) -> Kill {
+    let budget = budget.max(1) as u64;
     match (k % 5, random.next_u64() % 2) {
         (0, _) => Kill::AfterStart(Duration::from_millis(random.next_u64() % 400)),
         (_, 0) => Kill::OnCommit(1 + (random.next_u64() % (2 * budget)) as usize),
@@ -432,19 +458,57 @@ fn draw_kill(k: usize, remaining: usize, kills_left: usize, random: &mut Shuffle
 }
 
 /// A life whose trigger does not come within this long (the work ran out first) is
-/// killed anyway.
+/// killed anyway: counted from its `ready` line if it prints one, else from its start.
 const PATIENCE: Duration = Duration::from_secs(3);
 
 /// The lives of a crash loop that end in a SIGKILL: `scale.kills` of them.
 fn kill_lives(program: &Path, env: &[(&str, String)], scale: &Scale, tally: &mut Tally) {
     let mut random = Shuffle::new(scale.seed ^ 0x6b11_1e55);
     for k in 0..scale.kills {
-        // A message reported as a duplicate was committed, possibly by a process killed
-        // before it could say so.
-        let done = tally.committed_ids.union(&tally.duplicate_ids).count();
-        let remaining = scale.messages.saturating_sub(done);
+        let remaining = scale.messages.saturating_sub(done(tally));
         let kill = draw_kill(k, remaining, scale.kills - k, &mut random);
         live(program, env, Some(kill), PATIENCE, tally);
+    }
+}
+
+/// The messages a consumer has done: a message reported as a duplicate was committed,
+/// possibly by a process killed before it could say so.
+fn done(tally: &Tally) -> usize {
+    tally.committed_ids.union(&tally.duplicate_ids).count()
+}
+
+/// The lives of a consumer of a two-hop run (A, B) that end in a SIGKILL, drawn as
+/// [`kill_lives`]'s with two bounds, for a consumer in a chain gets less done in a life
+/// than one alone, and a trigger past what a life can reach only waits out the patience:
+/// `fed`, for one fed as it goes (B, by the relay), says how many messages it has been
+/// given so far, and its triggers are drawn over the backlog left to it, not over the
+/// run's remaining work; and none is drawn past half the most commits one of its lives
+/// has made so far. `tell` hears, after each life, how many messages it has done.
+fn two_hop_kill_lives(
+    program: &Path,
+    env: &[(&str, String)],
+    scale: &Scale,
+    tally: &mut Tally,
+    fed: Option<&AtomicUsize>,
+    mut tell: impl FnMut(usize),
+) {
+    let mut random = Shuffle::new(scale.seed ^ 0x6b11_1e55);
+    let mut reach = 0;
+    for k in 0..scale.kills {
+        let budget = match fed {
+            None => scale.messages.saturating_sub(done(tally)) / (scale.kills - k + 1),
+            Some(fed) => fed.load(Ordering::Relaxed).saturating_sub(done(tally)) / 2,
+        };
+        let budget = if reach > 0 {
+            budget.min(reach / 4)
+        } else {
+            budget
+        };
+        let committed = tally.committed;
+        let kill = draw_kill_within(k, budget, &mut random);
+        live(program, env, Some(kill), PATIENCE, tally);
+        reach = reach.max(tally.committed - committed);
+        tell(done(tally));
     }
 }
 
@@ -754,8 +818,8 @@ async fn forget_run_in(
 // events, B consumes them
 // ---------------------------------------------------------------------------------------
 
-/// Service A's dedup consumer in `examples/rabbitmq.rs` and `examples/nats.rs` with
-/// `FORWARD_TO` set, and the consumer its events' ids derive from.
+/// Service A's dedup consumer in `examples/rabbitmq.rs`, `examples/nats.rs` and
+/// `examples/kafka.rs` with `FORWARD_TO` set, and the consumer its events' ids derive from.
 fn forwarding_consumer(example: &str) -> String {
     format!("{example}-example-forward")
 }
@@ -788,7 +852,8 @@ struct RelayTally {
     kills: usize,
     kills_by_kind: [usize; 3],
     kills_on_timeout: usize,
-    /// Kills on a `sent` line: the broker had the message, its row was not marked yet.
+    /// Kills that caught a batch sent and not reported relayed: the broker had its
+    /// messages, their rows were (almost always) not marked yet.
     kills_after_send: usize,
     /// Sends the broker confirmed, per event id.
     sends: HashMap<String, usize>,
@@ -820,10 +885,13 @@ fn relay_live(
     tally: &mut RelayTally,
 ) {
     tally.lives += 1;
+    // `sent` lines since the last `relayed` line: a batch sent, its mark to come.
+    let mut pending = 0usize;
     let ended = life(program, env, kill, patience, |line| {
         let words: Vec<&str> = line.split(' ').collect();
         match words[..] {
             ["sent", id] => {
+                pending += 1;
                 *tally.sends.entry(id.to_owned()).or_default() += 1;
                 return true;
             }
@@ -839,6 +907,7 @@ fn relay_live(
                 "dead",
                 dead,
             ] => {
+                pending = 0;
                 tally.lost += lost.parse::<usize>().expect("a count");
                 tally.dead += dead.parse::<usize>().expect("a count");
             }
@@ -851,7 +920,7 @@ fn relay_live(
         tally.kills += 1;
         tally.kills_by_kind[kill.map_or(0, Kill::kind)] += 1;
         tally.kills_on_timeout += usize::from(ended.timed_out);
-        tally.kills_after_send += usize::from(matches!(kill, Some(Kill::OnCommit(_))));
+        tally.kills_after_send += usize::from(pending > 0);
     }
 }
 
@@ -867,25 +936,38 @@ struct Hop {
 /// random moments, `scale.kills` times), then the last lives one after the other: A until
 /// its queue is done, the relay until the outbox is, B until the events are.
 fn two_hop_lives(a: &Hop, relay: &Hop, b: &Hop) -> (Tally, RelayTally, Tally) {
+    // Inputs A has done (each enqueued its event), as of A's last life; events the relay
+    // has sent, as of its last.
+    let (a_done, relay_sent) = (&AtomicUsize::new(0), &AtomicUsize::new(0));
     let (mut tally_a, mut tally_relay, mut tally_b) = std::thread::scope(|scope| {
-        let a = scope.spawn(|| {
+        let a = scope.spawn(move || {
             let mut tally = Tally::default();
-            kill_lives(&a.program, &a.env, &a.scale, &mut tally);
+            two_hop_kill_lives(&a.program, &a.env, &a.scale, &mut tally, None, |done| {
+                a_done.store(done, Ordering::Relaxed);
+            });
             tally
         });
-        let relay = scope.spawn(|| {
+        let relay = scope.spawn(move || {
             let mut tally = RelayTally::default();
             let mut random = Shuffle::new(relay.scale.seed ^ 0x5e4d_0a11);
             for k in 0..relay.scale.kills {
-                let remaining = relay.scale.messages.saturating_sub(tally.sends.len());
-                let kill = draw_kill(k, remaining, relay.scale.kills - k, &mut random);
+                // The relay sends what A has enqueued, no more: its triggers are drawn over
+                // that backlog (a send kill lands mostly in a life's first batches, the
+                // backlog the last kill left), not over the run's remaining work, which
+                // would have most of them wait in vain for a send and die at the timeout.
+                let backlog = a_done
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(tally.sends.len());
+                let kill = draw_kill_within(k, backlog / 2, &mut random);
                 relay_live(&relay.program, &relay.env, Some(kill), PATIENCE, &mut tally);
+                relay_sent.store(tally.sends.len(), Ordering::Relaxed);
             }
             tally
         });
-        let b = scope.spawn(|| {
+        let b = scope.spawn(move || {
             let mut tally = Tally::default();
-            kill_lives(&b.program, &b.env, &b.scale, &mut tally);
+            let fed = Some(relay_sent);
+            two_hop_kill_lives(&b.program, &b.env, &b.scale, &mut tally, fed, |_| {});
             tally
         });
         (
@@ -966,8 +1048,8 @@ fn check_two_hop(relay: &RelayTally, b: &Tally, scale: &Scale) {
     let (resent, _) = relay.resent();
     assert!(
         !resent.is_empty(),
-        "no event was sent twice: the relay's kills ({} after a send) never caught a sent \
-         row unmarked",
+        "no event was sent twice: the relay's kills ({} of them with a batch sent, not yet \
+         reported relayed) never caught a sent row unmarked",
         relay.kills_after_send
     );
     let missed: Vec<&&str> = resent
@@ -1021,8 +1103,9 @@ fn report_two_hop(
     );
     let _ = writeln!(
         text,
-        "kills:          {} SIGKILLs: A {} over {} lives, the relay {} over {} lives ({} right \
-         after a send, before its mark), B {} over {} lives",
+        "kills:          {} SIGKILLs: A {} over {} lives, the relay {} over {} lives ({} with a \
+         batch sent, before its mark), B {} over {} lives; {} after waiting for a trigger that \
+         did not come (A {}, the relay {}, B {})",
         tally_a.kills + relay.kills + tally_b.kills,
         tally_a.kills,
         tally_a.lives,
@@ -1031,6 +1114,10 @@ fn report_two_hop(
         relay.kills_after_send,
         tally_b.kills,
         tally_b.lives,
+        tally_a.kills_on_timeout + relay.kills_on_timeout + tally_b.kills_on_timeout,
+        tally_a.kills_on_timeout,
+        relay.kills_on_timeout,
+        tally_b.kills_on_timeout,
     );
     let _ = writeln!(
         text,
@@ -1199,8 +1286,8 @@ async fn two_hop(pool: &PgPool, spec: &TwoHop<'_>, hops: [Hop; 3]) -> TwoHopOutc
 }
 
 /// The relay's environment in a two-hop run: reports its sends, pauses 5 ms after each
-/// (the kills on a send land before its mark), and a 1 s lease, so that a killed relay's
-/// rows are taken over within the run.
+/// batch of sends (the kills on a `sent` line land before the batch's mark), and a 1 s
+/// lease, so that a killed relay's rows are taken over within the run.
 fn relay_env(database_url: String, outbox_table: &str) -> Vec<(&'static str, String)> {
     vec![
         ("DATABASE_URL", database_url),
@@ -2241,9 +2328,8 @@ mod mqtt {
     use ::rumqttc::{
         AsyncClient, Event, EventLoop, MqttOptions, Outgoing, Packet, QoS, SubscribeReasonCode,
     };
+    use dedup_suite::mosquitto::Mosquitto;
 
-    /// The Mosquitto binary the harness starts its own broker with.
-    const MOSQUITTO: &str = "/usr/sbin/mosquitto";
     /// The broker's `max_inflight_messages`: QoS 1 messages it sends to a client ahead of
     /// the client's `PUBACK`s (Mosquitto's default is 20). The consumer handles them one at
     /// a time; a kill leaves up to this many to come back with the DUP flag.
@@ -2251,87 +2337,6 @@ mod mqtt {
     /// The consumer's client id (its persistent session) and the dead-letter checker's.
     const CLIENT_ID: &str = "crash-harness";
     const DEAD_CLIENT_ID: &str = "crash-harness-dead";
-
-    /// A Mosquitto of the test's own, killed when dropped (a failing test does not leave
-    /// it running). Not the machine's: that one keeps at most 1,000 queued messages per
-    /// offline session (`max_queued_messages`) and drops the rest, which would lose
-    /// messages of a 5,000-message run for the broker's reason, not the consumer's.
-    struct Mosquitto {
-        child: std::process::Child,
-        dir: PathBuf,
-        port: u16,
-    }
-
-    impl Mosquitto {
-        fn start(run: &str) -> Mosquitto {
-            let binary =
-                std::env::var("DEDUP_TEST_MOSQUITTO").unwrap_or_else(|_| MOSQUITTO.to_owned());
-            assert!(
-                Path::new(&binary).is_file(),
-                "the MQTT crash harness starts its own Mosquitto, and {binary} is missing: \
-                 install it (`apt-get install mosquitto`) or set DEDUP_TEST_MOSQUITTO"
-            );
-            let port = std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|listener| listener.local_addr())
-                .expect("a free loopback port")
-                .port();
-            let dir = std::env::temp_dir().join(format!("dedup-{run}"));
-            std::fs::create_dir_all(&dir).expect("the broker's directory");
-            let config = dir.join("mosquitto.conf");
-            std::fs::write(
-                &config,
-                format!(
-                    "listener {port} 127.0.0.1\n\
-                     allow_anonymous true\n\
-                     # The harness kills consumers, never the broker.\n\
-                     persistence false\n\
-                     # No limit on a session's queue: nothing dropped while the consumer is away.\n\
-                     max_queued_messages 0\n\
-                     max_inflight_messages {MAX_INFLIGHT}\n\
-                     set_tcp_nodelay true\n\
-                     log_dest stderr\n\
-                     log_type error\n\
-                     log_type warning\n"
-                ),
-            )
-            .expect("write the broker's configuration");
-            let log = std::fs::File::create(dir.join("mosquitto.log")).expect("the broker's log");
-            let child = Command::new(&binary)
-                .arg("-c")
-                .arg(&config)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(log)
-                .spawn()
-                .unwrap_or_else(|error| panic!("start {binary}: {error}"));
-            let mut broker = Mosquitto { child, dir, port };
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-                if let Ok(Some(status)) = broker.child.try_wait() {
-                    panic!("{binary} exited ({status}); its log:\n{}", broker.log());
-                }
-                assert!(
-                    Instant::now() < deadline,
-                    "{binary} does not listen on 127.0.0.1:{port}; its log:\n{}",
-                    broker.log()
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            broker
-        }
-
-        fn log(&self) -> String {
-            std::fs::read_to_string(self.dir.join("mosquitto.log")).unwrap_or_default()
-        }
-    }
-
-    impl Drop for Mosquitto {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
 
     /// A connection under `client_id` (persistent session unless `clean`), connected: the
     /// event loop has returned the CONNACK, whose `session_present` comes back too.
@@ -2463,8 +2468,11 @@ mod mqtt {
         let run = dedup_suite::unique("mqtt");
         let topic = format!("dedup-crash/{run}");
         let dead_topic = format!("{topic}/dead");
-        let broker = Mosquitto::start(&run);
-        let port = broker.port;
+        // A Mosquitto of the test's own (`dedup_suite::mosquitto`): the machine's keeps at
+        // most 1,000 queued messages per offline session and drops the rest, which would
+        // lose messages of a 5,000-message run for the broker's reason, not the consumer's.
+        let broker = Mosquitto::start(&run, &format!("max_inflight_messages {MAX_INFLIGHT}"));
+        let port = broker.port();
         let pool = dedup_suite::postgres().await;
 
         // The sessions first, so that the broker queues every message for the consumer
@@ -2779,13 +2787,7 @@ mod kafka {
                 poison_bodies(),
                 "the dead-letter topic holds the poison messages and nothing else"
             );
-            let mut ends_listed: Vec<_> = ends.iter().collect();
-            ends_listed.sort();
-            let ends_text = ends_listed
-                .iter()
-                .map(|(partition, end)| format!("p{partition} {end}"))
-                .collect::<Vec<_>>()
-                .join(", ");
+            let ends_text = listed_ends(&ends);
             report(
                 "Kafka (tansu)",
                 &published,
@@ -2805,6 +2807,259 @@ mod kafka {
         };
         with_cleanup(body, delete_topics(&topic, &dead, &[&group])).await;
         forget_run(&pool, "kafka_example_effects", "kafka-example", &run).await;
+    }
+
+    /// `p0 <end>, p1 <end>, …`, in partition order.
+    fn listed_ends(ends: &HashMap<i32, i64>) -> String {
+        let mut listed: Vec<_> = ends.iter().collect();
+        listed.sort();
+        listed
+            .iter()
+            .map(|(partition, end)| format!("p{partition} {end}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// The offsets of every record of `topic` (`PARTITIONS` partitions), per partition,
+    /// read back with Fetch from each partition's start (assigned, no group) until at
+    /// least `at_least` records have come and then none for 3 s. Read, not asked: tansu's
+    /// ListOffsets answers short ends when records came in multi-record batches, as the
+    /// relay's producer sends them.
+    fn records_in(topic: &str, at_least: usize) -> HashMap<i32, BTreeSet<i64>> {
+        let consumer: BaseConsumer = client()
+            .set("group.id", format!("{topic}.check"))
+            .set("enable.auto.commit", "false")
+            .create()
+            .expect("a consumer");
+        let mut partitions = TopicPartitionList::new();
+        for partition in 0..PARTITIONS {
+            partitions
+                .add_partition_offset(topic, partition, Offset::Beginning)
+                .expect("a partition");
+        }
+        consumer.assign(&partitions).expect("assign");
+        let mut offsets: HashMap<i32, BTreeSet<i64>> = HashMap::new();
+        let (started, mut quiet_since) = (Instant::now(), Instant::now());
+        loop {
+            let count: usize = offsets.values().map(BTreeSet::len).sum();
+            if count >= at_least && quiet_since.elapsed() >= Duration::from_secs(3) {
+                return offsets;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(120),
+                "only {count} records of {topic} read back in 2 minutes, at least {at_least} \
+                 expected"
+            );
+            match consumer.poll(Duration::from_millis(200)) {
+                Some(Ok(record)) => {
+                    offsets
+                        .entry(record.partition())
+                        .or_default()
+                        .insert(record.offset());
+                    quiet_since = Instant::now();
+                }
+                Some(Err(error)) => eprintln!("reading {topic}: {error}"),
+                None => {}
+            }
+        }
+    }
+
+    /// The offsets of `topic`'s records among `tally`'s deliveries (`topic/partition/offset`
+    /// in its `delivered` lines), per partition.
+    fn delivered_records(tally: &Tally, topic: &str) -> HashMap<i32, BTreeSet<i64>> {
+        let mut offsets: HashMap<i32, BTreeSet<i64>> = HashMap::new();
+        for record in &tally.records {
+            let mut parts = record.rsplitn(3, '/');
+            let (Some(offset), Some(partition), Some(name)) =
+                (parts.next(), parts.next(), parts.next())
+            else {
+                panic!("a delivered record is `topic/partition/offset`, not {record:?}");
+            };
+            if name == topic {
+                offsets
+                    .entry(partition.parse().expect("a partition"))
+                    .or_default()
+                    .insert(offset.parse().expect("an offset"));
+            }
+        }
+        offsets
+    }
+
+    /// Two hops over Kafka, as [the RabbitMQ one](super::rabbitmq): A and B are
+    /// `examples/kafka.rs` (A with `FORWARD_TO`), each in its own group; the relay
+    /// publishes with `KafkaPublisher` (the event's id in the header `id`, no record key:
+    /// the producer picks the partition). The input topic and the events' topic have 4
+    /// partitions each.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kafka_two_hop_is_effectively_once_under_sigkill() {
+        let _alone = ONE_AT_A_TIME.lock().await;
+        let started = Instant::now();
+        let scale = Scale::from_env();
+        let run = dedup_suite::unique("two-hop");
+        let (input, output) = (
+            format!("dedup-crash-{run}-in"),
+            format!("dedup-crash-{run}-out"),
+        );
+        let (dead_in, dead_out) = (format!("{input}.dead"), format!("{output}.dead"));
+        let (group_a, group_b) = (format!("two-hop-a-{run}"), format!("two-hop-b-{run}"));
+        let outbox_table = dedup_suite::unique_table("two_hop_outbox");
+        let forwarder = forwarding_consumer("kafka");
+        tokio::task::spawn_blocking(reachable)
+            .await
+            .expect("the broker check");
+        let pool = dedup_suite::postgres().await;
+        let published = plan(&run, &scale, &mut Shuffle::new(scale.seed));
+        let events = events(&published, &forwarder);
+        let spec = TwoHop {
+            run: &run,
+            seed: scale.seed,
+            published: &published,
+            events: &events,
+            effects_table: "kafka_example_effects",
+            forwarder: &forwarder,
+            consumer: "kafka-example",
+            outbox_table: &outbox_table,
+        };
+
+        let body = async {
+            prepare(&pool, &input, &dead_in).await;
+            prepare(&pool, &output, &dead_out).await;
+            two_hop_tables(&pool, &spec).await;
+            let input_ends = publish_all(&input, &published).await;
+            assert_eq!(
+                input_ends.values().sum::<i64>(),
+                published.len() as i64,
+                "records in the input topic after publishing (offsets start at 0 per partition)"
+            );
+
+            let programs =
+                tokio::task::spawn_blocking(|| (example("kafka"), example("outbox_relay")))
+                    .await
+                    .expect("build the examples");
+            let consumer_env = |topic: &str, group: &str| {
+                vec![
+                    ("KAFKA_BROKERS", brokers()),
+                    ("DATABASE_URL", database_url()),
+                    ("TOPIC", topic.to_owned()),
+                    ("GROUP", group.to_owned()),
+                    ("PREFETCH", KAFKA_PREFETCH.to_owned()),
+                    ("SESSION_TIMEOUT_MS", SESSION_TIMEOUT_MS.to_owned()),
+                    ("DEDUP_CRASH_WINDOW_MS", CRASH_WINDOW_MS.to_owned()),
+                ]
+            };
+            // The idle clock starts at the assignment; 1.5 s also covers the first
+            // in-process retry's backoff (1 s).
+            let hops = hops(
+                &spec,
+                programs,
+                (
+                    consumer_env(&input, &group_a),
+                    consumer_env(&output, &group_b),
+                ),
+                ("DEDUP_KAFKA_BROKERS", brokers()),
+                &output,
+                &scale,
+                Duration::from_millis(1500),
+            );
+            let outcome = two_hop(&pool, &spec, hops).await;
+            let tally_b = &outcome.b.0;
+
+            // A: the group's committed offsets at the input's ends (from the delivery
+            // reports of publish_all).
+            let (group, topic) = (group_a.clone(), input.clone());
+            let committed_a = tokio::task::spawn_blocking(move || committed(&group, &topic))
+                .await
+                .expect("read A's committed offsets");
+            for (partition, end) in &input_ends {
+                assert_eq!(
+                    committed_a.get(partition),
+                    Some(&Offset::Offset(*end)),
+                    "input partition {partition}: A's committed offset is the partition's \
+                     end (all: {committed_a:?})"
+                );
+            }
+
+            // B: the events' topic read back record by record — every send the broker
+            // confirmed is a record of it, so at least that many — its ends taken from the
+            // records (ListOffsets is not trusted: tansu answers short ends for
+            // multi-record batches, and the relay's producer batches).
+            let confirmed: usize = outcome.relay.sends.values().sum();
+            let topic = output.clone();
+            let in_output = tokio::task::spawn_blocking(move || records_in(&topic, confirmed))
+                .await
+                .expect("read the events' topic back");
+            assert_eq!(
+                delivered_records(tally_b, &output),
+                in_output,
+                "B was delivered every record of the events' topic (over all its lives), \
+                 and no other"
+            );
+            let output_ends: HashMap<i32, i64> = in_output
+                .iter()
+                .filter_map(|(partition, offsets)| Some((*partition, offsets.last()? + 1)))
+                .collect();
+            let (group, topic) = (group_b.clone(), output.clone());
+            let committed_b = tokio::task::spawn_blocking(move || committed(&group, &topic))
+                .await
+                .expect("read B's committed offsets");
+            for partition in 0..PARTITIONS {
+                // A partition the producer never picked has no committed offset.
+                let end = output_ends
+                    .get(&partition)
+                    .map_or(Offset::Invalid, |end| Offset::Offset(*end));
+                assert_eq!(
+                    committed_b.get(&partition),
+                    Some(&end),
+                    "events' partition {partition}: B's committed offset is the partition's \
+                     end (all: {committed_b:?}; ends: {output_ends:?})"
+                );
+            }
+            let records_out: usize = in_output.values().map(BTreeSet::len).sum();
+
+            let (dead_a, dead_b) = (dead_in.clone(), dead_out.clone());
+            let (dead_in_values, dead_out_values) =
+                tokio::task::spawn_blocking(move || (dead_letters(&dead_a), dead_letters(&dead_b)))
+                    .await
+                    .expect("read the dead letters");
+            // A crash between the copy to the dead-letter topic and the offset commit
+            // copies a poison message again: at least once each, nothing else.
+            assert_eq!(
+                dead_in_values.iter().cloned().collect::<HashSet<String>>(),
+                poison_bodies(),
+                "A's dead-letter topic holds the poison messages and nothing else"
+            );
+            assert_eq!(
+                dead_out_values,
+                Vec::<String>::new(),
+                "B dead-lettered no event"
+            );
+            report_two_hop(
+                "Kafka",
+                &spec,
+                &outcome,
+                &format!(
+                    "A's group: committed offsets at the input's ends ({}); B's group: at the \
+                     events' topic's ends ({}, read back: {records_out} records = {} events + \
+                     {} re-sends, each delivered to B; the relay's confirmed sends: \
+                     {confirmed}); records delivered again (no delivery count in Kafka): A {}, \
+                     B {}; dead letters: {} on A's (the {POISON} poison messages), 0 on B's",
+                    listed_ends(&input_ends),
+                    listed_ends(&output_ends),
+                    events.len(),
+                    records_out.saturating_sub(events.len()),
+                    outcome.a.0.reread,
+                    tally_b.reread,
+                    dead_in_values.len(),
+                ),
+                started.elapsed(),
+            );
+        };
+        let cleanup = async {
+            delete_topics(&input, &dead_in, &[&group_a]).await;
+            delete_topics(&output, &dead_out, &[&group_b]).await;
+        };
+        with_cleanup(body, cleanup).await;
+        forget_two_hop(&pool, &spec).await;
     }
 
     /// One life of the example, run to its end (idle for 1.5 s after its assignment).

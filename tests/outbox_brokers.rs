@@ -754,6 +754,50 @@ mod mqtt {
         );
     }
 
+    /// The relay as a command (`examples/outbox_relay.rs` with `DEDUP_MQTT_URL`): it sends
+    /// the rows at QoS 1, then exits once idle.
+    #[tokio::test]
+    async fn the_relay_command_publishes_to_mqtt() {
+        let broker = Mosquitto::start(&dedup_suite::unique("outbox-mqtt"), "");
+        let topic = dedup_suite::unique("outbox-mqtt/command");
+        let mut payloads = subscriber(broker.port(), &topic).await;
+        let (db, _outbox, ids) = outbox_with(&topic, &[b"a", b"b"]).await;
+        let program = tokio::task::spawn_blocking(|| {
+            dedup_suite::example_binary("brokers", &["outbox_relay"], "outbox_relay")
+        })
+        .await
+        .unwrap();
+        let output = tokio::process::Command::new(program)
+            .env("DATABASE_URL", format!("sqlite:{}", db.path().display()))
+            .env(
+                "DEDUP_MQTT_URL",
+                format!("mqtt://127.0.0.1:{}", broker.port()),
+            )
+            .env("DEDUP_MQTT_CLIENT_ID", dedup_suite::unique("relay-command"))
+            .env_remove("DEDUP_AMQP_URL")
+            .env_remove("DEDUP_NATS_URL")
+            .env_remove("DEDUP_KAFKA_BROKERS")
+            .env_remove("DEDUP_REDIS_URL")
+            .env("DEDUP_EXIT_WHEN_IDLE_MS", "300")
+            .output()
+            .await
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            stdout.contains("relayed 2 sent 2 lost 0 failed 0 dead 0"),
+            "{stdout}"
+        );
+        assert_eq!(
+            receive(&mut payloads, 2).await,
+            vec![wire(ids[0], b"a"), wire(ids[1], b"b")]
+        );
+    }
+
     /// The confirm timeout with the relay on PostgreSQL and MariaDB too (the test above
     /// runs it on SQLite): the broker paused, the claim's rows fail with the timeout, none
     /// marked; resumed, the next claim sends them and marks them.
