@@ -343,6 +343,20 @@ pub struct Row<'a> {
     pub(crate) ordering_key: Option<&'a str>,
 }
 
+/// What a processing mark adds to its `SET` when the inbox drops payloads once processed
+/// ([`Inbox::drop_payloads`]).
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+fn payload_dropped(drop_payload: bool) -> &'static str {
+    if drop_payload {
+        ", payload = NULL, headers = NULL"
+    } else {
+        ""
+    }
+}
+
 /// How one backend stores inbox rows. Part of [`Backend`].
 pub trait InboxBackend: Database {
     /// The statements that create the inbox table and its indexes.
@@ -442,14 +456,17 @@ pub trait InboxBackend: Database {
         row: &'c Claimed<'c>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
 
-    /// [`InboxBackend::inbox_begin`] for a batch processed in one transaction: the ids the
-    /// handler may run on. PostgreSQL and MySQL check nothing here (all of `rows.ids`);
-    /// SQLite marks the rows still `rows.owner`'s, and returns those.
+    /// [`InboxBackend::inbox_begin`] for a batch processed in one transaction, and the ids
+    /// the handler may run on: PostgreSQL and MySQL check nothing here (`None`: all of
+    /// `rows.ids`); SQLite marks the rows still `rows.owner`'s, and returns those.
     #[doc(hidden)]
     fn inbox_begin_many<'c>(
         conn: &'c mut Self::Connection,
         rows: &'c ClaimedMany<'c>,
-    ) -> impl Future<Output = Result<(sqlx::Transaction<'c, Self>, Vec<String>), sqlx::Error>> + Send + 'c;
+    ) -> impl Future<
+        Output = Result<(sqlx::Transaction<'c, Self>, Option<Vec<String>>), sqlx::Error>,
+    > + Send
+    + 'c;
 
     /// [`InboxBackend::inbox_finish`] for a batch: marks `rows.ids` processed where they
     /// are still `rows.owner`'s, in one statement; how many were (fewer than all: a claim

@@ -270,6 +270,26 @@ pub(crate) fn again<DB: Backend>(error: &sqlx::Error) -> bool {
             && crate::classify::is_unavailable::<DB>(error))
 }
 
+/// A claim's parts, as ranges of it in the claim's order: runs of rows on their first
+/// attempt together, each row on a later attempt (`attempts`, in the claim's order) alone.
+/// A worker or relay that stops while several rows are in hand leaves no trace of which
+/// one stopped it, and the take-back charges the first of them; alone the next time, that
+/// row is charged only for itself (the inbox's batch mode, the relay's pipelined sends).
+pub(crate) fn parts(
+    attempts: impl Iterator<Item = u32>,
+) -> impl DoubleEndedIterator<Item = std::ops::Range<usize>> {
+    // Each part, and whether it is a run of first attempts (which the next one joins).
+    let mut parts: Vec<(std::ops::Range<usize>, bool)> = Vec::new();
+    for (index, attempt) in attempts.enumerate() {
+        let first = attempt <= 1;
+        match parts.last_mut() {
+            Some((part, true)) if first => part.end = index + 1,
+            _ => parts.push((index..index + 1, first)),
+        }
+    }
+    parts.into_iter().map(|(part, _)| part)
+}
+
 /// The most of an error's text (in bytes) that a row's `last_error` keeps (inbox and
 /// outbox): far under MySQL's `TEXT` (65,535 bytes) with the attempt prefix and the marker.
 pub(crate) const MAX_ERROR_TEXT_LEN: usize = 4096;
@@ -424,7 +444,21 @@ impl Hints {
 
 #[cfg(test)]
 mod tests {
-    use super::{MAX_ERROR_TEXT_LEN, error_text};
+    use super::{MAX_ERROR_TEXT_LEN, error_text, parts};
+
+    #[test]
+    fn parts_group_first_attempts_and_keep_later_ones_alone() {
+        let parts = |attempts: &[u32]| -> Vec<std::ops::Range<usize>> {
+            parts(attempts.iter().copied()).collect()
+        };
+        assert!(parts(&[]).is_empty());
+        assert_eq!(parts(&[1, 1, 1]), vec![0..3]);
+        assert_eq!(
+            parts(&[2, 1, 1, 3, 3, 1]),
+            vec![0..1, 1..3, 3..4, 4..5, 5..6]
+        );
+        assert_eq!(parts(&[1, 2, 1]), vec![0..1, 1..2, 2..3]);
+    }
 
     #[test]
     fn error_text_replaces_nul_and_cuts_at_a_char_boundary() {

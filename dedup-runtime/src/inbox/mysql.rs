@@ -149,6 +149,13 @@ async fn expired_any(
         .is_some())
 }
 
+/// The processing transaction, with the savepoint its finish releases (the check that
+/// it is still there), in the round trip of its `BEGIN`.
+async fn begin(conn: &mut MySqlConnection) -> Result<Transaction<'_, MySql>, sqlx::Error> {
+    let begin = format!("SET autocommit = 0; BEGIN; SAVEPOINT {SAVEPOINT}");
+    conn.begin_with(AssertSqlSafe(begin)).await
+}
+
 /// Releases the processing transaction's savepoint: [`RolledBack`] if it is gone with its
 /// transaction (a deadlock rollback the handler swallowed, a `ROLLBACK` it sent), so that
 /// a mark never commits without the handler's effects.
@@ -448,9 +455,7 @@ impl InboxBackend for MySql {
         conn: &'c mut MySqlConnection,
         _: &'c Claimed<'c>,
     ) -> Result<(Transaction<'c, Self>, bool), sqlx::Error> {
-        let begin = format!("SET autocommit = 0; BEGIN; SAVEPOINT {SAVEPOINT}");
-        let tx = conn.begin_with(AssertSqlSafe(begin)).await?;
-        Ok((tx, true))
+        Ok((begin(conn).await?, true))
     }
 
     /// The savepoint released ([`RolledBack`] if it is gone with its transaction), then
@@ -464,11 +469,7 @@ impl InboxBackend for MySql {
             "UPDATE {} SET state = 2, processed_at = UTC_TIMESTAMP(6), lease_until = NULL{} \
              WHERE consumer = ? AND message_id = ? AND owner = ? AND state = 1",
             row.table.name(),
-            if row.drop_payload {
-                ", payload = NULL, headers = NULL"
-            } else {
-                ""
-            }
+            super::payload_dropped(row.drop_payload)
         );
         let done = sqlx::query(AssertSqlSafe(sql))
             .bind(row.consumer)
@@ -482,11 +483,9 @@ impl InboxBackend for MySql {
     /// As [`inbox_begin`](InboxBackend::inbox_begin): no check, no lock.
     async fn inbox_begin_many<'c>(
         conn: &'c mut MySqlConnection,
-        rows: &'c ClaimedMany<'c>,
-    ) -> Result<(Transaction<'c, Self>, Vec<String>), sqlx::Error> {
-        let begin = format!("SET autocommit = 0; BEGIN; SAVEPOINT {SAVEPOINT}");
-        let tx = conn.begin_with(AssertSqlSafe(begin)).await?;
-        Ok((tx, rows.ids.iter().map(|id| (*id).to_owned()).collect()))
+        _: &'c ClaimedMany<'c>,
+    ) -> Result<(Transaction<'c, Self>, Option<Vec<String>>), sqlx::Error> {
+        Ok((begin(conn).await?, None))
     }
 
     /// The savepoint released ([`RolledBack`] if it is gone with its transaction), then
@@ -503,11 +502,7 @@ impl InboxBackend for MySql {
             "UPDATE {} SET state = 2, processed_at = UTC_TIMESTAMP(6), lease_until = NULL{} \
              WHERE consumer = ? AND message_id IN ({}) AND owner = ? AND state = 1",
             rows.table.name(),
-            if rows.drop_payload {
-                ", payload = NULL, headers = NULL"
-            } else {
-                ""
-            },
+            super::payload_dropped(rows.drop_payload),
             placeholders(rows.ids.len())
         );
         let mut query = sqlx::query(AssertSqlSafe(sql)).bind(rows.consumer);

@@ -71,6 +71,16 @@ fn message(row: sqlx::postgres::PgRow) -> Result<InboxMessage, sqlx::Error> {
     })
 }
 
+/// The processing transaction: `BEGIN` and a transaction-local setting of the owner
+/// token, in one round trip.
+async fn begin<'c>(
+    conn: &'c mut PgConnection,
+    owner: &Owner,
+) -> Result<Transaction<'c, Postgres>, sqlx::Error> {
+    let begin = format!("BEGIN; SET LOCAL {CLAIM_SETTING} = '{}'", hex(owner));
+    conn.begin_with(AssertSqlSafe(begin)).await
+}
+
 impl InboxBackend for Postgres {
     fn inbox_ddl(table: &Table) -> Vec<String> {
         let name = table.name();
@@ -331,9 +341,7 @@ impl InboxBackend for Postgres {
         conn: &'c mut PgConnection,
         row: &'c Claimed<'c>,
     ) -> Result<(Transaction<'c, Self>, bool), sqlx::Error> {
-        let begin = format!("BEGIN; SET LOCAL {CLAIM_SETTING} = '{}'", hex(row.owner));
-        let tx = conn.begin_with(AssertSqlSafe(begin)).await?;
-        Ok((tx, true))
+        Ok((begin(conn, row.owner).await?, true))
     }
 
     /// The owner-checked mark and the transaction's check in one statement. In a
@@ -351,11 +359,7 @@ impl InboxBackend for Postgres {
              encode($3, 'hex'), \
              (SELECT COUNT(*) FROM marked)",
             row.table.name(),
-            if row.drop_payload {
-                ", payload = NULL, headers = NULL"
-            } else {
-                ""
-            }
+            super::payload_dropped(row.drop_payload)
         );
         let (intact, marked): (bool, i64) = sqlx::query_as(AssertSqlSafe(sql))
             .bind(row.consumer)
@@ -374,10 +378,8 @@ impl InboxBackend for Postgres {
     async fn inbox_begin_many<'c>(
         conn: &'c mut PgConnection,
         rows: &'c ClaimedMany<'c>,
-    ) -> Result<(Transaction<'c, Self>, Vec<String>), sqlx::Error> {
-        let begin = format!("BEGIN; SET LOCAL {CLAIM_SETTING} = '{}'", hex(rows.owner));
-        let tx = conn.begin_with(AssertSqlSafe(begin)).await?;
-        Ok((tx, rows.ids.iter().map(|id| (*id).to_owned()).collect()))
+    ) -> Result<(Transaction<'c, Self>, Option<Vec<String>>), sqlx::Error> {
+        Ok((begin(conn, rows.owner).await?, None))
     }
 
     /// The owner-checked mark of every id, by primary key (`message_id = ANY($2)` under
@@ -396,11 +398,7 @@ impl InboxBackend for Postgres {
              encode($3, 'hex'), \
              (SELECT COUNT(*) FROM marked)",
             rows.table.name(),
-            if rows.drop_payload {
-                ", payload = NULL, headers = NULL"
-            } else {
-                ""
-            }
+            super::payload_dropped(rows.drop_payload)
         );
         let (intact, marked): (bool, i64) = sqlx::query_as(AssertSqlSafe(sql))
             .bind(rows.consumer)

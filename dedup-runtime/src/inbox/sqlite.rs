@@ -294,11 +294,7 @@ impl InboxBackend for Sqlite {
             "UPDATE {} SET state = 2, processed_at = {NOW}, lease_until = NULL{} \
              WHERE consumer = ?1 AND message_id = ?2 AND owner = ?3 AND state = 1",
             row.table.name(),
-            if row.drop_payload {
-                ", payload = NULL, headers = NULL"
-            } else {
-                ""
-            }
+            super::payload_dropped(row.drop_payload)
         );
         let done = sqlx::query(AssertSqlSafe(sql))
             .bind(row.consumer)
@@ -334,10 +330,10 @@ impl InboxBackend for Sqlite {
     async fn inbox_begin_many<'c>(
         conn: &'c mut SqliteConnection,
         rows: &'c ClaimedMany<'c>,
-    ) -> Result<(Transaction<'c, Self>, Vec<String>), sqlx::Error> {
+    ) -> Result<(Transaction<'c, Self>, Option<Vec<String>>), sqlx::Error> {
         let mut tx = conn.begin_with(BEGIN).await?;
         if rows.ids.is_empty() {
-            return Ok((tx, Vec::new()));
+            return Ok((tx, Some(Vec::new())));
         }
         let list = (0..rows.ids.len())
             .map(|index| format!("?{}", index + 3))
@@ -348,11 +344,7 @@ impl InboxBackend for Sqlite {
              WHERE consumer = ?1 AND owner = ?2 AND state = 1 AND message_id IN ({list}) \
              RETURNING message_id",
             rows.table.name(),
-            if rows.drop_payload {
-                ", payload = NULL, headers = NULL"
-            } else {
-                ""
-            }
+            super::payload_dropped(rows.drop_payload)
         );
         let mut query = sqlx::query_scalar(AssertSqlSafe(sql))
             .bind(rows.consumer)
@@ -361,7 +353,7 @@ impl InboxBackend for Sqlite {
             query = query.bind(*id);
         }
         let marked: Vec<String> = query.fetch_all(&mut *tx).await?;
-        Ok((tx, marked))
+        Ok((tx, Some(marked)))
     }
 
     /// Marked at the start; renews the claim's other rows as

@@ -575,6 +575,38 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         Ok(released as usize)
     }
 
+    /// The row of one claimed message, as the per-message statements take it.
+    fn claimed<'a>(
+        &'a self,
+        owner: &'a Owner,
+        message: &'a InboxMessage,
+        renew: Option<i64>,
+    ) -> Claimed<'a> {
+        Claimed {
+            table: &self.inbox.table,
+            consumer: &self.inbox.consumer,
+            id: &message.id,
+            owner,
+            drop_payload: self.inbox.drop_payloads,
+            renew,
+        }
+    }
+
+    /// The lease a processing transaction renews the claim's other rows with (SQLite,
+    /// whose heartbeat cannot write meanwhile): `None` when `granted` says the last
+    /// renewal is less than a heartbeat old; always without `granted` (a claim processed
+    /// in a loop of the caller's, [`process`](Self::process)).
+    fn renewal(&self, granted: Option<&Granted>) -> Option<i64> {
+        match granted {
+            Some(granted) if granted.since() < self.heartbeat_interval() => None,
+            Some(granted) => {
+                granted.mark();
+                Some(micros(self.lease))
+            }
+            None => Some(micros(self.lease)),
+        }
+    }
+
     /// After a database failure ended a batch: the rows not finished, the one in hand
     /// included (its failure was the database's, not its handler's), go back at once with
     /// their attempt given back, if the database answers; how many.
@@ -602,22 +634,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         granted: Option<&Granted>,
     ) -> Result<Option<Processed>, InboxError> {
         let inbox = &self.inbox;
-        let row = Claimed {
-            table: &inbox.table,
-            consumer: &inbox.consumer,
-            id: &message.id,
-            owner,
-            drop_payload: inbox.drop_payloads,
-            renew: match granted {
-                // Renewed less than a heartbeat ago: not again.
-                Some(granted) if granted.since() < self.heartbeat_interval() => None,
-                Some(granted) => {
-                    granted.mark();
-                    Some(micros(self.lease))
-                }
-                None => Some(micros(self.lease)),
-            },
-        };
+        let row = self.claimed(owner, message, self.renewal(granted));
         // A deadlock, serialization failure or lock timeout of our own statements (the
         // mark, the check, the commit) rolled everything back: run the transaction again,
         // a few times, within the same claim. The handler's own errors are its failures.

@@ -134,26 +134,6 @@ pub trait Publisher: Send + Sync {
     }
 }
 
-/// A claim's parts, in the claim's order: runs of rows on their first attempt together,
-/// each row on a later attempt alone.
-fn parts(messages: &[OutboxMessage]) -> Vec<&[OutboxMessage]> {
-    let mut parts: Vec<&[OutboxMessage]> = Vec::new();
-    let mut start = 0;
-    for (index, message) in messages.iter().enumerate() {
-        if message.attempt > 1 {
-            if start < index {
-                parts.push(&messages[start..index]);
-            }
-            parts.push(&messages[index..=index]);
-            start = index + 1;
-        }
-    }
-    if start < messages.len() {
-        parts.push(&messages[start..]);
-    }
-    parts
-}
-
 /// The span of one claim's sends (OpenTelemetry's messaging names): the broker, the
 /// destination when the claim has one, the message count; `sent` and `failed` once the
 /// broker answered.
@@ -425,7 +405,8 @@ impl<'p, DB: Backend> Relay<'p, DB> {
             // charges the first; alone, the next time, that row is charged only for
             // itself (and a row that stops its relay every time is dead after its
             // attempts, the others losing at most one each).
-            for part in parts(&messages) {
+            let attempts = messages.iter().map(|message| message.attempt);
+            for part in crate::queue::parts(attempts).map(|part| &messages[part]) {
                 let span = send_span::<P>(part);
                 let mut answers = publisher
                     .publish_batch(part)

@@ -96,14 +96,7 @@ impl SchemaBackend for MySql {
                 .execute(&mut conn)
                 .await?;
         }
-        let present: Vec<String> = sqlx::query_scalar(
-            "SELECT CAST(column_name AS CHAR) FROM information_schema.columns \
-             WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ?",
-        )
-        .bind(table.schema())
-        .bind(table.base())
-        .fetch_all(&mut conn)
-        .await?;
+        let present = columns_of(&mut conn, table).await?;
         let missing: Vec<&str> = ADDED_COLUMNS
             .iter()
             .zip(COLUMNS)
@@ -152,17 +145,13 @@ pub(crate) async fn create_locked(
 /// a table already right is only looked at.
 pub(crate) async fn widen_headers(pool: &Pool<MySql>, table: &Table) -> Result<(), sqlx::Error> {
     let name = table.name();
-    let (schema, bare) = match name.rsplit_once('.') {
-        Some((schema, bare)) => (Some(schema), bare),
-        None => (None, name),
-    };
     let data_type: Option<String> = sqlx::query_scalar(
         "SELECT CAST(DATA_TYPE AS CHAR) FROM information_schema.COLUMNS \
          WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
          AND COLUMN_NAME = 'headers'",
     )
-    .bind(schema)
-    .bind(bare)
+    .bind(table.schema())
+    .bind(table.base())
     .fetch_optional(pool)
     .await?;
     if data_type.is_some_and(|data_type| data_type.eq_ignore_ascii_case("blob")) {
@@ -184,22 +173,13 @@ pub(crate) async fn add_missing(
     column: &str,
     definition: &str,
 ) -> Result<(), sqlx::Error> {
-    let name = table.name();
-    let (schema, bare) = match name.rsplit_once('.') {
-        Some((schema, bare)) => (Some(schema), bare),
-        None => (None, name),
-    };
-    let present: Option<i64> = sqlx::query_scalar(
-        "SELECT 1 FROM information_schema.COLUMNS \
-         WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = ?",
-    )
-    .bind(schema)
-    .bind(bare)
-    .bind(column)
-    .fetch_optional(pool)
-    .await?;
-    if present.is_none() {
-        let alter = format!("ALTER TABLE {name} ADD COLUMN {column} {definition}");
+    if !columns_of(pool, table)
+        .await?
+        .iter()
+        .any(|present| present == column)
+    {
+        let added = format!("{column} {definition}");
+        let alter = add_columns(table, std::iter::once(added.as_str()), "");
         match create_locked(pool, vec![alter]).await {
             // Another process added it between the look and the change.
             Err(error) if crate::classify::mysql::error_number(&error) == Some(DUP_FIELDNAME) => {}
@@ -207,6 +187,21 @@ pub(crate) async fn add_missing(
         }
     }
     Ok(())
+}
+
+/// The columns `table` has, from the catalog (MySQL 8 has no `ADD COLUMN IF NOT EXISTS`).
+async fn columns_of<'e>(
+    executor: impl sqlx::Executor<'e, Database = MySql>,
+    table: &Table,
+) -> Result<Vec<String>, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT CAST(column_name AS CHAR) FROM information_schema.columns \
+         WHERE table_schema = COALESCE(?, DATABASE()) AND table_name = ?",
+    )
+    .bind(table.schema())
+    .bind(table.base())
+    .fetch_all(executor)
+    .await
 }
 
 /// `ER_DUP_FIELDNAME`: the column is there already.

@@ -30,6 +30,29 @@ fn create_table(table: &Table) -> String {
     )
 }
 
+/// The columns `table` has, from `pragma_table_info` (SQLite has no `ADD COLUMN IF NOT
+/// EXISTS`): in the caller's write transaction, so that adding what it lacks cannot race.
+async fn columns_of(
+    conn: &mut sqlx::SqliteConnection,
+    table: &Table,
+) -> Result<Vec<String>, sqlx::Error> {
+    match table.schema() {
+        Some(schema) => {
+            sqlx::query_scalar("SELECT name FROM pragma_table_info(?1, ?2)")
+                .bind(table.base())
+                .bind(schema)
+                .fetch_all(conn)
+                .await
+        }
+        None => {
+            sqlx::query_scalar("SELECT name FROM pragma_table_info(?1)")
+                .bind(table.base())
+                .fetch_all(conn)
+                .await
+        }
+    }
+}
+
 fn add_column(table: &Table, column: &str) -> String {
     format!("ALTER TABLE {} ADD COLUMN {column}", table.name())
 }
@@ -88,21 +111,7 @@ impl SchemaBackend for Sqlite {
         sqlx::raw_sql(AssertSqlSafe(create_table(table)))
             .execute(&mut *tx)
             .await?;
-        let present: Vec<String> = match table.schema() {
-            Some(schema) => {
-                sqlx::query_scalar("SELECT name FROM pragma_table_info(?1, ?2)")
-                    .bind(table.base())
-                    .bind(schema)
-                    .fetch_all(&mut *tx)
-                    .await?
-            }
-            None => {
-                sqlx::query_scalar("SELECT name FROM pragma_table_info(?1)")
-                    .bind(table.base())
-                    .fetch_all(&mut *tx)
-                    .await?
-            }
-        };
+        let present = columns_of(&mut tx, table).await?;
         for (name, column) in ADDED_COLUMNS.iter().zip(COLUMNS) {
             if !present.iter().any(|present| present == name) {
                 sqlx::raw_sql(AssertSqlSafe(add_column(table, column)))
@@ -145,21 +154,14 @@ pub(crate) async fn add_missing(
     definition: &str,
 ) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin_with(BEGIN).await?;
-    let (schema, bare) = match table.name().rsplit_once('.') {
-        Some((schema, bare)) => (schema, bare),
-        None => ("main", table.name()),
-    };
-    let present: Option<i64> =
-        sqlx::query_scalar("SELECT 1 FROM pragma_table_info(?1, ?2) WHERE name = ?3")
-            .bind(bare)
-            .bind(schema)
-            .bind(column)
-            .fetch_optional(&mut *tx)
-            .await?;
-    if present.is_none() {
-        sqlx::raw_sql(AssertSqlSafe(format!(
-            "ALTER TABLE {} ADD COLUMN {column} {definition}",
-            table.name()
+    if !columns_of(&mut tx, table)
+        .await?
+        .iter()
+        .any(|present| present == column)
+    {
+        sqlx::raw_sql(AssertSqlSafe(add_column(
+            table,
+            &format!("{column} {definition}"),
         )))
         .execute(&mut *tx)
         .await?;

@@ -5,7 +5,7 @@ use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
 use std::task::Poll;
 
-use super::{Batch, Claimed, ClaimedMany, Claims, InboxMessage, Processed, Step, Worker};
+use super::{Batch, ClaimedMany, Claims, InboxMessage, Processed, Step, Worker};
 use tracing::Instrument as _;
 
 use crate::backend::Backend;
@@ -13,7 +13,7 @@ use crate::batch::{BatchError, BatchHandler};
 use crate::claim::Tx;
 use crate::inbox::InboxError;
 use crate::lease::Guarded;
-use crate::queue::{Granted, Shutdown, again, micros, retry_reachable};
+use crate::queue::{Granted, Shutdown, again, retry_reachable};
 
 /// How one transaction over a part of a claim ended.
 enum Ended {
@@ -144,7 +144,11 @@ impl<DB: Backend> Worker<'_, DB> {
             let work = async {
                 // Parts of the claim still to run (indices), a stack: the claim's order
                 // from the top, the first half of a split first.
-                let mut parts = parts(&claims.messages);
+                let attempts = claims.messages.iter().map(|message| message.attempt);
+                let mut parts: Vec<Vec<usize>> = crate::queue::parts(attempts)
+                    .rev()
+                    .map(Vec::from_iter)
+                    .collect();
                 while let Some(part) = parts.pop() {
                     if stop.as_mut().is_some_and(|stop| stop.check()) {
                         batch.released += self.release(&claims).await?;
@@ -185,7 +189,7 @@ impl<DB: Backend> Worker<'_, DB> {
                         }
                         PartEnd::Failed(text) if part.len() == 1 => {
                             let message = &claims.messages[part[0]];
-                            let row = self.claimed(&claims, message, None);
+                            let row = self.claimed(&claims.owner, message, None);
                             match self.fail_one(&row, message, &text).await? {
                                 Processed::Dead => batch.dead += 1,
                                 Processed::Lost => batch.lost += 1,
@@ -214,23 +218,6 @@ impl<DB: Backend> Worker<'_, DB> {
         Ok(batch)
     }
 
-    /// The row of one claimed message, as the per-message statements take it.
-    fn claimed<'a>(
-        &'a self,
-        claims: &'a Claims,
-        message: &'a InboxMessage,
-        renew: Option<i64>,
-    ) -> Claimed<'a> {
-        Claimed {
-            table: &self.inbox.table,
-            consumer: &self.inbox.consumer,
-            id: &message.id,
-            owner: &claims.owner,
-            drop_payload: self.inbox.drop_payloads,
-            renew,
-        }
-    }
-
     /// One part of a claim in one transaction, run again while a failure of ours (or a
     /// transient one inside the handler) is transient; `None` when the shutdown deadline
     /// cancelled it.
@@ -246,14 +233,7 @@ impl<DB: Backend> Worker<'_, DB> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            // Renewed less than a heartbeat ago: not again (SQLite renews in the
-            // transaction, its heartbeat cannot write meanwhile).
-            let renew = if granted.since() < self.heartbeat_interval() {
-                None
-            } else {
-                granted.mark();
-                Some(micros(self.lease))
-            };
+            let renew = self.renewal(Some(granted));
             let transaction = self.part_once(handler, &claims.owner, messages, renew);
             let ended = match stop.as_deref_mut() {
                 None => transaction.await,
@@ -367,12 +347,17 @@ impl<DB: Backend> Worker<'_, DB> {
             };
             // The messages the handler runs on: all (PostgreSQL, MySQL: the mark checks
             // after it), or those SQLite marked ours at the begin.
-            let ours: HashSet<&str> = ours.iter().map(String::as_str).collect();
-            let run: Vec<&InboxMessage> = messages
-                .iter()
-                .copied()
-                .filter(|m| ours.contains(m.id.as_str()))
-                .collect();
+            let run: Vec<&InboxMessage> = match &ours {
+                None => messages.to_vec(),
+                Some(ours) => {
+                    let ours: HashSet<&str> = ours.iter().map(String::as_str).collect();
+                    messages
+                        .iter()
+                        .copied()
+                        .filter(|m| ours.contains(m.id.as_str()))
+                        .collect()
+                }
+            };
             let wrote = !run.is_empty();
             let ended = if run.is_empty() {
                 Some(Ended::AllLost)
@@ -421,23 +406,6 @@ impl<DB: Backend> Worker<'_, DB> {
         }
         ended
     }
-}
-
-/// A claim's first parts, as a stack (the last runs first), in the claim's order: runs of
-/// messages on their first attempt together, each message on a later attempt alone (it
-/// failed before, or was in hand when a worker stopped).
-fn parts(messages: &[InboxMessage]) -> Vec<Vec<usize>> {
-    let mut parts: Vec<Vec<usize>> = Vec::new();
-    for (index, message) in messages.iter().enumerate() {
-        match parts.last_mut() {
-            Some(part) if message.attempt <= 1 && messages[part[0]].attempt <= 1 => {
-                part.push(index);
-            }
-            _ => parts.push(vec![index]),
-        }
-    }
-    parts.reverse();
-    parts
 }
 
 /// One transaction per claim (split when the handler fails).
