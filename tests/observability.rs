@@ -282,4 +282,58 @@ async fn the_relay_spans_each_claim_with_the_messaging_names() {
     assert_eq!(send["messaging.destination.name"], "orders");
     assert_eq!(send["messaging.batch.message_count"], "3");
     assert_eq!((send["sent"].as_str(), send["failed"].as_str()), ("2", "1"));
+    assert!(
+        !send.contains_key("traceparent"),
+        "no message carried a trace context: {send:#?}"
+    );
+}
+
+/// The relay's span carries the trace context its messages were enqueued under when they
+/// share one, and none when they differ (one span per claim cannot have two parents).
+#[tokio::test(flavor = "current_thread")]
+async fn the_relay_span_carries_the_shared_trace_context() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    use dedup_runtime::outbox::{Cause, Outbox, OutboxMessage, Publisher};
+
+    struct Taker;
+    impl Publisher for Taker {
+        type Error = String;
+        async fn publish(&self, _: &OutboxMessage) -> Result<(), String> {
+            Ok(())
+        }
+    }
+
+    const ONE: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const OTHER: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-00";
+    let db = dedup_suite::sqlite().await;
+    dedup_runtime::outbox::migrate(&*db).await.unwrap();
+    let outbox = Outbox::new();
+    let recorder = Arc::new(Recorder::default());
+    // Two claims: two messages of one handler's trace, then two of two traces.
+    for (round, parents) in [[ONE, ONE], [ONE, OTHER]].into_iter().enumerate() {
+        let cause = Cause::new("traced-relay", &format!("in-{round}")).unwrap();
+        let mut tx = db.begin().await.unwrap();
+        for (index, parent) in parents.into_iter().enumerate() {
+            let message = cause
+                .nth_outgoing(index as u32, "orders", b"x")
+                .traceparent(parent);
+            outbox.enqueue(&mut *tx, &message).await.unwrap();
+        }
+        tx.commit().await.unwrap();
+        let _default = tracing::subscriber::set_default(Shared(recorder.clone()));
+        let relayed = outbox.relay(&*db).relay_batch(&Taker).await.unwrap();
+        assert_eq!(relayed.sent, 2);
+    }
+    let spans = recorder.spans.lock().unwrap();
+    let mut sends: Vec<(u64, Option<&str>)> = spans
+        .iter()
+        .filter(|(_, (name, _))| name == "send")
+        .map(|(id, (_, fields))| (*id, fields.get("traceparent").map(String::as_str)))
+        .collect();
+    sends.sort();
+    assert_eq!(
+        sends.iter().map(|(_, parent)| *parent).collect::<Vec<_>>(),
+        [Some(ONE), None],
+        "{spans:#?}"
+    );
 }

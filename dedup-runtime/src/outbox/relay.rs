@@ -136,7 +136,10 @@ pub trait Publisher: Send + Sync {
 
 /// The span of one claim's sends (OpenTelemetry's messaging names): the broker, the
 /// destination when the claim has one, the message count; `sent` and `failed` once the
-/// broker answered.
+/// broker answered. `traceparent`: the trace context the claim's messages were enqueued
+/// under, when they share one (a claim of one message, or of one handler's), for a
+/// subscriber of yours to link the send to the handler's trace (with
+/// `tracing-opentelemetry`: as the span's parent or a link).
 fn send_span<P: Publisher>(messages: &[OutboxMessage]) -> tracing::Span {
     let span = tracing::info_span!(
         "send",
@@ -145,6 +148,7 @@ fn send_span<P: Publisher>(messages: &[OutboxMessage]) -> tracing::Span {
         messaging.destination.name = tracing::field::Empty,
         messaging.batch.message_count = messages.len(),
         messaging.message.id = tracing::field::Empty,
+        traceparent = tracing::field::Empty,
         sent = tracing::field::Empty,
         failed = tracing::field::Empty,
     );
@@ -156,6 +160,13 @@ fn send_span<P: Publisher>(messages: &[OutboxMessage]) -> tracing::Span {
         }
         if messages.len() == 1 {
             span.record("messaging.message.id", first.id.to_string());
+        }
+        if let Some(traceparent) = first.traceparent()
+            && messages
+                .iter()
+                .all(|m| m.traceparent() == Some(traceparent))
+        {
+            span.record("traceparent", traceparent);
         }
     }
     span
