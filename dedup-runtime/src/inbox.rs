@@ -411,9 +411,11 @@ pub trait InboxBackend: Database {
     /// order). Also whether a claim's lease had ended (a row claimed, its lease past):
     /// rows for [`InboxBackend::inbox_expired`] to find — PostgreSQL in the claim's own
     /// statement, the others in a look along the lease index first.
+    /// On `conn`, which the worker then keeps for the claim's first transaction (one
+    /// acquire, and the pool's ping, fewer per claim).
     #[doc(hidden)]
     fn inbox_claim<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut Self::Connection,
         table: &'a Table,
         consumer: &'a str,
         owner: &'a Owner,

@@ -134,7 +134,7 @@ fn message(row: sqlx::mysql::MySqlRow) -> Result<InboxMessage, sqlx::Error> {
 /// Whether some claim's lease has ended: a look along the lease index, which stops at the
 /// first such row (an index scan, which marks the dead entries it passes).
 async fn expired_any(
-    pool: &Pool<MySql>,
+    conn: &mut MySqlConnection,
     table: &Table,
     consumer: &str,
 ) -> Result<bool, sqlx::Error> {
@@ -144,7 +144,7 @@ async fn expired_any(
     );
     Ok(sqlx::query(AssertSqlSafe(any))
         .bind(consumer)
-        .fetch_optional(pool)
+        .fetch_optional(conn)
         .await?
         .is_some())
 }
@@ -385,18 +385,18 @@ impl InboxBackend for MySql {
     /// `SELECT … FOR UPDATE SKIP LOCKED` (MariaDB 10.6, MySQL 8), then one `UPDATE` of the
     /// ids it locked, in one transaction: MySQL has no `UPDATE … RETURNING`.
     async fn inbox_claim<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut MySqlConnection,
         table: &'a Table,
         consumer: &'a str,
         owner: &'a Owner,
         lease_us: i64,
         limit: u32,
     ) -> Result<(Vec<InboxMessage>, bool), sqlx::Error> {
-        let expired = expired_any(pool, table, consumer).await?;
+        let expired = expired_any(&mut *conn, table, consumer).await?;
         let name = table.name();
         // READ COMMITTED: no gap locks, so that workers claiming at once skip each other's
         // rows instead of deadlocking on the index ranges they scan.
-        let mut tx = pool.begin_with(READ_COMMITTED).await?;
+        let mut tx = conn.begin_with(READ_COMMITTED).await?;
         let pending = format!(
             "SELECT CAST(message_id AS CHAR) FROM {name} AS m WHERE consumer = ? AND state = 0 \
              AND next_attempt_at <= UTC_TIMESTAMP(6) \

@@ -264,7 +264,7 @@ impl InboxBackend for Postgres {
     }
 
     async fn inbox_claim<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut PgConnection,
         table: &'a Table,
         consumer: &'a str,
         owner: &'a Owner,
@@ -302,7 +302,7 @@ impl InboxBackend for Postgres {
             .bind(consumer)
             .bind(&owner[..])
             .bind(lease_us)
-            .fetch_all(pool)
+            .fetch_all(&mut *conn)
             .await?;
         let mut expired = false;
         let mut messages = Vec::with_capacity(rows.len());

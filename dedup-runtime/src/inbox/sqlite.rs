@@ -43,7 +43,7 @@ fn message(row: sqlx::sqlite::SqliteRow) -> Result<InboxMessage, sqlx::Error> {
 /// Whether some claim's lease has ended: a look along the lease index, which stops at the
 /// first such row (an index scan, which marks the dead entries it passes).
 async fn expired_any(
-    pool: &Pool<Sqlite>,
+    conn: &mut SqliteConnection,
     table: &Table,
     consumer: &str,
 ) -> Result<bool, sqlx::Error> {
@@ -53,7 +53,7 @@ async fn expired_any(
     );
     Ok(sqlx::query(AssertSqlSafe(any))
         .bind(consumer)
-        .fetch_optional(pool)
+        .fetch_optional(conn)
         .await?
         .is_some())
 }
@@ -220,14 +220,14 @@ impl InboxBackend for Sqlite {
     }
 
     async fn inbox_claim<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut SqliteConnection,
         table: &'a Table,
         consumer: &'a str,
         owner: &'a Owner,
         lease_us: i64,
         limit: u32,
     ) -> Result<(Vec<InboxMessage>, bool), sqlx::Error> {
-        let expired = expired_any(pool, table, consumer).await?;
+        let expired = expired_any(&mut *conn, table, consumer).await?;
         let name = table.name();
         // One statement, atomic under SQLite's single writer.
         let pending = format!(
@@ -245,7 +245,7 @@ impl InboxBackend for Sqlite {
             .bind(&owner[..])
             .bind(lease_us)
             .bind(i64::from(limit))
-            .fetch_all(pool)
+            .fetch_all(&mut *conn)
             .await?;
         // `RETURNING` returns its rows in no particular order: sorted again, in the claim's
         // order (due time, then receive order). The times are ISO 8601 text in UTC of one

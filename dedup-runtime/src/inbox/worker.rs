@@ -18,6 +18,7 @@ use crate::queue::{
     Granted, Idle, Shutdown, again, heartbeat_interval, heartbeat_not_under, jittered, micros,
     retry_reachable, with_heartbeat,
 };
+use sqlx::pool::PoolConnection;
 
 use super::{Inbox, InboxError};
 
@@ -455,15 +456,25 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     /// token: a claim whose reply was lost finds the rows it took, their attempt counted
     /// once.
     pub async fn claim(&self) -> Result<Claims, InboxError> {
+        Ok(self.claim_keeping().await?.0)
+    }
+
+    /// [`claim`](Self::claim), and the connection the claim was made on, kept for the
+    /// claim's first transaction (one acquire, and the pool's ping, fewer per claim):
+    /// `None` when the claim was tried again or a take-back came between.
+    pub(super) async fn claim_keeping(
+        &self,
+    ) -> Result<(Claims, Option<PoolConnection<DB>>), InboxError> {
         let inbox = &self.inbox;
         let (pool, table, consumer) = (inbox.pool, &inbox.table, inbox.consumer.as_str());
         let owner = new_token();
         // The claim also says whether some claim's lease had ended (in the same statement
         // on PostgreSQL): only then the take-back, and a second claim for the room left,
         // the rows then read back in the claim's order.
-        let (mut messages, expired) = self.claim_rows(&owner, self.batch).await?;
+        let (mut messages, expired, mut kept) = self.claim_rows(&owner, self.batch).await?;
         let mut buried = 0;
         if expired {
+            kept = None;
             buried = retry_reachable::<DB, _, _>(|| {
                 super::reclaim::<DB>(pool, table, consumer, self.max_attempts)
             })
@@ -478,11 +489,12 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                         .map_err(|error| self.classify(error))?;
             }
         }
-        Ok(Claims {
+        let claims = Claims {
             owner,
             messages,
             buried: buried as usize,
-        })
+        };
+        Ok((claims, kept))
     }
 
     /// One claim of up to `limit` rows for `owner`, tried again after a deadlock or a lost
@@ -493,7 +505,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         &self,
         owner: &Owner,
         limit: u32,
-    ) -> Result<(Vec<InboxMessage>, bool), InboxError> {
+    ) -> Result<(Vec<InboxMessage>, bool, Option<PoolConnection<DB>>), InboxError> {
         let inbox = &self.inbox;
         let (pool, table, consumer) = (inbox.pool, &inbox.table, inbox.consumer.as_str());
         let tried = AtomicBool::new(false);
@@ -503,10 +515,14 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                 if again {
                     let held = DB::inbox_held(pool, table, consumer, owner).await?;
                     if !held.is_empty() {
-                        return Ok((held, false));
+                        return Ok((held, false, None));
                     }
                 }
-                DB::inbox_claim(pool, table, consumer, owner, micros(self.lease), limit).await
+                let mut conn = pool.acquire().await?;
+                let lease = micros(self.lease);
+                let (messages, expired) =
+                    DB::inbox_claim(&mut conn, table, consumer, owner, lease, limit).await?;
+                Ok((messages, expired, (!again).then_some(conn)))
             }
         })
         .await

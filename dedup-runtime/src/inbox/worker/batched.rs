@@ -14,6 +14,7 @@ use crate::claim::Tx;
 use crate::inbox::InboxError;
 use crate::lease::Guarded;
 use crate::queue::{Granted, Shutdown, again, retry_reachable};
+use sqlx::pool::PoolConnection;
 
 /// How one transaction over a part of a claim ended.
 enum Ended {
@@ -132,7 +133,7 @@ impl<DB: Backend> Worker<'_, DB> {
         mut stop: Option<&mut Shutdown<'_>>,
     ) -> Result<Batch, InboxError> {
         self.check()?;
-        let claims = self.claim().await?;
+        let (claims, mut kept) = self.claim_keeping().await?;
         let mut batch = Batch {
             claimed: claims.messages.len(),
             dead: claims.buried,
@@ -159,7 +160,14 @@ impl<DB: Backend> Worker<'_, DB> {
                     let single = (messages.len() == 1).then(|| messages[0]);
                     let span = self.span(messages.len(), single);
                     let ended = self
-                        .part(handler, &claims, &messages, stop.as_deref_mut(), &granted)
+                        .part(
+                            handler,
+                            &claims,
+                            &messages,
+                            stop.as_deref_mut(),
+                            &granted,
+                            kept.take(),
+                        )
                         .instrument(span.clone())
                         .await?;
                     if !span.is_disabled() {
@@ -228,13 +236,14 @@ impl<DB: Backend> Worker<'_, DB> {
         messages: &[&InboxMessage],
         mut stop: Option<&mut Shutdown<'_>>,
         granted: &Granted,
+        mut kept: Option<PoolConnection<DB>>,
     ) -> Result<Option<PartEnd>, InboxError> {
         let inbox = &self.inbox;
         let mut attempt = 0;
         loop {
             attempt += 1;
             let renew = self.renewal(Some(granted));
-            let transaction = self.part_once(handler, &claims.owner, messages, renew);
+            let transaction = self.part_once(handler, &claims.owner, messages, renew, kept.take());
             let ended = match stop.as_deref_mut() {
                 None => transaction.await,
                 Some(stop) => {
@@ -323,10 +332,16 @@ impl<DB: Backend> Worker<'_, DB> {
         owner: &crate::lease::Owner,
         messages: &[&InboxMessage],
         renew: Option<i64>,
+        kept: Option<PoolConnection<DB>>,
     ) -> Ended {
         let inbox = &self.inbox;
-        // Closed, not pooled, unless the transaction ends here as it should.
-        let mut conn = match inbox.pool.acquire().await {
+        // The claim's connection, or one from the pool; closed, not pooled, unless the
+        // transaction ends here as it should.
+        let conn = match kept {
+            Some(conn) => Ok(conn),
+            None => inbox.pool.acquire().await,
+        };
+        let mut conn = match conn {
             Ok(conn) => Guarded::new(conn),
             Err(error) => return Ended::Error(error),
         };
