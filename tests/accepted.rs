@@ -414,3 +414,58 @@ async fn batch_form() {
     assert_eq!(rows, 2);
     assert_eq!(effects(&pool).await, 4);
 }
+
+/// A stored result and a fingerprint, on a method whose `T` is a reply struct: the
+/// generated code adds no lint the user cannot silence.
+mod replies {
+    use dedup_runtime::{StoredOutcome, idempotent};
+    use sqlx::SqliteConnection;
+
+    #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+    pub struct Receipt {
+        pub charge: String,
+        pub cents: u64,
+    }
+
+    #[derive(Debug)]
+    pub struct Payment {
+        pub id: String,
+        pub body: Vec<u8>,
+    }
+
+    #[derive(Debug)]
+    pub struct Payments;
+
+    impl Payments {
+        #[idempotent(consumer = "accepted-replies", key = msg.id, result = "stored", result_version = 3, max_result_len = 1024, fingerprint = msg.body)]
+        pub async fn charge(
+            &self,
+            tx: &mut SqliteConnection,
+            msg: &Payment,
+        ) -> Result<Receipt, sqlx::Error> {
+            super::insert(tx, &msg.id).await?;
+            Ok(Receipt {
+                charge: format!("ch-{}", msg.id),
+                cents: 250,
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn stored_result_and_fingerprint() {
+        let pool = super::pool().await;
+        let msg = Payment {
+            id: "p-1".to_owned(),
+            body: b"{}".to_vec(),
+        };
+        let receipt = Receipt {
+            charge: "ch-p-1".to_owned(),
+            cents: 250,
+        };
+        let first = Payments.charge(&*pool, &msg).await.unwrap();
+        assert_eq!(first, StoredOutcome::Processed(receipt.clone()));
+        let again = Payments.charge(&*pool, &msg).await.unwrap();
+        assert_eq!(again, StoredOutcome::Replayed(receipt));
+        assert_eq!(super::effects(&pool).await, 1);
+    }
+}

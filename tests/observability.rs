@@ -311,7 +311,7 @@ async fn the_relay_span_carries_the_shared_trace_context() {
     let recorder = Arc::new(Recorder::default());
     // Two claims: two messages of one handler's trace, then two of two traces.
     for (round, parents) in [[ONE, ONE], [ONE, OTHER]].into_iter().enumerate() {
-        let cause = Cause::new("traced-relay", &format!("in-{round}")).unwrap();
+        let cause = Cause::new("traced-relay", format!("in-{round}")).unwrap();
         let mut tx = db.begin().await.unwrap();
         for (index, parent) in parents.into_iter().enumerate() {
             let message = cause

@@ -1,8 +1,9 @@
 //! The SQL files shipped for users' own migration tools: `0001` is the 0.1 table exactly as
 //! 0.1 shipped it (users may have applied it: it never changes), `0002` is exactly the
-//! upgrade `upgrade_sql` prints, and `schema_sql` creates the complete current table;
-//! `0003` and `0004` are the inbox's and the outbox's tables.
-//! After changing the upgrade's DDL, regenerate `0002` with
+//! upgrade `upgrade_sql` prints up to 0.2, `0005` the rest (0.2 to 0.3: stored results and
+//! fingerprints), and `schema_sql` creates the complete current table; `0003` and `0004`
+//! are the inbox's and the outbox's tables.
+//! After changing the upgrade's DDL, regenerate `0002` and `0005` with
 //! `DEDUP_BLESS=1 cargo test --test schema`.
 
 use std::path::{Path, PathBuf};
@@ -81,9 +82,47 @@ fn shipped_0001_is_the_frozen_0_1_table() {
     }
 }
 
-#[test]
-fn shipped_0002_matches_upgrade_sql() {
-    for (backend, sql) in [
+/// The header of each backend's `0005`.
+fn header_0005(backend: &str) -> &'static str {
+    match backend {
+        "postgres" => {
+            "-- Upgrades the dedup table of dedup-runtime 0.2 (0002_processed_messages_state.sql) to\n\
+             -- 0.3: the columns result, result_version, fingerprint (NULL for every existing row),\n\
+             -- what a row remembers for `result = \"stored\"` and `fingerprint = …`. What\n\
+             -- `dedup_runtime::migrate` does to a 0.2 table. Safe to run more than once; a\n\
+             -- catalog change (nullable, no default: no row is rewritten).\n\n"
+        }
+        "mysql" => {
+            "-- Upgrades the dedup table of dedup-runtime 0.2 (0002_processed_messages_state.sql) to\n\
+             -- 0.3: the columns result, result_version, fingerprint (NULL for every existing row),\n\
+             -- what a row remembers for `result = \"stored\"` and `fingerprint = …`. What\n\
+             -- `dedup_runtime::migrate` does to a 0.2 table. MariaDB: safe to run more than once;\n\
+             -- on 10.11 the ALTER is ALGORITHM=INSTANT. MySQL 8 has no ADD COLUMN IF NOT EXISTS:\n\
+             -- delete the three `IF NOT EXISTS` and run it once (as migration tools do).\n\n"
+        }
+        "sqlite" => {
+            "-- Upgrades the dedup table of dedup-runtime 0.2 (0002_processed_messages_state.sql) to\n\
+             -- 0.3: the columns result, result_version, fingerprint (NULL for every existing row),\n\
+             -- what a row remembers for `result = \"stored\"` and `fingerprint = …`. What\n\
+             -- `dedup_runtime::migrate` does to a 0.2 table. SQLite has no ADD COLUMN IF NOT\n\
+             -- EXISTS: run it once (as migration tools do).\n\n"
+        }
+        other => panic!("no backend {other}"),
+    }
+}
+
+/// `upgrade_sql`, split where 0.3's statements start: `0002`'s part and `0005`'s.
+fn upgrade_parts(sql: &str) -> (String, String) {
+    let statements: Vec<String> = sql.split_inclusive(";\n").map(str::to_owned).collect();
+    let at = statements
+        .iter()
+        .position(|statement| statement.contains("result"))
+        .expect("the upgrade adds the result columns");
+    (statements[..at].concat(), statements[at..].concat())
+}
+
+fn upgrades() -> [(&'static str, String); 3] {
+    [
         (
             "postgres",
             dedup_runtime::upgrade_sql::<sqlx::Postgres>("processed_messages").unwrap(),
@@ -96,11 +135,25 @@ fn shipped_0002_matches_upgrade_sql() {
             "sqlite",
             dedup_runtime::upgrade_sql::<sqlx::Sqlite>("processed_messages").unwrap(),
         ),
-    ] {
-        let expected = format!("{}{sql}", header_0002(backend));
+    ]
+}
+
+/// `0002` then `0005` are exactly the upgrade `upgrade_sql` prints, in two steps.
+#[test]
+fn shipped_0002_and_0005_match_upgrade_sql() {
+    for (backend, sql) in upgrades() {
+        let (state, results) = upgrade_parts(&sql);
+        let expected = format!("{}{state}", header_0002(backend));
         check(
             backend,
             "0002_processed_messages_state.sql",
+            &expected,
+            true,
+        );
+        let expected = format!("{}{results}", header_0005(backend));
+        check(
+            backend,
+            "0005_processed_messages_results.sql",
             &expected,
             true,
         );
@@ -123,6 +176,9 @@ fn schema_sql_creates_the_current_table() {
             "state ",
             "owner ",
             "expires_at ",
+            "result ",
+            "result_version ",
+            "fingerprint ",
         ] {
             assert!(sql.contains(&format!("\n    {column}")), "{column}: {sql}");
         }

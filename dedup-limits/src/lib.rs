@@ -18,6 +18,20 @@ pub const MAX_TABLE_NAME_LEN: usize = 63;
 /// The longest constraint or index name every backend reports (MySQL's limit).
 pub const MAX_CONSTRAINT_LEN: usize = 64;
 
+/// The default of `max_result_len`: the longest stored result (`result = "stored"`), in
+/// bytes of its encoding, 4 MiB.
+pub const DEFAULT_MAX_RESULT_LEN: usize = 4 * 1024 * 1024;
+
+/// The highest `max_result_len` a handler may declare, 8 MiB: a result that size, in the
+/// statement that stores it, fits MariaDB's default `max_allowed_packet` (16 MiB) with
+/// room to spare, and every backend's column (PostgreSQL `bytea`, MySQL `LONGBLOB`, SQLite
+/// `BLOB`) holds it whole.
+pub const MAX_RESULT_LEN: usize = 8 * 1024 * 1024;
+
+/// The highest `result_version` a handler may declare (the column is a 32-bit integer on
+/// every backend).
+pub const MAX_RESULT_VERSION: u32 = i32::MAX as u32;
+
 /// Why a consumer name is refused: `#[idempotent(consumer = "…")]` at compile time and
 /// the runtime's operator tools apply the same rule, in this order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

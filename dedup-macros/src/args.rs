@@ -2,7 +2,10 @@
 //! token that gave it, so that a conflict points at the value that caused it.
 
 // The limits are the runtime's own: one source for compile time and run time.
-use dedup_limits::{MAX_CONSTRAINT_LEN, MAX_CONSUMER_LEN, MAX_TABLE_NAME_LEN};
+use dedup_limits::{
+    DEFAULT_MAX_RESULT_LEN, MAX_CONSTRAINT_LEN, MAX_CONSUMER_LEN, MAX_RESULT_LEN,
+    MAX_RESULT_VERSION, MAX_TABLE_NAME_LEN,
+};
 use proc_macro2::{Span, TokenStream, TokenTree};
 use syn::ext::IdentExt;
 use syn::parse::{Parse, ParseStream};
@@ -10,7 +13,8 @@ use syn::spanned::Spanned;
 use syn::{Expr, Ident, Lit, LitStr, Path, Token};
 
 /// Every argument the attribute knows, in the order the messages list them.
-const KNOWN: &str = "`consumer`, `key`, `batch`, `unique`, `table`, `effect`, `lease`, `crate`";
+const KNOWN: &str = "`consumer`, `key`, `batch`, `unique`, `table`, `effect`, `lease`, `result`, \
+                     `result_version`, `max_result_len`, `fingerprint`, `crate`";
 
 /// What `effect = "…"` declares for a body whose effect is outside the database.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -54,10 +58,24 @@ pub struct Args {
     /// `lease` was written, whatever its value: the body may take a `Lease` (an error
     /// about that would be a second one for a lease refused already).
     pub lease_named: bool,
+    /// `result = "stored"`: the body's result is stored with the dedup row and replayed
+    /// to duplicates (`StoredOutcome<T>`); its version and size limit.
+    pub stored: Option<StoredResult>,
+    /// `result` was written, whatever its value: the handler returns `StoredOutcome<T>`.
+    pub result_named: bool,
+    /// `fingerprint = …`: the payload (or the part of it) whose SHA-256 is compared.
+    pub fingerprint: Option<Expr>,
     pub krate: Path,
     /// False when `crate = …` was given but could not be read: `krate` is then only the
     /// default, and code that names the runtime through it would fail once more.
     pub krate_known: bool,
+}
+
+/// `result = "stored"` with its `result_version` and `max_result_len`.
+#[derive(Clone, Copy, Debug)]
+pub struct StoredResult {
+    pub version: u32,
+    pub max_len: usize,
 }
 
 /// One `name = value` pair, before we know what the name means.
@@ -214,6 +232,11 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
     let mut lease_name: Option<Ident> = None;
     let mut batch = Once(None);
     let mut batch_name: Option<Ident> = None;
+    let mut result = Once(None);
+    let mut result_name: Option<Ident> = None;
+    let mut result_version = Once(None);
+    let mut max_result_len = Once(None);
+    let mut fingerprint = Once(None);
     for RawArg { name, value } in raw {
         match name.to_string().as_str() {
             "consumer" => {
@@ -273,6 +296,47 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
                     lease.set(name, ms, &mut errors);
                 }
             }
+            "result" => {
+                result_name.get_or_insert_with(|| name.clone());
+                if let Some(lit) = string_literal(&name, &value, "result = \"stored\"", &mut errors)
+                {
+                    if lit.value() == "stored" {
+                        result.set(name, (), &mut errors);
+                    } else {
+                        errors.add(
+                            lit.span(),
+                            format_args!(
+                                "unknown `result` {:?}; write `result = \"stored\"` to store the \
+                                 handler's result with the dedup row and replay it to duplicates",
+                                lit.value()
+                            ),
+                        );
+                    }
+                }
+            }
+            "result_version" => {
+                if let Some(version) = integer(
+                    &name,
+                    &value,
+                    "result_version = 2",
+                    u64::from(MAX_RESULT_VERSION),
+                    &mut errors,
+                ) {
+                    result_version.set(name, version as u32, &mut errors);
+                }
+            }
+            "max_result_len" => {
+                if let Some(len) = integer(
+                    &name,
+                    &value,
+                    "max_result_len = 65_536",
+                    MAX_RESULT_LEN as u64,
+                    &mut errors,
+                ) {
+                    max_result_len.set(name, len as usize, &mut errors);
+                }
+            }
+            "fingerprint" => fingerprint.set(name, value, &mut errors),
             "crate" => {
                 crate_given = true;
                 if let Some(lit) =
@@ -388,8 +452,24 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
         &mut errors,
     );
     let consumer = consumer.map(|(_, lit)| lit);
+    let stored = remembered(
+        RememberedArgs {
+            result: result.0.map(|(name, ())| name),
+            result_name: result_name.as_ref(),
+            version: result_version.0,
+            max_len: max_result_len.0,
+            fingerprint: fingerprint.0.as_ref().map(|(name, _)| name),
+            key: key.is_some(),
+            batch: batch_name.is_some(),
+            quiet: unread.any,
+        },
+        &mut errors,
+    );
 
     let args = Args {
+        stored,
+        result_named: result_name.is_some(),
+        fingerprint: fingerprint.0.map(|(_, value)| value),
         batch: batch.0.map(|(_, ident)| ident),
         batch_named: batch_name.is_some(),
         consumer,
@@ -409,6 +489,99 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
             .map_or_else(|| syn::parse_quote!(::dedup_runtime), |(_, path)| path),
     };
     (args, errors)
+}
+
+/// What `result`, `result_version`, `max_result_len` and `fingerprint` were given, and
+/// what they need.
+struct RememberedArgs<'a> {
+    result: Option<Ident>,
+    result_name: Option<&'a Ident>,
+    version: Option<(Ident, u32)>,
+    max_len: Option<(Ident, usize)>,
+    fingerprint: Option<&'a Ident>,
+    key: bool,
+    batch: bool,
+    /// An argument could not be read: its error is the one to show.
+    quiet: bool,
+}
+
+/// The rules of stored results and fingerprints: both need the message id's dedup row
+/// (`key`); `result_version` and `max_result_len` go with `result`. Batches do not store
+/// them yet.
+fn remembered(given: RememberedArgs<'_>, errors: &mut Errors) -> Option<StoredResult> {
+    for (name, _) in [
+        given.version.as_ref().map(|(n, _)| (n, ())),
+        given.max_len.as_ref().map(|(n, _)| (n, ())),
+    ]
+    .into_iter()
+    .flatten()
+    {
+        if given.result_name.is_none() {
+            errors.add(
+                name.span(),
+                format_args!(
+                    "`{name}` is a setting of the stored result: add `result = \"stored\"`, or \
+                     remove `{name}`"
+                ),
+            );
+        }
+    }
+    if !given.quiet {
+        for name in [given.result_name, given.fingerprint].into_iter().flatten() {
+            if !given.key && !given.batch {
+                errors.add(
+                    name.span(),
+                    format_args!(
+                        "`{name}` is kept in the message id's dedup row, and without `key` there \
+                         is none: add `consumer = \"name\", key = msg.id`"
+                    ),
+                );
+            } else if given.batch {
+                errors.add(
+                    name.span(),
+                    format_args!(
+                        "`{name}` is not supported with `batch` yet: process these messages with \
+                         a handler of one message (`key = msg.id`), or remove `{name}`"
+                    ),
+                );
+            }
+        }
+    }
+    given.result.map(|_| StoredResult {
+        version: given.version.map_or(1, |(_, version)| version),
+        max_len: given.max_len.map_or(DEFAULT_MAX_RESULT_LEN, |(_, len)| len),
+    })
+}
+
+/// A whole number from 1 to `max`, written as an integer literal.
+fn integer(
+    name: &Ident,
+    value: &Expr,
+    example: &str,
+    max: u64,
+    errors: &mut Errors,
+) -> Option<u64> {
+    if let Expr::Lit(lit) = ungrouped(value)
+        && let Lit::Int(int) = &lit.lit
+    {
+        match int.base10_parse::<u64>() {
+            Ok(number) if (1..=max).contains(&number) => return Some(number),
+            _ => {
+                errors.add(
+                    int.span(),
+                    format_args!(
+                        "`{name}` takes a whole number from 1 to {max}, such as `{example}`"
+                    ),
+                );
+                return None;
+            }
+        }
+    }
+    errors.add(
+        value.span(),
+        format_args!("`{name}` takes an integer literal, such as `{example}`"),
+    );
+    None
 }
 
 /// The batch form's rules: `batch = …` with a closure `key`, no effect outside the
@@ -563,7 +736,18 @@ fn closest(unknown: &str) -> Option<&'static str> {
     }
     let lower = unknown.to_ascii_lowercase();
     [
-        "consumer", "key", "batch", "unique", "table", "effect", "lease", "crate",
+        "consumer",
+        "key",
+        "batch",
+        "unique",
+        "table",
+        "effect",
+        "lease",
+        "result",
+        "result_version",
+        "max_result_len",
+        "fingerprint",
+        "crate",
     ]
     .into_iter()
     .find(|known| distance(&lower, known) <= 2 && lower.len() + 2 > known.len())

@@ -50,7 +50,9 @@ pub fn idempotent(args: TokenStream, item: TokenStream) -> TokenStream {
     let result = errors.finish();
     let mut tokens = match (&result, handler) {
         (Ok(()), Some(handler)) => return guarded_handler_fn(&args, handler),
-        (Err(_), Some(handler)) if args.krate_known => placeholder_fn(&args.krate, handler),
+        (Err(_), Some(handler)) if args.krate_known => {
+            placeholder_fn(&args.krate, handler, args.result_named)
+        }
         // No connection or return type to build the signature from, or no path to the
         // runtime to name it with: the user's item as written, allowing the warnings its
         // unexpanded form may raise (an unused connection parameter).
@@ -198,7 +200,14 @@ fn handler_fn(args: &Args, handler: Handler) -> TokenStream {
         block,
         ..
     } = item;
-    let new_sig = signature(&args.krate, &sig, &connection, &output, leased);
+    let new_sig = signature(
+        &args.krate,
+        &sig,
+        &connection,
+        &output,
+        leased,
+        args.result_named,
+    );
     let outer = attrs
         .iter()
         .filter(|attr| matches!(attr.style, AttrStyle::Outer));
@@ -249,7 +258,7 @@ fn guarded_handler_fn(args: &Args, handler: Handler) -> TokenStream {
     if handler::backend(&handler.connection.ty).is_none() {
         return handler_fn(args, handler);
     }
-    let placeholder = feature_placeholder(&args.krate, &handler);
+    let placeholder = feature_placeholder(&args.krate, &handler, args.result_named);
     let conn_ty = handler.connection.ty.clone();
     guarded(args, &conn_ty, handler_fn(args, handler), placeholder)
 }
@@ -279,7 +288,7 @@ fn guarded(
 // type-check and the missing feature is the only error:
 //     #[allow(unused_variables, …)]
 //     async fn h(__dedup_db: impl Sized, msg: &Msg) -> Result<Outcome<T>, E> { unreachable!() }
-fn feature_placeholder(krate: &Path, handler: &Handler) -> TokenStream {
+fn feature_placeholder(krate: &Path, handler: &Handler, stored: bool) -> TokenStream {
     let ItemFn {
         attrs, vis, sig, ..
     } = &handler.item;
@@ -292,7 +301,7 @@ fn feature_placeholder(krate: &Path, handler: &Handler) -> TokenStream {
     if let Some(arg) = new_sig.inputs.iter_mut().nth(handler.connection.index) {
         *arg = FnArg::Typed(syn::parse_quote!(#db: impl ::core::marker::Sized));
     }
-    let outcome_ty = outcome_type(krate, &handler.output, handler.leased);
+    let outcome_ty = outcome_type(krate, &handler.output, handler.leased, stored);
     let arrow = match &sig.output {
         ReturnType::Type(arrow, _) => *arrow,
         ReturnType::Default => syn::Token![->](sig.ident.span()),
@@ -325,6 +334,7 @@ fn signature(
     connection: &handler::Connection,
     output: &handler::Output,
     leased: bool,
+    stored: bool,
 ) -> Signature {
     let private = quote!(#krate::__private);
     let db = local("__dedup_db");
@@ -345,7 +355,7 @@ fn signature(
             #db: impl #bound<'_, <#conn_static as #projection<'static>>::Database>
         });
     }
-    let outcome_ty = outcome_type(krate, output, leased);
+    let outcome_ty = outcome_type(krate, output, leased, stored);
     let arrow = match &sig.output {
         ReturnType::Type(arrow, _) => *arrow,
         ReturnType::Default => syn::Token![->](sig.ident.span()),
@@ -354,10 +364,13 @@ fn signature(
     new_sig
 }
 
-// Output: `Outcome<T>` for `Result<T, E>`, `LeaseOutcome<T>` for a leased handler.
-fn outcome_type(krate: &Path, output: &handler::Output, leased: bool) -> Type {
+// Output: `Outcome<T>` for `Result<T, E>`, `LeaseOutcome<T>` for a leased handler,
+// `StoredOutcome<T>` for one with `result = "stored"`.
+fn outcome_type(krate: &Path, output: &handler::Output, leased: bool, stored: bool) -> Type {
     let ok = handler::ok_type(&output.ty).cloned();
-    if leased {
+    if stored {
+        syn::parse_quote!(#krate::StoredOutcome<#ok>)
+    } else if leased {
         syn::parse_quote!(#krate::LeaseOutcome<#ok>)
     } else {
         syn::parse_quote!(#krate::Outcome<#ok>)
@@ -379,7 +392,7 @@ fn outcome_type(krate: &Path, output: &handler::Output, leased: bool) -> Type {
 // Callers type-check against the function they will get, so the error is the only one. The
 // body is still checked (its own mistakes show at once, and its imports count as used), and
 // the call that never happens gives an `impl Trait` in `T` its hidden type.
-fn placeholder_fn(krate: &Path, handler: Handler) -> TokenStream {
+fn placeholder_fn(krate: &Path, handler: Handler, stored: bool) -> TokenStream {
     let Handler {
         item,
         connection,
@@ -394,8 +407,10 @@ fn placeholder_fn(krate: &Path, handler: Handler) -> TokenStream {
         block,
         ..
     } = item;
-    let mut new_sig = signature(krate, &sig, &connection, &output, leased);
-    let processed = if leased {
+    let mut new_sig = signature(krate, &sig, &connection, &output, leased, stored);
+    let processed = if stored {
+        quote!(#krate::StoredOutcome::Processed)
+    } else if leased {
         quote!(#krate::LeaseOutcome::Processed)
     } else {
         quote!(#krate::Outcome::Processed)
@@ -572,6 +587,27 @@ fn body(
         // Mark-first always runs under a lease (`leased_body`).
         Some(Effect::MarkFirst) | None => TokenStream::new(),
     };
+    // `result = "stored"`: `StoredOutcome<T>`, the result kept for the commit to store
+    // and replayed to a duplicate; `fingerprint = …`: hashed once, before the claim.
+    let Remembering {
+        outcome,
+        setup: remembered,
+        take_codec,
+        keep_result,
+        codec,
+    } = remembering(
+        args,
+        &private,
+        &run,
+        &value,
+        output,
+        quote!(#krate::Outcome),
+    );
+    let on_duplicate = if args.stored.is_some() {
+        quote!(#run.replay(#duplicate, #codec))
+    } else {
+        quote!(#private::Exit::Outcome(#outcome::Duplicate(#duplicate)))
+    };
     let into_error = {
         let at = handler::error_type(&output.ty).map_or_else(|| output.ty.span(), Spanned::span);
         // The whole call spanned at `E`, so that a missing `From<sqlx::Error>` points there.
@@ -602,6 +638,7 @@ fn body(
         });
     let run_loop = quote! {
         let mut #handle = #private::Db::into_handle(#db);
+        #take_codec
         #registration
         let #span = #run.span();
         #private::Instrument::instrument(async {
@@ -609,24 +646,27 @@ fn body(
                 let mut #tx = match #run.begin(&mut #handle).await {
                     #private::Begin::Claimed(#tx) => #tx,
                     #private::Begin::Duplicate(#duplicate) => {
-                        break #private::Exit::Outcome(#krate::Outcome::Duplicate(#duplicate));
+                        break #on_duplicate;
                     }
                     #private::Begin::Retry => continue,
                     #private::Begin::Error(#error) => break #private::Exit::Error(#error),
                 };
                 let #result = { #attempt };
                 match #result {
-                    ::core::result::Result::Ok(#value) => match #run.commit(#tx).await {
-                        #private::Commit::Committed => {
-                            break #private::Exit::Outcome(#krate::Outcome::Processed(#value));
+                    ::core::result::Result::Ok(#value) => {
+                        #keep_result
+                        match #run.commit(#tx).await {
+                            #private::Commit::Committed => {
+                                break #private::Exit::Outcome(#outcome::Processed(#value));
+                            }
+                            #private::Commit::Retry => continue,
+                            #private::Commit::Error(#error) => break #private::Exit::Error(#error),
                         }
-                        #private::Commit::Retry => continue,
-                        #private::Commit::Error(#error) => break #private::Exit::Error(#error),
-                    },
+                    }
                     ::core::result::Result::Err(#error) => {
                         match #run.abort(#tx, #private::probe!(&#error)).await {
                             #private::Abort::Duplicate(#duplicate) => {
-                                break #private::Exit::Outcome(#krate::Outcome::Duplicate(#duplicate));
+                                break #private::Exit::Outcome(#outcome::Duplicate(#duplicate));
                             }
                             #private::Abort::Retry => continue,
                             #private::Abort::BodyError => break #private::Exit::BodyError(#error),
@@ -657,7 +697,7 @@ fn body(
                             )),
                             &[#(#unique),*],
                             &#metrics,
-                        )#policy;
+                        )#policy #remembered;
                         #run_loop
                     }
                 }
@@ -684,6 +724,65 @@ fn body(
             #private::Exit::BodyError(#error) => ::core::result::Result::Err(#error),
             #private::Exit::Error(#error) => ::core::result::Result::Err(#into_error),
         }
+    }
+}
+
+/// The pieces of `result = "stored"` and `fingerprint = …` in a handler's expansion.
+struct Remembering {
+    /// The outcome type's path: `StoredOutcome` with a stored result, else `plain`.
+    outcome: TokenStream,
+    /// `.store_results(version, max_len)` and `.fingerprint(…)` on the run.
+    setup: TokenStream,
+    /// `let __dedup_codec = codec();`, spanned at `T`.
+    take_codec: Option<TokenStream>,
+    /// `__dedup_run.keep_result(&__dedup_value, __dedup_codec);` before the commit.
+    keep_result: Option<TokenStream>,
+    codec: Ident,
+}
+
+// Input: `result = "stored", result_version = 2, fingerprint = msg.body` and the run.
+// Output:
+//     __private::Run::new(…).store_results(2, 4194304).fingerprint(__private::fingerprint(&msg.body));
+//     let __dedup_codec = __private::codec();                 // spanned at `T`
+//     … Ok(v) => { __dedup_run.keep_result(&v, __dedup_codec); <commit> } …
+// `T`'s codec is taken once where `T: Storable` is required, so that a result type that
+// cannot be stored is one error, under `T`.
+fn remembering(
+    args: &Args,
+    private: &TokenStream,
+    run: &Ident,
+    value: &Ident,
+    output: &handler::Output,
+    plain: TokenStream,
+) -> Remembering {
+    let krate = &args.krate;
+    let codec = local("__dedup_codec");
+    let mut setup = TokenStream::new();
+    if let Some(stored) = args.stored {
+        let (version, max_len) = (stored.version, stored.max_len);
+        setup.extend(quote!(.store_results(#version, #max_len)));
+    }
+    if let Some(fingerprint) = &args.fingerprint {
+        let call = key_call(private, "fingerprint", fingerprint);
+        setup.extend(quote!(.fingerprint(#call)));
+    }
+    let take_codec = args.stored.map(|_| {
+        let at = handler::ok_type(&output.ty).map_or_else(|| output.ty.span(), Spanned::span);
+        let call = respan(quote!(#private::codec()), at);
+        quote!(let #codec = #call;)
+    });
+    Remembering {
+        outcome: if args.stored.is_some() {
+            quote!(#krate::StoredOutcome)
+        } else {
+            plain
+        },
+        setup,
+        take_codec,
+        keep_result: args
+            .stored
+            .map(|_| quote!(#run.keep_result(&#value, #codec);)),
+        codec,
     }
 }
 
@@ -731,7 +830,7 @@ fn leased_body(
 ) -> TokenStream {
     let krate = &args.krate;
     let private = quote!(#krate::__private);
-    let (db, id, run, span, lease, result, exit, value, error, outcome, body, metrics) = (
+    let (db, id, run, span, lease, result, exit, value, error, outcome_local, body, metrics) = (
         local("__dedup_db"),
         local("__dedup_id"),
         local("__dedup_run"),
@@ -764,6 +863,26 @@ fn leased_body(
     let fake_return = fake_return(output);
     let stmts = unawaited::check(&private, stmts);
     let deny = quote_spanned!(Span::call_site()=> #[deny(unused_must_use)]);
+    // `result = "stored"`, `fingerprint = …`: as in `body`, in the fenced completion.
+    let Remembering {
+        outcome,
+        setup,
+        take_codec,
+        keep_result,
+        codec,
+    } = remembering(
+        args,
+        &private,
+        &run,
+        &value,
+        output,
+        quote!(#krate::LeaseOutcome),
+    );
+    let on_outcome = if args.stored.is_some() {
+        quote!(#run.replay(#outcome_local, #codec))
+    } else {
+        quote!(#private::Exit::Outcome(#outcome_local.widen()))
+    };
     quote! {
         static #metrics: #private::HandlerMetrics = #private::HandlerMetrics::new();
         let #exit = match #message_id {
@@ -781,7 +900,8 @@ fn leased_body(
                         #lease_ms,
                     ),
                     &#metrics,
-                );
+                )#setup;
+                #take_codec
                 let #span = #run.span();
                 #private::Instrument::instrument(async {
                     match #run.begin(#db).await {
@@ -796,9 +916,10 @@ fn leased_body(
                             };
                             match #result {
                                 ::core::result::Result::Ok(#value) => {
+                                    #keep_result
                                     match #run.complete(#lease).await {
                                         ::core::result::Result::Ok(()) => #private::Exit::Outcome(
-                                            #krate::LeaseOutcome::Processed(#value),
+                                            #outcome::Processed(#value),
                                         ),
                                         ::core::result::Result::Err(#error) => {
                                             #private::Exit::Error(#error)
@@ -811,8 +932,8 @@ fn leased_body(
                                 }
                             }
                         }
-                        #private::LeaseBegin::Outcome(#outcome) => {
-                            #private::Exit::Outcome(#outcome.widen())
+                        #private::LeaseBegin::Outcome(#outcome_local) => {
+                            #on_outcome
                         }
                         #private::LeaseBegin::Error(#error) => #private::Exit::Error(#error),
                     }

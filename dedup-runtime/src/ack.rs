@@ -22,7 +22,7 @@ use crate::backend::Backend;
 use crate::classify;
 use crate::key::InvalidMessageId;
 use crate::lease::{InProgress, LeaseLost};
-use crate::outcome::{LeaseOutcome, Outcome};
+use crate::outcome::{LeaseOutcome, Outcome, StoredOutcome};
 
 /// A handler call's answer, as [`AckPolicy::decide`] maps it: [`Outcome`] (always
 /// [`Ack::Ack`]) and [`LeaseOutcome`] (`Ack::Ack`, or for
@@ -37,11 +37,21 @@ mod sealed {
     pub trait Sealed {}
     impl<T> Sealed for super::Outcome<T> {}
     impl<T> Sealed for super::LeaseOutcome<T> {}
+    impl<T> Sealed for super::StoredOutcome<T> {}
 }
 
 impl<T> AckOutcome for Outcome<T> {
     fn ack(&self) -> Ack {
         Ack::Ack
+    }
+}
+
+impl<T> AckOutcome for StoredOutcome<T> {
+    fn ack(&self) -> Ack {
+        match self {
+            StoredOutcome::InProgress(busy) => LeaseOutcome::<()>::InProgress(*busy).ack(),
+            _ => Ack::Ack,
+        }
     }
 }
 

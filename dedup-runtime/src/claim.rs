@@ -8,6 +8,7 @@ use std::sync::atomic::AtomicBool;
 use sqlx::{Database, Transaction};
 
 use crate::lease::Found;
+use crate::stored::{Recalled, Remembered};
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -44,6 +45,17 @@ pub struct Statements {
     pub postgres_take_over: &'static str,
     pub mysql_take_over: &'static str,
     pub sqlite_take_over: &'static str,
+    /// For a handler with a stored result or a fingerprint, a claim that found the row:
+    /// what it remembers (see [`crate::stored`]). MySQL: a locking read, the latest
+    /// committed row.
+    pub postgres_recall: &'static str,
+    pub mysql_recall: &'static str,
+    pub sqlite_recall: &'static str,
+    /// Writes the result, its version and the fingerprint into the claimed row, just
+    /// before the commit.
+    pub postgres_store: &'static str,
+    pub mysql_store: &'static str,
+    pub sqlite_store: &'static str,
 }
 
 /// The statements for a table name literal, as a `&'static Statements`.
@@ -174,6 +186,39 @@ macro_rules! __statements {
                  WHERE consumer = ?1 AND message_id = ?2 AND state = 1 \
                  AND expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
             ),
+            postgres_recall: ::core::concat!(
+                "SELECT result, result_version, fingerprint FROM ",
+                $table,
+                " WHERE consumer = $1 AND message_id = $2"
+            ),
+            mysql_recall: ::core::concat!(
+                "SELECT result, result_version, fingerprint FROM ",
+                $table,
+                " WHERE consumer = ? AND message_id = ? LOCK IN SHARE MODE"
+            ),
+            sqlite_recall: ::core::concat!(
+                "SELECT result, result_version, fingerprint FROM ",
+                $table,
+                " WHERE consumer = ?1 AND message_id = ?2"
+            ),
+            postgres_store: ::core::concat!(
+                "UPDATE ",
+                $table,
+                " SET result = $3, result_version = $4, fingerprint = $5 \
+                 WHERE consumer = $1 AND message_id = $2"
+            ),
+            mysql_store: ::core::concat!(
+                "UPDATE ",
+                $table,
+                " SET result = ?, result_version = ?, fingerprint = ? \
+                 WHERE consumer = ? AND message_id = ?"
+            ),
+            sqlite_store: ::core::concat!(
+                "UPDATE ",
+                $table,
+                " SET result = ?3, result_version = ?4, fingerprint = ?5 \
+                 WHERE consumer = ?1 AND message_id = ?2"
+            ),
         };
         STATEMENTS
     }};
@@ -233,6 +278,27 @@ pub trait ClaimBackend: Database {
         id: &'c str,
         owned: bool,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// For a claim that found the row there, under a handler with a stored result or a
+    /// fingerprint: what the row remembers; `None` when it is gone.
+    #[doc(hidden)]
+    fn recall<'c>(
+        conn: &'c mut Self::Connection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> impl Future<Output = Result<Option<Recalled>, sqlx::Error>> + Send + 'c;
+
+    /// Writes the handler's result (with its version) and the fingerprint into the
+    /// claimed row, in the handler's transaction.
+    #[doc(hidden)]
+    fn store<'c>(
+        conn: &'c mut Self::Connection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+        remembered: Remembered<'c>,
+    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
 
     /// Runs `sql` (a [`ClaimBackend::stamp_sql`]) for the claimed row.
     #[doc(hidden)]

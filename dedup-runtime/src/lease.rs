@@ -33,8 +33,10 @@ use crate::backend::Backend;
 use crate::classify;
 use crate::key::MessageId;
 use crate::metrics::{self, Class, End, HandlerMetrics};
+use crate::outcome::StoredOutcome;
 use crate::outcome::{Duplicate, LeaseOutcome};
 use crate::retry;
+use crate::stored::{Codec, Fingerprint, Memory, Recalled, Stored, StoredResultError};
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -79,6 +81,12 @@ pub struct LeaseSql {
     pub complete: &'static str,
     /// MySQL: fails (1242) unless the row is processed by this owner, before `COMMIT`.
     pub check: &'static str,
+    /// `claim` with the payload's fingerprint (`fingerprint = …`), the last parameter.
+    pub claim_printed: &'static str,
+    /// What the row remembers: its result, the result's version, its fingerprint.
+    pub recall: &'static str,
+    /// Writes the result and its version, owner-checked, in the completion transaction.
+    pub remember: &'static str,
 }
 
 /// The lease statements for a table name literal, as a `&'static LeaseStatements`.
@@ -123,6 +131,22 @@ macro_rules! __lease_statements {
                          WHERE consumer = $1 AND message_id = $2 AND owner = $3 AND state IS NOT NULL"
                     ),
                     check: "",
+                    claim_printed: ::core::concat!(
+                        "INSERT INTO ", $table,
+                        " (consumer, message_id, processed_at, state, owner, expires_at, fingerprint) \
+                         VALUES ($1, $2, clock_timestamp(), $3, $4, \
+                         clock_timestamp() + $5::float8 * interval '1 microsecond', $6) \
+                         ON CONFLICT DO NOTHING"
+                    ),
+                    recall: ::core::concat!(
+                        "SELECT result, result_version, fingerprint FROM ", $table,
+                        " WHERE consumer = $1 AND message_id = $2"
+                    ),
+                    remember: ::core::concat!(
+                        "UPDATE ", $table,
+                        " SET result = $4, result_version = $5 \
+                         WHERE consumer = $1 AND message_id = $2 AND owner = $3"
+                    ),
                 },
                 sqlite: $crate::__private::LeaseSql {
                     claim: ::core::concat!(
@@ -162,6 +186,21 @@ macro_rules! __lease_statements {
                          WHERE consumer = ?1 AND message_id = ?2 AND owner = ?3 AND state IS NOT NULL"
                     ),
                     check: "",
+                    claim_printed: ::core::concat!(
+                        "INSERT INTO ", $table,
+                        " (consumer, message_id, state, owner, expires_at, fingerprint) \
+                         VALUES (?1, ?2, ?3, ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
+                         printf('%+.6f seconds', ?5 / 1000000.0)), ?6) ON CONFLICT DO NOTHING"
+                    ),
+                    recall: ::core::concat!(
+                        "SELECT result, result_version, fingerprint FROM ", $table,
+                        " WHERE consumer = ?1 AND message_id = ?2"
+                    ),
+                    remember: ::core::concat!(
+                        "UPDATE ", $table,
+                        " SET result = ?4, result_version = ?5 \
+                         WHERE consumer = ?1 AND message_id = ?2 AND owner = ?3"
+                    ),
                 },
                 mysql: $crate::__private::LeaseSql {
                     claim: ::core::concat!(
@@ -200,6 +239,21 @@ macro_rules! __lease_statements {
                         "SELECT (SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE NOT EXISTS \
                          (SELECT 1 FROM ", $table,
                         " WHERE consumer = ? AND message_id = ? AND owner = ? AND state IS NULL))"
+                    ),
+                    claim_printed: ::core::concat!(
+                        "INSERT INTO ", $table,
+                        " (consumer, message_id, processed_at, state, owner, expires_at, fingerprint) \
+                         VALUES (?, ?, UTC_TIMESTAMP(6), ?, ?, \
+                         UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?)"
+                    ),
+                    recall: ::core::concat!(
+                        "SELECT result, result_version, fingerprint FROM ", $table,
+                        " WHERE consumer = ? AND message_id = ?"
+                    ),
+                    remember: ::core::concat!(
+                        "UPDATE ", $table,
+                        " SET result = ?, result_version = ? \
+                         WHERE consumer = ? AND message_id = ? AND owner = ?"
                     ),
                 },
             };
@@ -313,7 +367,8 @@ pub trait LeaseBackend: Database {
     #[doc(hidden)]
     fn lease_sql(statements: &LeaseStatements) -> &LeaseSql;
 
-    /// Inserts the row in progress; `Ok(false)` when a row was there.
+    /// Inserts the row in progress (with the payload's `fingerprint`, if given: then
+    /// through [`LeaseSql::claim_printed`]); `Ok(false)` when a row was there.
     #[doc(hidden)]
     fn lease_claim<'c>(
         conn: &'c mut Self::Connection,
@@ -321,7 +376,27 @@ pub trait LeaseBackend: Database {
         key: LeaseKey<'c>,
         state: i16,
         lease_us: i64,
+        fingerprint: Option<&'c [u8]>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
+
+    /// What the row remembers ([`LeaseSql::recall`]), `None` when there is no row.
+    #[doc(hidden)]
+    fn lease_recall<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &'static LeaseSql,
+        key: LeaseKey<'c>,
+    ) -> impl Future<Output = Result<Option<Recalled>, sqlx::Error>> + Send + 'c;
+
+    /// Writes the result and its version ([`LeaseSql::remember`]), owner-checked; the
+    /// number of rows it matched.
+    #[doc(hidden)]
+    fn lease_remember<'c>(
+        conn: &'c mut Self::Connection,
+        sql: &'static LeaseSql,
+        key: LeaseKey<'c>,
+        result: &'c [u8],
+        version: i32,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c;
 
     /// Takes over an expired send-first lease; `Ok(false)` when there was none.
     #[doc(hidden)]
@@ -828,6 +903,9 @@ pub struct LeaseRun<'k> {
     attempt: u32,
     started: metrics::Started,
     metrics: &'static HandlerMetrics,
+    /// `result = "stored"`, `fingerprint = …` (written with the claim): what the row
+    /// remembers.
+    memory: Memory,
 }
 
 impl<'k> LeaseRun<'k> {
@@ -855,6 +933,59 @@ impl<'k> LeaseRun<'k> {
             attempt: 0,
             started: metrics::Started::now(),
             metrics,
+            memory: Memory::default(),
+        }
+    }
+
+    /// `result = "stored"`: the body's result is stored in the fenced completion.
+    pub fn store_results(mut self, version: u32, max_len: usize) -> Self {
+        self.memory.stored = Some(Stored { version, max_len });
+        self
+    }
+
+    /// `fingerprint = …`: written with the claim, compared by every claim that finds the
+    /// row (in progress, processed, outcome unknown).
+    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.memory.fingerprint = Some(fingerprint);
+        self
+    }
+
+    /// The body's result, for the completion to store.
+    pub fn keep_result<T>(&mut self, value: &T, codec: Codec<T>) {
+        self.memory.keep(value, codec);
+    }
+
+    /// A leased call that did not run its body, with `result = "stored"`: a duplicate
+    /// whose row holds a result is its replay.
+    pub fn replay<T, E>(
+        &mut self,
+        outcome: LeaseOutcome<std::convert::Infallible>,
+        codec: Codec<T>,
+    ) -> crate::run::Exit<StoredOutcome<T>, E> {
+        use crate::run::Exit;
+        let duplicate = match outcome {
+            LeaseOutcome::Processed(never) => match never {},
+            LeaseOutcome::InProgress(busy) => {
+                return Exit::Outcome(StoredOutcome::InProgress(busy));
+            }
+            LeaseOutcome::Duplicate(duplicate) => duplicate,
+        };
+        // `try_begin` left the call's end to be said here when there is a result.
+        let said = !self.memory.replays(&duplicate);
+        match self.memory.replay(&duplicate, codec) {
+            Ok(replayed) => {
+                if !said {
+                    self.finish(End::Duplicate(&duplicate));
+                }
+                Exit::Outcome(match replayed {
+                    Some(value) => StoredOutcome::Replayed(value),
+                    None => StoredOutcome::Duplicate(duplicate),
+                })
+            }
+            Err(error) => {
+                self.finish(End::Failed(Class::StoredResult));
+                Exit::Error(error.error())
+            }
         }
     }
 
@@ -933,8 +1064,32 @@ impl<'k> LeaseRun<'k> {
         let state = claim.policy.state();
         let lease_us = micros(claim.lease);
         let mut conn = pool.acquire().await?;
-        let owned = DB::lease_claim(&mut conn, sql, key, state, lease_us).await?
-            || DB::lease_take_over(&mut conn, sql, key, state, lease_us)
+        let printed = self.memory.fingerprint;
+        let mut owned = DB::lease_claim(
+            &mut conn,
+            sql,
+            key,
+            state,
+            lease_us,
+            printed.as_ref().map(|fingerprint| &fingerprint[..]),
+        )
+        .await?;
+        if !owned {
+            if self.memory.recalls() {
+                // What the row remembers, first: another payload under this id is refused
+                // before anything (a take-over included) changes the row.
+                let recalled = DB::lease_recall(&mut conn, sql, key).await?;
+                let mismatch =
+                    self.memory
+                        .mismatch(self.claim.consumer, self.claim.id, recalled.as_ref());
+                if let Some(mismatch) = mismatch {
+                    self.finish(End::Failed(Class::Mismatch));
+                    return Ok(Some(LeaseBegin::Error(mismatch)));
+                }
+                self.memory.recalled = recalled;
+            }
+            let claim = &self.claim;
+            owned = DB::lease_take_over(&mut conn, sql, key, state, lease_us)
                 .await
                 .inspect(|taken| {
                     if *taken {
@@ -946,6 +1101,8 @@ impl<'k> LeaseRun<'k> {
                         );
                     }
                 })?;
+        }
+        let claim = &self.claim;
         if owned {
             drop(conn);
             return Ok(Some(LeaseBegin::Owned(Lease {
@@ -962,6 +1119,13 @@ impl<'k> LeaseRun<'k> {
         let Some(found) = DB::lease_inspect(&mut conn, sql, key).await? else {
             return Ok(None);
         };
+        if found.state.is_none()
+            && self.memory.stored.is_some()
+            && !self.memory.replays(&Duplicate::AlreadyProcessed)
+        {
+            // Completed since the recall: its result is there now.
+            self.memory.recalled = DB::lease_recall(&mut conn, sql, key).await?;
+        }
         drop(conn);
         let remaining =
             Duration::from_micros(u64::try_from(found.remaining_us.unwrap_or(0)).unwrap_or(0));
@@ -985,7 +1149,10 @@ impl<'k> LeaseRun<'k> {
                          `Ledger::resolve`)"
                     );
                 }
-                self.finish(End::Duplicate(duplicate));
+                // A result to replay: the call ends in `replay`, which decodes it.
+                if !self.memory.replays(duplicate) {
+                    self.finish(End::Duplicate(duplicate));
+                }
             }
             LeaseOutcome::InProgress(_) => self.finish(End::InProgress),
             LeaseOutcome::Processed(never) => match *never {},
@@ -1005,21 +1172,47 @@ impl<'k> LeaseRun<'k> {
             id: lease.id,
             owner: &owner,
         };
-        let result = match lease.conn.take() {
-            // Whatever it did, a connection whose commit failed is not reused (the guard
-            // closes it).
-            Some(mut conn) => DB::lease_commit(&mut conn, lease.sql, key)
-                .await
-                .inspect(|()| conn.set_clean()),
-            None => match lease.pool.acquire().await {
-                Ok(mut conn) => {
-                    match DB::lease_owned(&mut conn, lease.sql.complete, key, None).await {
+        // `result = "stored"`: the result goes into the completion transaction, after its
+        // owner-checked mark.
+        let stored = match self.memory.encoded.take() {
+            None => Ok(()),
+            Some(Err(error)) => Err(error.error()),
+            Some(Ok(bytes)) => {
+                let version = self.memory.version() as i32;
+                let sql = lease.sql;
+                match lease.transaction().await {
+                    Ok(conn) => match DB::lease_remember(conn, sql, key, &bytes, version).await {
                         Ok(1) => Ok(()),
                         Ok(_) => Err(LeaseLost::error(key)),
                         Err(error) => Err(error),
-                    }
+                    },
+                    Err(error) => Err(error),
                 }
-                Err(error) => Err(error),
+            }
+        };
+        let result = match stored {
+            Err(error) => {
+                if let Some(mut conn) = lease.conn.take() {
+                    rollback_logged::<DB>(&mut conn).await;
+                }
+                Err(error)
+            }
+            Ok(()) => match lease.conn.take() {
+                // Whatever it did, a connection whose commit failed is not reused (the guard
+                // closes it).
+                Some(mut conn) => DB::lease_commit(&mut conn, lease.sql, key)
+                    .await
+                    .inspect(|()| conn.set_clean()),
+                None => match lease.pool.acquire().await {
+                    Ok(mut conn) => {
+                        match DB::lease_owned(&mut conn, lease.sql.complete, key, None).await {
+                            Ok(1) => Ok(()),
+                            Ok(_) => Err(LeaseLost::error(key)),
+                            Err(error) => Err(error),
+                        }
+                    }
+                    Err(error) => Err(error),
+                },
             },
         };
         match &result {
@@ -1027,6 +1220,8 @@ impl<'k> LeaseRun<'k> {
             Err(error) => {
                 let class = if LeaseLost::find(error).is_some() {
                     Class::LeaseLost
+                } else if StoredResultError::find(error).is_some() {
+                    Class::StoredResult
                 } else if classify::is_transient::<DB>(error) {
                     Class::Transient
                 } else {

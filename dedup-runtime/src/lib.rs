@@ -179,6 +179,8 @@
 //   metrics.rs      counters and a latency histogram (feature `metrics`)
 //   idempotency.rs  keys for effects outside the database (`IdempotencyKey`)
 //   key.rs          message ids (`MessageKey`) and the ids refused (`InvalidMessageId`)
+//   stored.rs       stored results and payload fingerprints (`result = "stored"`,
+//                   `fingerprint = …`; the codec behind feature `serde`)
 //   outcome.rs, retry.rs, rolled_back.rs, probe.rs: outcomes, backoff, `RolledBack`,
 //                   seeing the database error inside the handler's error type
 //   dedup-limits    (a crate) the limits the attribute and the runtime share
@@ -217,6 +219,7 @@ mod rolled_back;
 pub mod rumqttc;
 mod run;
 mod schema;
+mod stored;
 
 #[doc(hidden)]
 #[path = "private.rs"]
@@ -235,7 +238,7 @@ pub use key::{InvalidMessageId, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN, MessageId,
 pub use lease::{DEFAULT_MARK_LEASE, InProgress, Lease, LeaseLost, MAX_LEASE, MIN_LEASE};
 pub use ledger::{InvalidConsumer, Ledger, LedgerError, Resolution, Unresolved, UnresolvedStatus};
 pub use migrate::{migrate, migrate_table, schema_sql, upgrade_sql};
-pub use outcome::{Duplicate, LeaseOutcome, Outcome};
+pub use outcome::{Duplicate, LeaseOutcome, Outcome, StoredOutcome};
 pub use prune::{
     ConsumerStats, DEFAULT_PRUNE_BATCH, MAX_PRUNE_AGE, MAX_PRUNE_BATCH, Prune, PruneBackend,
     PruneError, PruneProgress,
@@ -244,6 +247,10 @@ pub use retry::{BASE_DELAY, MAX_ATTEMPTS, MAX_DELAY};
 pub use rolled_back::RolledBack;
 pub use run::STAMP_AFTER;
 pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
+pub use stored::{
+    DEFAULT_MAX_RESULT_LEN, Fingerprint, FingerprintMismatch, FingerprintSource, MAX_RESULT_LEN,
+    MAX_RESULT_VERSION, StoredResultError, fingerprint,
+};
 
 /// Makes an `async fn` message handler effectively-once.
 ///
@@ -427,7 +434,106 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 /// - `batch = orders` — a batch handler: `orders` is its parameter holding the messages
 ///   (`orders: &[&Order]`), and `key` a closure over one of them, `key = |order| order.id`.
 ///   Not with `effect` or `lease`. See [Batches](#batches).
+/// - `result = "stored"` — the body's `T` is stored with the dedup row, in the same
+///   transaction, and every duplicate gets it back: the generated function returns
+///   [`StoredOutcome<T>`](StoredOutcome), `Replayed(T)` for a duplicate. `T: Serialize +
+///   DeserializeOwned` (feature `serde`). On a leased call (`effect = "mark-first"`,
+///   `lease = …`) it is stored in the fenced completion, and a copy that arrives while
+///   the lease runs is `StoredOutcome::InProgress`. Needs `key`; not with `batch` yet. See
+///   [Replies and reused ids](#replies-and-reused-ids).
+/// - `result_version = 2` — with `result`: the version of `T`'s shape, stored with each
+///   result (default 1). Bump it when `T` changes shape: a replay of a result stored under
+///   another version is [`StoredResultError::VersionMismatch`], never old bytes read as
+///   the new type. 1 to [`MAX_RESULT_VERSION`].
+/// - `max_result_len = 65_536` — with `result`: the largest result stored, in bytes of
+///   its encoding (default [`DEFAULT_MAX_RESULT_LEN`], 4 MiB; at most [`MAX_RESULT_LEN`],
+///   8 MiB). A larger one is [`StoredResultError::TooLarge`] and the transaction rolls
+///   back: never truncated.
+/// - `fingerprint = msg.payload` — the payload, or the part of it that makes the message
+///   what it is (`fingerprint = msg.amount.to_be_bytes()`): bytes or text
+///   ([`FingerprintSource`]). Its SHA-256 is stored with the dedup row and compared by
+///   every claim that finds the row: the same id with another payload is a
+///   [`FingerprintMismatch`] error, nothing written. On a leased call it is written with
+///   the claim, so that a copy is compared while the lease runs and after its outcome
+///   became unknown. Needs `key`; not with `batch` yet.
 /// - `crate = "path"` — where this crate is, when it is re-exported or renamed.
+///
+/// # Replies and reused ids
+///
+/// A request/reply consumer must answer a redelivered request with the reply it sent the
+/// first time, and a payment flow must not take a reused id for a duplicate:
+///
+/// ```
+/// use dedup_runtime::{FingerprintMismatch, StoredOutcome, idempotent};
+/// use sqlx::SqliteConnection;
+///
+/// #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+/// struct Receipt {
+///     charge: String,
+///     cents: i64,
+/// }
+///
+/// struct Charge {
+///     id: String,
+///     body: Vec<u8>,
+///     cents: i64,
+/// }
+///
+/// #[idempotent(consumer = "payments", key = msg.id, result = "stored", fingerprint = msg.body)]
+/// async fn charge(tx: &mut SqliteConnection, msg: &Charge) -> Result<Receipt, sqlx::Error> {
+///     let charge = format!("ch_{}", msg.id);
+///     sqlx::query("INSERT INTO charges (id, cents) VALUES (?, ?)")
+///         .bind(&charge)
+///         .bind(msg.cents)
+///         .execute(&mut *tx)
+///         .await?;
+///     Ok(Receipt { charge, cents: msg.cents })
+/// }
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), sqlx::Error> {
+/// # let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect("sqlite::memory:").await?;
+/// # sqlx::raw_sql("CREATE TABLE charges (id TEXT PRIMARY KEY, cents INTEGER)").execute(&pool).await?;
+/// dedup_runtime::migrate(&pool).await?;
+/// let msg = Charge { id: "req_1".into(), body: b"{\"cents\":500}".to_vec(), cents: 500 };
+/// let first = charge(&pool, &msg).await?;
+/// let again = charge(&pool, &msg).await?; // a redelivery
+/// assert!(first.is_processed() && again.is_replayed());
+/// assert_eq!(first.into_value(), again.into_value()); // the same reply, byte for byte
+///
+/// let reused = Charge { body: b"{\"cents\":900}".to_vec(), cents: 900, ..msg };
+/// let error = charge(&pool, &reused).await.unwrap_err();
+/// assert!(FingerprintMismatch::find(&error).is_some()); // refused, nothing written
+/// # Ok(()) }
+/// ```
+///
+/// - **Leased calls** (`effect = "mark-first"`, `lease = …`) store the result in the
+///   fenced completion, after its owner-checked mark (opening the completion transaction
+///   if the body did not): a completion refused ([`LeaseLost`]) stores nothing. A result
+///   that cannot be stored is the completion's failure: send-first releases the row (the
+///   next delivery calls again), mark-first leaves it in progress (its outcome becomes
+///   unknown). The fingerprint is written with the claim.
+/// - **What is stored.** The result, encoded with postcard 1 (a specified, stable wire
+///   format; exact for every serde type, `0`, `false`, `""`, `[]`, `()`, `None` and
+///   `Some(None)` included), as bytes in the row's `result` column with
+///   `result_version`; the fingerprint, 32 bytes, in `fingerprint`. One statement more
+///   per processed message, just before the commit; on a duplicate, one read of the row.
+///   A handler without the options sends the statements it always sent.
+/// - **A result that cannot be stored** — its `Serialize` fails, it is over
+///   `max_result_len`, or it would not decode back as `T` (postcard is not
+///   self-describing: `serde_json::Value`, untagged enums and `flatten` cannot be read
+///   back) — is a [`StoredResultError`] before the commit: the effect does not commit,
+///   and the next delivery runs the body again.
+/// - **A duplicate with nothing to replay** is `StoredOutcome::Duplicate`: a row
+///   processed before the option was on (or by a handler of the same consumer without
+///   it), a business key (`unique = …`: another message id).
+/// - **Fingerprints** are compared wherever a claim meets the row: processed (with or
+///   without a stored result), in progress under another delivery's lease, outcome
+///   unknown, inside a caller's transaction. A row stored without one (before the option)
+///   has nothing to compare: a duplicate. An identical redelivery is a duplicate, never a
+///   mismatch. [`AckPolicy`] dead-letters a mismatch and a [`StoredResultError`].
+/// - **Pruning** deletes the row, its result and fingerprint with it. The columns come
+///   with [`migrate`] (an upgrade of an older table adds them; the SQL is
+///   `migrations/<backend>/0005_processed_messages_results.sql`).
 ///
 /// # The handler
 ///
@@ -439,7 +545,8 @@ pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 ///   `&Pool<DB>` and returns [`LeaseOutcome`]. Other parameters, generics and where
 ///   clauses pass through unchanged.
 /// - It returns `Result<T, E>` (or an alias such as `anyhow::Result<T>`) with
-///   `E: From<sqlx::Error>`; the generated function returns `Result<Outcome<T>, E>`.
+///   `E: From<sqlx::Error>`; the generated function returns `Result<Outcome<T>, E>`
+///   (`Result<StoredOutcome<T>, E>` with `result = "stored"`).
 ///   Database failures and an invalid id reach the caller through `E`
 ///   ([`InvalidMessageId::find`] recognises the latter).
 ///

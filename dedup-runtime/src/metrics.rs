@@ -18,7 +18,10 @@
 //! transaction back by itself, see [`RolledBack`](crate::RolledBack)), `database` (any
 //! other error of ours: the connection, the claim, the commit), `body` (the body's own
 //! error), `lease_lost` (a leased call's completion refused: another delivery took its
-//! lease over, see [`LeaseLost`](crate::LeaseLost)).
+//! lease over, see [`LeaseLost`](crate::LeaseLost)), `fingerprint_mismatch` (the id came
+//! with another payload than the delivery that claimed it, see
+//! [`FingerprintMismatch`](crate::FingerprintMismatch)), `stored_result` (a result that
+//! could not be stored or replayed, see [`StoredResultError`](crate::StoredResultError)).
 //!
 //! The inbox ([`inbox`](crate::inbox)) records, with the label `consumer`:
 //!
@@ -76,6 +79,8 @@ pub(crate) enum Class {
     Database,
     Body,
     LeaseLost,
+    Mismatch,
+    StoredResult,
 }
 
 impl Class {
@@ -88,6 +93,8 @@ impl Class {
             Class::Database => "database",
             Class::Body => "body",
             Class::LeaseLost => "lease_lost",
+            Class::Mismatch => "fingerprint_mismatch",
+            Class::StoredResult => "stored_result",
         }
     }
 }
@@ -139,7 +146,7 @@ struct Keys {
     in_progress: metrics::Key,
     retries: metrics::Key,
     /// By [`Class`], in its order.
-    failures: [metrics::Key; 6],
+    failures: [metrics::Key; 8],
     /// By [`End::outcome`]: processed, duplicate, failed, in progress.
     duration: [metrics::Key; 4],
 }
@@ -175,6 +182,8 @@ impl Keys {
                 failure(Class::Database),
                 failure(Class::Body),
                 failure(Class::LeaseLost),
+                failure(Class::Mismatch),
+                failure(Class::StoredResult),
             ],
             duration: [
                 duration("processed"),

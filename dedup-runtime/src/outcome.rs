@@ -233,3 +233,126 @@ impl LeaseOutcome<std::convert::Infallible> {
         }
     }
 }
+
+/// The result of a call of a handler with `result = "stored"` that did not fail: its
+/// first delivery's result, fresh or replayed.
+///
+/// A duplicate whose row holds a stored result is [`Replayed`](StoredOutcome::Replayed)
+/// with that result, byte for byte the value the first delivery returned — so the reply a
+/// consumer sends for a redelivery is the first one — and tells itself apart from a fresh
+/// one. A duplicate with nothing to replay is [`Duplicate`](StoredOutcome::Duplicate): a
+/// business key (another message id), a mark-first call's unknown outcome, or a row
+/// processed before the handler stored results. [`InProgress`](StoredOutcome::InProgress)
+/// comes from leased handlers only (`lease = …`, `effect = "mark-first"`): retry later.
+///
+/// ```
+/// use dedup_runtime::{Duplicate, StoredOutcome};
+///
+/// fn reply(outcome: StoredOutcome<String>) -> Option<String> {
+///     match outcome {
+///         StoredOutcome::Processed(charge) | StoredOutcome::Replayed(charge) => Some(charge),
+///         StoredOutcome::Duplicate(_) | StoredOutcome::InProgress(_) => None,
+///     }
+/// }
+///
+/// let again = StoredOutcome::Replayed("ch_1".to_owned());
+/// assert!(again.is_duplicate() && again.is_replayed() && !again.is_processed());
+/// assert_eq!(reply(again), Some("ch_1".to_owned()));
+/// let shipped: StoredOutcome<String> =
+///     StoredOutcome::Duplicate(Duplicate::BusinessKey { constraint: "charges_order_key" });
+/// assert_eq!(shipped.into_value(), None);
+/// ```
+#[must_use = "a `StoredOutcome` tells whether the message was processed now, replayed, a duplicate, or in progress"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StoredOutcome<T> {
+    /// The body ran and its transaction committed, its result stored with the dedup row;
+    /// `T` is what the body returned.
+    Processed(T),
+    /// The message had been processed before: the body did not run, and `T` is the result
+    /// the first delivery stored. Acknowledge (and reply with it).
+    Replayed(T),
+    /// The message had been processed before, with no result to replay (a business key,
+    /// an unknown outcome, a row from before the handler stored results). Acknowledge.
+    Duplicate(Duplicate),
+    /// Leased handlers only: another delivery holds an unexpired lease on the message.
+    /// Retry after [`InProgress::remaining`](crate::InProgress::remaining).
+    InProgress(crate::lease::InProgress),
+}
+
+impl<T> StoredOutcome<T> {
+    /// `true` when the body ran and committed now.
+    pub fn is_processed(&self) -> bool {
+        matches!(self, StoredOutcome::Processed(_))
+    }
+
+    /// `true` when the message had been processed before: replayed, or a duplicate.
+    pub fn is_duplicate(&self) -> bool {
+        matches!(
+            self,
+            StoredOutcome::Replayed(_) | StoredOutcome::Duplicate(_)
+        )
+    }
+
+    /// `true` for a duplicate answered with the first delivery's stored result.
+    pub fn is_replayed(&self) -> bool {
+        matches!(self, StoredOutcome::Replayed(_))
+    }
+
+    /// `true` when another delivery's lease had not ended (leased handlers).
+    pub fn is_in_progress(&self) -> bool {
+        matches!(self, StoredOutcome::InProgress(_))
+    }
+
+    /// The result, fresh or replayed; `None` for a duplicate with nothing stored, or in
+    /// progress.
+    pub fn into_value(self) -> Option<T> {
+        match self {
+            StoredOutcome::Processed(value) | StoredOutcome::Replayed(value) => Some(value),
+            StoredOutcome::Duplicate(_) | StoredOutcome::InProgress(_) => None,
+        }
+    }
+
+    /// The result when the body ran now, `None` otherwise (a replay included).
+    pub fn into_processed(self) -> Option<T> {
+        match self {
+            StoredOutcome::Processed(value) => Some(value),
+            _ => None,
+        }
+    }
+
+    /// The replayed result, `None` otherwise.
+    pub fn into_replayed(self) -> Option<T> {
+        match self {
+            StoredOutcome::Replayed(value) => Some(value),
+            _ => None,
+        }
+    }
+
+    /// Which rule recognised a duplicate: [`Duplicate::AlreadyProcessed`] for a replay;
+    /// `None` when processed now, or in progress.
+    pub fn duplicate(&self) -> Option<Duplicate> {
+        match self {
+            StoredOutcome::Replayed(_) => Some(Duplicate::AlreadyProcessed),
+            StoredOutcome::Duplicate(duplicate) => Some(*duplicate),
+            _ => None,
+        }
+    }
+
+    /// The other delivery's lease, or `None`.
+    pub fn in_progress(&self) -> Option<crate::lease::InProgress> {
+        match self {
+            StoredOutcome::InProgress(busy) => Some(*busy),
+            _ => None,
+        }
+    }
+
+    /// Maps the result, fresh or replayed.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> StoredOutcome<U> {
+        match self {
+            StoredOutcome::Processed(value) => StoredOutcome::Processed(f(value)),
+            StoredOutcome::Replayed(value) => StoredOutcome::Replayed(f(value)),
+            StoredOutcome::Duplicate(duplicate) => StoredOutcome::Duplicate(duplicate),
+            StoredOutcome::InProgress(busy) => StoredOutcome::InProgress(busy),
+        }
+    }
+}

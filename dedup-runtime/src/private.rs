@@ -11,6 +11,7 @@ pub use crate::lease::{
 };
 pub use crate::metrics::HandlerMetrics;
 pub use crate::run::{Abort, Begin, Claim, Commit, Exit, Run, message_id, refused};
+pub use crate::stored::{Codec, FingerprintSource, Storable, codec};
 pub use sqlx::Error as SqlxError;
 pub use sqlx::Pool;
 pub use tracing::Instrument;
@@ -51,6 +52,11 @@ impl<E: From<sqlx::Error>> HandlerError for E {
 /// Converts an error of ours into the handler's `E`.
 pub fn into_handler_error<E: HandlerError>(error: sqlx::Error) -> E {
     E::from_sqlx(error)
+}
+
+/// `fingerprint = …`: the SHA-256 of the bytes given.
+pub fn fingerprint<S: FingerprintSource + ?Sized>(source: &S) -> crate::Fingerprint {
+    crate::stored::fingerprint(source)
 }
 
 /// A batch handler's message id, `key = |msg| msg.id` giving `&msg.id` (owned: the key

@@ -113,9 +113,10 @@ use crate::input::{Handle, Source};
 use crate::key::{MessageId, MessageKey};
 use crate::lease::{Found, InProgress};
 use crate::metrics::{self, Class, End, HandlerMetrics};
-use crate::outcome::Duplicate;
+use crate::outcome::{Duplicate, StoredOutcome};
 use crate::retry;
 use crate::rolled_back::RolledBack;
+use crate::stored::{Codec, Fingerprint, Memory, Remembered, Stored};
 
 /// The validated id of `key`, or the typed error for a bad one.
 pub fn message_id<K: MessageKey + ?Sized>(key: &K) -> Result<MessageId<'_>, sqlx::Error> {
@@ -259,6 +260,8 @@ pub struct Run<'k> {
     rerun_body: bool,
     started: metrics::Started,
     metrics: &'static HandlerMetrics,
+    /// `result = "stored"`, `fingerprint = …`: what the row remembers.
+    memory: Memory,
 }
 
 impl<'k> Run<'k> {
@@ -296,6 +299,53 @@ impl<'k> Run<'k> {
             rerun_body: true,
             started: metrics::Started::now(),
             metrics,
+            memory: Memory::default(),
+        }
+    }
+
+    /// `result = "stored"`: the body's result is stored with the dedup row, under
+    /// `version`, at most `max_len` bytes encoded; a duplicate replays it.
+    pub fn store_results(mut self, version: u32, max_len: usize) -> Self {
+        self.memory.stored = Some(Stored { version, max_len });
+        self
+    }
+
+    /// `fingerprint = …`: this delivery's payload fingerprint, stored with the dedup row
+    /// and compared with the stored one by every claim that finds the row.
+    pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
+        self.memory.fingerprint = Some(fingerprint);
+        self
+    }
+
+    /// The body's result, for the commit to store: encoded now, in the handler's generic
+    /// context (`T` is only known there).
+    pub fn keep_result<T>(&mut self, value: &T, codec: Codec<T>) {
+        self.memory.keep(value, codec);
+    }
+
+    /// For a duplicate of a handler with `result = "stored"`: the stored result, as a
+    /// replay, or the duplicate as it is when nothing was stored.
+    pub fn replay<T, E>(
+        &mut self,
+        duplicate: Duplicate,
+        codec: Codec<T>,
+    ) -> Exit<StoredOutcome<T>, E> {
+        // `found` left the call's end to be said here when there is a result to decode.
+        let said = !self.memory.replays(&duplicate);
+        match self.memory.replay(&duplicate, codec) {
+            Ok(replayed) => {
+                if !said {
+                    self.finish(End::Duplicate(&duplicate));
+                }
+                Exit::Outcome(match replayed {
+                    Some(value) => StoredOutcome::Replayed(value),
+                    None => StoredOutcome::Duplicate(duplicate),
+                })
+            }
+            Err(error) => {
+                self.finish(End::Failed(Class::StoredResult));
+                Exit::Error(error.error())
+            }
         }
     }
 
@@ -453,6 +503,26 @@ impl<'k> Run<'k> {
                     }
                 }
             };
+            if self.memory.recalls() {
+                // What the row remembers: a fingerprint to compare on every path (a
+                // processed row, one in progress, an unknown outcome), a result to replay.
+                match DB::recall(&mut tx.tx, statements, consumer, id).await {
+                    Ok(recalled) => {
+                        if let Some(mismatch) =
+                            self.memory.mismatch(consumer, id, recalled.as_ref())
+                        {
+                            self.rollback(tx).await;
+                            self.finish(End::Failed(Class::Mismatch));
+                            return Begin::Error(mismatch);
+                        }
+                        self.memory.recalled = recalled;
+                    }
+                    Err(error) => {
+                        self.rollback(tx).await;
+                        return self.after_error::<DB>(error, true).await.into();
+                    }
+                }
+            }
             let remaining =
                 Duration::from_micros(u64::try_from(found.remaining_us.unwrap_or(0)).unwrap_or(0));
             match found.state {
@@ -512,12 +582,46 @@ impl<'k> Run<'k> {
             self.finish(End::Failed(Class::Database));
             return Begin::Error(error);
         }
-        self.finish(End::Duplicate(&duplicate));
+        // A result to replay: the call ends in `replay`, which decodes it (and may fail).
+        if !self.memory.replays(&duplicate) {
+            self.memory.recalled = None;
+            self.finish(End::Duplicate(&duplicate));
+        }
         Begin::Duplicate(duplicate)
     }
 
-    /// Commits the body's work together with the dedup row.
-    pub async fn commit<DB: Backend>(&mut self, tx: Tx<'_, DB>) -> Commit {
+    /// Commits the body's work together with the dedup row (and, for a handler with a
+    /// stored result or a fingerprint, what the row remembers, written just before).
+    pub async fn commit<DB: Backend>(&mut self, mut tx: Tx<'_, DB>) -> Commit {
+        if let Some(claim) = &self.claim
+            && (self.memory.encoded.is_some() || self.memory.fingerprint.is_some())
+        {
+            let result = match self.memory.encoded.take() {
+                Some(Ok(bytes)) => Some(bytes),
+                Some(Err(error)) => {
+                    // Nothing commits: a result whose duplicates could not be answered.
+                    self.rollback(tx).await;
+                    self.finish(End::Failed(Class::StoredResult));
+                    return Commit::Error(error.error());
+                }
+                None => None,
+            };
+            let version = self.memory.version() as i32;
+            let remembered = Remembered {
+                result: result.as_deref(),
+                version: result.as_ref().map(|_| version),
+                fingerprint: self
+                    .memory
+                    .fingerprint
+                    .as_ref()
+                    .map(|fingerprint| &fingerprint[..]),
+            };
+            let (statements, consumer, id) = (claim.statements, claim.consumer, claim.id);
+            if let Err(error) = DB::store(&mut tx.tx, statements, consumer, id, remembered).await {
+                self.rollback(tx).await;
+                return self.after_error::<DB>(error, self.rerun_body).await.into();
+            }
+        }
         let claimed = self.claim.as_ref().map(|claim| Claimed {
             statements: claim.statements,
             consumer: claim.consumer,

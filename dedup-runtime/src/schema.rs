@@ -49,7 +49,14 @@ pub trait SchemaBackend: Database {
     not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
     allow(dead_code)
 )]
-const ADDED_COLUMNS: [&str; 3] = ["state", "owner", "expires_at"];
+const ADDED_COLUMNS: [&str; 6] = [
+    "state",
+    "owner",
+    "expires_at",
+    "result",
+    "result_version",
+    "fingerprint",
+];
 
 /// The default dedup table, used when `#[idempotent]` has no `table = "…"`.
 pub const DEFAULT_TABLE: &str = "processed_messages";

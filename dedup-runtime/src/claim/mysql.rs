@@ -8,6 +8,7 @@ use super::{ClaimBackend, Claimed, Claiming, Statements, Tx};
 use crate::classify::mysql::{ENGLISH, ER_BAD_FIELD, ER_DUP_ENTRY, error_number};
 use crate::lease::Found;
 use crate::rolled_back::RolledBack;
+use crate::stored::{Recalled, RecalledRow, Remembered};
 
 /// The handler's own transactions run out of autocommit mode. InnoDB rolls the whole
 /// transaction back on a deadlock and ends it: in autocommit mode a body that swallowed
@@ -77,6 +78,38 @@ impl ClaimBackend for MySql {
             Err(error) => return Err(error),
         };
         row.map(|row| Found::from_mysql(&row, 0)).transpose()
+    }
+
+    async fn recall<'c>(
+        conn: &'c mut MySqlConnection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> Result<Option<Recalled>, sqlx::Error> {
+        let row: Option<RecalledRow<i32>> = sqlx::query_as(statements.mysql_recall)
+            .bind(consumer)
+            .bind(id)
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.map(Recalled::from))
+    }
+
+    async fn store<'c>(
+        conn: &'c mut MySqlConnection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+        remembered: Remembered<'c>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(statements.mysql_store)
+            .bind(remembered.result)
+            .bind(remembered.version)
+            .bind(remembered.fingerprint)
+            .bind(consumer)
+            .bind(id)
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 
     /// In the handler's own transaction the row becomes the one its checked commit

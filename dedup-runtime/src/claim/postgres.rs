@@ -7,6 +7,7 @@ use sqlx::{Connection, Postgres, Row, Transaction};
 use super::{ClaimBackend, Claimed, Claiming, Statements, Tx};
 use crate::lease::Found;
 use crate::rolled_back::RolledBack;
+use crate::stored::{Recalled, RecalledRow, Remembered};
 
 /// in_failed_sql_transaction: a statement other than `COMMIT`/`ROLLBACK` in an aborted
 /// transaction.
@@ -80,6 +81,38 @@ impl ClaimBackend for Postgres {
             .fetch_optional(conn)
             .await?;
         row.map(|row| Found::from_postgres(&row, 0)).transpose()
+    }
+
+    async fn recall<'c>(
+        conn: &'c mut PgConnection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> Result<Option<Recalled>, sqlx::Error> {
+        let row: Option<RecalledRow<i32>> = sqlx::query_as(statements.postgres_recall)
+            .bind(consumer)
+            .bind(id)
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.map(Recalled::from))
+    }
+
+    async fn store<'c>(
+        conn: &'c mut PgConnection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+        remembered: Remembered<'c>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(statements.postgres_store)
+            .bind(consumer)
+            .bind(id)
+            .bind(remembered.result)
+            .bind(remembered.version)
+            .bind(remembered.fingerprint)
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 
     async fn take_over<'c>(

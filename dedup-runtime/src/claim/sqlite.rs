@@ -9,6 +9,7 @@ use sqlx_core::transaction::TransactionManager;
 use super::{ClaimBackend, Claimed, Claiming, Statements, Tx};
 use crate::lease::Found;
 use crate::rolled_back::RolledBack;
+use crate::stored::{Recalled, RecalledRow, Remembered};
 
 type Manager = <Sqlite as sqlx::Database>::TransactionManager;
 
@@ -72,6 +73,38 @@ impl ClaimBackend for Sqlite {
             Err(error) => return Err(error),
         };
         row.map(|row| Found::from_sqlite(&row, 0)).transpose()
+    }
+
+    async fn recall<'c>(
+        conn: &'c mut SqliteConnection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> Result<Option<Recalled>, sqlx::Error> {
+        let row: Option<RecalledRow<i64>> = sqlx::query_as(statements.sqlite_recall)
+            .bind(consumer)
+            .bind(id)
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.map(Recalled::from))
+    }
+
+    async fn store<'c>(
+        conn: &'c mut SqliteConnection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+        remembered: Remembered<'c>,
+    ) -> Result<(), sqlx::Error> {
+        sqlx::query(statements.sqlite_store)
+            .bind(consumer)
+            .bind(id)
+            .bind(remembered.result)
+            .bind(remembered.version)
+            .bind(remembered.fingerprint)
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 
     async fn take_over<'c>(

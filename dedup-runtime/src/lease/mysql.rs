@@ -10,6 +10,7 @@ use sqlx::mysql::MySqlConnection;
 use super::{Found, LeaseBackend, LeaseKey, LeaseSql, LeaseStatements};
 use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
 use crate::rolled_back::RolledBack;
+use crate::stored::{Recalled, RecalledRow};
 
 const BEGIN: &str = "SET autocommit = 0; BEGIN";
 const COMMIT: &str = "COMMIT; SET autocommit = 1";
@@ -28,15 +29,23 @@ impl LeaseBackend for MySql {
         key: LeaseKey<'c>,
         state: i16,
         lease_us: i64,
+        fingerprint: Option<&'c [u8]>,
     ) -> Result<bool, sqlx::Error> {
-        let result = sqlx::query(sql.claim)
+        let statement = if fingerprint.is_some() {
+            sql.claim_printed
+        } else {
+            sql.claim
+        };
+        let mut query = sqlx::query(statement)
             .bind(key.consumer)
             .bind(key.id)
             .bind(state)
             .bind(&key.owner[..])
-            .bind(lease_us)
-            .execute(conn)
-            .await;
+            .bind(lease_us);
+        if let Some(fingerprint) = fingerprint {
+            query = query.bind(fingerprint);
+        }
+        let result = query.execute(conn).await;
         match result {
             Ok(_) => Ok(true),
             Err(error) if error_number(&error) == Some(ER_DUP_ENTRY) => Ok(false),
@@ -73,6 +82,37 @@ impl LeaseBackend for MySql {
             .fetch_optional(conn)
             .await?;
         row.map(|row| Found::from_mysql(&row, 0)).transpose()
+    }
+
+    async fn lease_recall<'c>(
+        conn: &'c mut MySqlConnection,
+        sql: &'static LeaseSql,
+        key: LeaseKey<'c>,
+    ) -> Result<Option<Recalled>, sqlx::Error> {
+        let row: Option<RecalledRow<i32>> = sqlx::query_as(sql.recall)
+            .bind(key.consumer)
+            .bind(key.id)
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.map(Recalled::from))
+    }
+
+    async fn lease_remember<'c>(
+        conn: &'c mut MySqlConnection,
+        sql: &'static LeaseSql,
+        key: LeaseKey<'c>,
+        result: &'c [u8],
+        version: i32,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(sql.remember)
+            .bind(result)
+            .bind(version)
+            .bind(key.consumer)
+            .bind(key.id)
+            .bind(&key.owner[..])
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     async fn lease_owned<'c>(

@@ -6,6 +6,7 @@ use sqlx::sqlite::SqliteConnection;
 
 use super::{Found, LeaseBackend, LeaseKey, LeaseSql, LeaseStatements, execute_numbered};
 use crate::rolled_back::RolledBack;
+use crate::stored::{Recalled, RecalledRow};
 
 const BEGIN: &str = "BEGIN IMMEDIATE";
 const COMMIT: &str = "COMMIT";
@@ -22,9 +23,25 @@ impl LeaseBackend for Sqlite {
         key: LeaseKey<'c>,
         state: i16,
         lease_us: i64,
+        fingerprint: Option<&'c [u8]>,
     ) -> Result<bool, sqlx::Error> {
-        let rows = execute_numbered::<Self>(conn, sql.claim, key, Some(state), Some(lease_us));
-        Ok(rows.await?.rows_affected() == 1)
+        let done = match fingerprint {
+            None => {
+                execute_numbered::<Self>(conn, sql.claim, key, Some(state), Some(lease_us)).await?
+            }
+            Some(fingerprint) => {
+                sqlx::query(sql.claim_printed)
+                    .bind(key.consumer)
+                    .bind(key.id)
+                    .bind(state)
+                    .bind(&key.owner[..])
+                    .bind(lease_us)
+                    .bind(fingerprint)
+                    .execute(conn)
+                    .await?
+            }
+        };
+        Ok(done.rows_affected() == 1)
     }
 
     async fn lease_take_over<'c>(
@@ -49,6 +66,37 @@ impl LeaseBackend for Sqlite {
             .fetch_optional(conn)
             .await?;
         row.map(|row| Found::from_sqlite(&row, 0)).transpose()
+    }
+
+    async fn lease_recall<'c>(
+        conn: &'c mut SqliteConnection,
+        sql: &'static LeaseSql,
+        key: LeaseKey<'c>,
+    ) -> Result<Option<Recalled>, sqlx::Error> {
+        let row: Option<RecalledRow<i64>> = sqlx::query_as(sql.recall)
+            .bind(key.consumer)
+            .bind(key.id)
+            .fetch_optional(conn)
+            .await?;
+        Ok(row.map(Recalled::from))
+    }
+
+    async fn lease_remember<'c>(
+        conn: &'c mut SqliteConnection,
+        sql: &'static LeaseSql,
+        key: LeaseKey<'c>,
+        result: &'c [u8],
+        version: i32,
+    ) -> Result<u64, sqlx::Error> {
+        let done = sqlx::query(sql.remember)
+            .bind(key.consumer)
+            .bind(key.id)
+            .bind(&key.owner[..])
+            .bind(result)
+            .bind(version)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
     }
 
     async fn lease_owned<'c>(

@@ -14,10 +14,18 @@ const MIGRATE_LOCK_WAIT: i32 = 120;
 /// The 0.2 columns, as `CREATE TABLE` and `ADD COLUMN` both write them, in order. Nullable,
 /// no default: on MariaDB 10.11 adding them is `ALGORITHM=INSTANT` (no copy, no rebuild;
 /// checked by `tests/upgrade.rs`). `expires_at` is UTC, like `processed_at`.
-const COLUMNS: [&str; 3] = [
+///
+/// Then the 0.3 columns, what the row remembers of the delivery that processed it
+/// (`crate::stored`): `LONGBLOB` holds every result `MAX_RESULT_LEN` allows (a
+/// `MEDIUMBLOB`'s 16 MiB would too, but with `sql_mode = ''` an over-long value is cut,
+/// not refused: nothing may come near a column's end), the fingerprint always 32 bytes.
+const COLUMNS: [&str; 6] = [
     "state        TINYINT NULL CHECK (state IN (1, 2))",
     "owner        BINARY(16) NULL",
     "expires_at   DATETIME(6) NULL",
+    "result         LONGBLOB NULL",
+    "result_version INT NULL",
+    "fingerprint    BINARY(32) NULL",
 ];
 
 fn create_table(table: &Table) -> String {
@@ -26,7 +34,14 @@ fn create_table(table: &Table) -> String {
     // sessions' time zones (the claim and the commit write `UTC_TIMESTAMP(6)`, pruning
     // compares with it). No index on `state`: MySQL has no partial index, and every plain
     // claim would pay for a full one; listing the rows not processed scans the table.
-    let [state, owner, expires_at] = COLUMNS;
+    let [
+        state,
+        owner,
+        expires_at,
+        result,
+        result_version,
+        fingerprint,
+    ] = COLUMNS;
     format!(
         "CREATE TABLE IF NOT EXISTS {name} (\n    \
          consumer     VARBINARY(255) NOT NULL,\n    \
@@ -35,6 +50,9 @@ fn create_table(table: &Table) -> String {
          {state},\n    \
          {owner},\n    \
          {expires_at},\n    \
+         {result},\n    \
+         {result_version},\n    \
+         {fingerprint},\n    \
          PRIMARY KEY (consumer, message_id),\n    \
          KEY processed_at_idx (processed_at)\n\
          ) ENGINE = InnoDB",
@@ -70,7 +88,12 @@ impl SchemaBackend for MySql {
     }
 
     fn upgrade_ddl(table: &Table) -> Vec<String> {
-        vec![add_columns(table, COLUMNS.into_iter(), "IF NOT EXISTS ")]
+        // 0.2's columns, then 0.3's, as the shipped files have them.
+        let (state, results) = COLUMNS.split_at(3);
+        vec![
+            add_columns(table, state.iter().copied(), "IF NOT EXISTS "),
+            add_columns(table, results.iter().copied(), "IF NOT EXISTS "),
+        ]
     }
 
     async fn create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {

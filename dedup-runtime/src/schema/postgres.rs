@@ -14,6 +14,12 @@ const MIGRATE_LOCK: i64 = 0x6465_6475_7000_0001;
 const STATE: &str = "state        smallint CHECK (state IN (1, 2))";
 const OWNER: &str = "owner        bytea";
 const EXPIRES_AT: &str = "expires_at   timestamptz";
+/// The 0.3 columns: what the row remembers of the delivery that processed it (a stored
+/// result, its version, the payload's fingerprint; `crate::stored`). Nullable, no default:
+/// a catalog change.
+const RESULT: &str = "result         bytea";
+const RESULT_VERSION: &str = "result_version integer";
+const FINGERPRINT: &str = "fingerprint    bytea";
 
 fn create_table(table: &Table) -> String {
     format!(
@@ -24,6 +30,9 @@ fn create_table(table: &Table) -> String {
          {STATE},\n    \
          {OWNER},\n    \
          {EXPIRES_AT},\n    \
+         {RESULT},\n    \
+         {RESULT_VERSION},\n    \
+         {FINGERPRINT},\n    \
          PRIMARY KEY (consumer, message_id)\n)",
         name = table.name()
     )
@@ -35,6 +44,16 @@ fn add_columns(table: &Table) -> String {
          ADD COLUMN IF NOT EXISTS {STATE},\n    \
          ADD COLUMN IF NOT EXISTS {OWNER},\n    \
          ADD COLUMN IF NOT EXISTS {EXPIRES_AT}",
+        table.name()
+    )
+}
+
+fn add_result_columns(table: &Table) -> String {
+    format!(
+        "ALTER TABLE {}\n    \
+         ADD COLUMN IF NOT EXISTS {RESULT},\n    \
+         ADD COLUMN IF NOT EXISTS {RESULT_VERSION},\n    \
+         ADD COLUMN IF NOT EXISTS {FINGERPRINT}",
         table.name()
     )
 }
@@ -76,7 +95,11 @@ impl SchemaBackend for Postgres {
     }
 
     fn upgrade_ddl(table: &Table) -> Vec<String> {
-        vec![add_columns(table), unresolved_index(table)]
+        vec![
+            add_columns(table),
+            unresolved_index(table),
+            add_result_columns(table),
+        ]
     }
 
     async fn create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
@@ -105,9 +128,9 @@ impl SchemaBackend for Postgres {
         .fetch_one(&mut *tx)
         .await?;
         if present < ADDED_COLUMNS.len() as i64 {
-            sqlx::raw_sql(AssertSqlSafe(add_columns(table)))
-                .execute(&mut *tx)
-                .await?;
+            for add in [add_columns(table), add_result_columns(table)] {
+                sqlx::raw_sql(AssertSqlSafe(add)).execute(&mut *tx).await?;
+            }
         }
         sqlx::raw_sql(AssertSqlSafe(processed_at_index(table)))
             .execute(&mut *tx)

@@ -8,14 +8,27 @@ use crate::claim::sqlite::BEGIN;
 /// The 0.2 columns, as `CREATE TABLE` and `ADD COLUMN` both write them, in order.
 /// `expires_at` is text in `processed_at`'s format (`%Y-%m-%dT%H:%M:%fZ`, UTC), so that
 /// comparing the two, or either with the clock written the same way, compares times.
-const COLUMNS: [&str; 3] = [
+///
+/// Then the 0.3 columns, what the row remembers of the delivery that processed it
+/// (`crate::stored`).
+const COLUMNS: [&str; 6] = [
     "state        INTEGER CHECK (state IN (1, 2))",
     "owner        BLOB",
     "expires_at   TEXT",
+    "result         BLOB",
+    "result_version INTEGER",
+    "fingerprint    BLOB",
 ];
 
 fn create_table(table: &Table) -> String {
-    let [state, owner, expires_at] = COLUMNS;
+    let [
+        state,
+        owner,
+        expires_at,
+        result,
+        result_version,
+        fingerprint,
+    ] = COLUMNS;
     format!(
         "CREATE TABLE IF NOT EXISTS {name} (\n    \
          consumer     TEXT NOT NULL,\n    \
@@ -24,6 +37,9 @@ fn create_table(table: &Table) -> String {
          {state},\n    \
          {owner},\n    \
          {expires_at},\n    \
+         {result},\n    \
+         {result_version},\n    \
+         {fingerprint},\n    \
          PRIMARY KEY (consumer, message_id)\n\
          ) WITHOUT ROWID",
         name = table.name()
@@ -93,11 +109,14 @@ impl SchemaBackend for Sqlite {
     fn upgrade_ddl(table: &Table) -> Vec<String> {
         // SQLite has no `ADD COLUMN IF NOT EXISTS`: run once (as migration tools do), or
         // let `migrate` check the catalog first.
-        let mut ddl: Vec<String> = COLUMNS
+        // 0.2's columns and index, then 0.3's columns, as the shipped files have them.
+        let (state, results) = COLUMNS.split_at(3);
+        let mut ddl: Vec<String> = state
             .iter()
             .map(|column| add_column(table, column))
             .collect();
         ddl.push(indexes(table)[1].clone());
+        ddl.extend(results.iter().map(|column| add_column(table, column)));
         ddl
     }
 
