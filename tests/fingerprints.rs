@@ -210,6 +210,104 @@ macro_rules! backend_suite {
                 assert_eq!(effects(&pool, &msg.id).await, 0, "the documented mark-first loss");
             }
 
+            /// The inbox compares payloads when asked to: an identical redelivery is a
+            /// duplicate before and after processing (its payload dropped, its fingerprint
+            /// kept), another payload is refused — alone and in a batch — and nothing of it
+            /// is written.
+            #[tokio::test]
+            async fn the_inbox_refuses_an_id_reused_with_another_payload() {
+                use dedup_runtime::inbox::{Inbox, InboxError, InboxHandler, InboxMessage, Incoming, Received, Refused};
+
+                struct Done;
+                impl InboxHandler<Db> for Done {
+                    type Error = sqlx::Error;
+                    async fn handle(&self, tx: &mut $conn, message: &InboxMessage) -> Result<(), sqlx::Error> {
+                        sqlx::query($insert_effect).bind(message.id()).execute(&mut *tx).await?;
+                        Ok(())
+                    }
+                }
+
+                let pool = pool().await;
+                dedup_runtime::inbox::migrate(&*pool).await.unwrap();
+                let consumer = dedup_suite::unique("fp-inbox");
+                let inbox = Inbox::new(&*pool, &consumer)
+                    .unwrap()
+                    .drop_payloads(true)
+                    .fingerprints(true);
+                let id = dedup_suite::unique("in");
+                assert_eq!(inbox.receive(Incoming::new(&id, b"one")).await.unwrap(), Received::Stored);
+                assert_eq!(inbox.receive(Incoming::new(&id, b"one")).await.unwrap(), Received::Duplicate);
+                let refused = |result: Result<Received, InboxError>| match result {
+                    Err(InboxError::Refused(Refused::FingerprintMismatch(mismatch))) => mismatch,
+                    other => panic!("not refused: {other:?}"),
+                };
+                let mismatch = refused(inbox.receive(Incoming::new(&id, b"two")).await);
+                assert_eq!((mismatch.stored(), mismatch.received()), (fingerprint(b"one"), fingerprint(b"two")));
+                assert_eq!(mismatch.message_id(), id);
+                // Found through the error's chain, as `AckPolicy` finds it.
+                let error = inbox.receive(Incoming::new(&id, b"two")).await.unwrap_err();
+                assert!(FingerprintMismatch::find(&error).is_some());
+
+                // Processed, its payload dropped: the fingerprint stays, and compares.
+                let done = inbox.worker().process_batch(&Done).await.unwrap();
+                assert_eq!(done.processed, 1);
+                assert_eq!(effects(&pool, &id).await, 1);
+                assert_eq!(inbox.receive(Incoming::new(&id, b"one")).await.unwrap(), Received::Duplicate);
+                refused(inbox.receive(Incoming::new(&id, b"two")).await);
+
+                // A batch: one answer each, the reused id refused, the rest stored.
+                let fresh = dedup_suite::unique("in-fresh");
+                let twice = dedup_suite::unique("in-twice");
+                let answers = inbox
+                    .receive_batch(&[
+                        Incoming::new(&id, b"one"),
+                        Incoming::new(&fresh, b"f"),
+                        Incoming::new(&id, b"two"),
+                        Incoming::new(&twice, b"a"),
+                        Incoming::new(&twice, b"a"),
+                        Incoming::new(&twice, b"b"),
+                    ])
+                    .await
+                    .unwrap();
+                assert_eq!(answers[0], Ok(Received::Duplicate));
+                assert_eq!(answers[1], Ok(Received::Stored));
+                assert!(matches!(&answers[2], Err(Refused::FingerprintMismatch(m)) if m.received() == fingerprint(b"two")), "{answers:?}");
+                assert_eq!(answers[3], Ok(Received::Stored));
+                assert_eq!(answers[4], Ok(Received::DuplicateInBatch { first: 3 }));
+                assert!(matches!(&answers[5], Err(Refused::FingerprintMismatch(m)) if m.stored() == fingerprint(b"a")), "{answers:?}");
+                let done = inbox.worker().process_batch(&Done).await.unwrap();
+                assert_eq!(done.processed, 2, "the fresh one and the first of the twice");
+                assert_eq!(effects(&pool, &id).await, 1);
+                assert_eq!(effects(&pool, &twice).await, 1);
+
+                // Off (the default): another payload is taken for a redelivery, as before.
+                let lax = Inbox::new(&*pool, &consumer).unwrap();
+                assert_eq!(lax.receive(Incoming::new(&id, b"three")).await.unwrap(), Received::Duplicate);
+                let unprinted = dedup_suite::unique("in-unprinted");
+                assert_eq!(lax.receive(Incoming::new(&unprinted, b"x")).await.unwrap(), Received::Stored);
+                // A row stored without a fingerprint has nothing to compare.
+                assert_eq!(inbox.receive(Incoming::new(&unprinted, b"y")).await.unwrap(), Received::Duplicate);
+            }
+
+            /// An inbox table made before the fingerprints gets the column from
+            /// `migrate_table` (and `migrate` again changes nothing).
+            #[tokio::test]
+            async fn an_older_inbox_table_gets_the_column() {
+                use dedup_runtime::inbox::{Inbox, Incoming, Received};
+                let pool = pool().await;
+                let table = dedup_suite::unique_table("fp_old_inbox");
+                dedup_runtime::inbox::migrate_table(&*pool, &table).await.unwrap();
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!("ALTER TABLE {table} DROP COLUMN fingerprint")))
+                    .execute(&*pool)
+                    .await
+                    .unwrap();
+                dedup_runtime::inbox::migrate_table(&*pool, &table).await.unwrap();
+                dedup_runtime::inbox::migrate_table(&*pool, &table).await.unwrap();
+                let inbox = Inbox::new(&*pool, "fp-old").unwrap().with_table(&table).unwrap().fingerprints(true);
+                assert_eq!(inbox.receive(Incoming::new("a", b"1")).await.unwrap(), Received::Stored);
+                assert!(inbox.receive(Incoming::new("a", b"2")).await.is_err(), "compared");
+            }
+
             fn mismatch<E: std::error::Error + 'static>(error: &E, msg: &Msg) -> FingerprintMismatch {
                 let found = FingerprintMismatch::find(error)
                     .unwrap_or_else(|| panic!("not a mismatch: {error:?}"))

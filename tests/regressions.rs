@@ -242,3 +242,11 @@ mod connection_faults_spend_no_attempt;
 // in the claim's order (the inbox's batch mode does the same).
 #[path = "regressions/relay_stopper_charged_innocents.rs"]
 mod relay_stopper_charged_innocents;
+
+// Issues 25 and 26: on PostgreSQL the outbox's and the inbox's `migrate` ran an
+// `ALTER TABLE … ADD COLUMN IF NOT EXISTS` (traceparent, fingerprint) every time, after a
+// `CREATE INDEX IF NOT EXISTS` in the same transaction: a service starting beside a
+// running worker deadlocked with it. Fixed in "Inbox fingerprints; migrate adds a column
+// only when the catalog lacks it" (schema::postgres::add_missing).
+#[path = "regressions/migrate_deadlocked_writers.rs"]
+mod migrate_deadlocked_writers;

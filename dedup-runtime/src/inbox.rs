@@ -86,6 +86,7 @@ use crate::key::{InvalidMessageId, MessageId, MessageKey};
 use crate::ledger::{InvalidConsumer, check_consumer};
 use crate::queue::retry_transient;
 use crate::schema::{InvalidTableName, Table};
+use crate::stored::{Fingerprint, FingerprintMismatch, fingerprint};
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -221,6 +222,10 @@ pub enum Refused {
         /// [`MAX_HEADERS_LEN`].
         max: usize,
     },
+    /// The id is stored already, with another payload: an id reused upstream, not a
+    /// redelivery (the inbox compares the payloads' SHA-256, [`Inbox::fingerprints`]).
+    /// Nothing was written, and the stored message stands.
+    FingerprintMismatch(FingerprintMismatch),
 }
 
 impl fmt::Display for Refused {
@@ -238,6 +243,7 @@ impl fmt::Display for Refused {
                 "the headers are {len} bytes, over the limit of {max} bytes: refused, never \
                  truncated"
             ),
+            Refused::FingerprintMismatch(mismatch) => mismatch.fmt(f),
         }
     }
 }
@@ -246,6 +252,7 @@ impl std::error::Error for Refused {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             Refused::InvalidMessageId(error) | Refused::InvalidOrderingKey(error) => Some(error),
+            Refused::FingerprintMismatch(mismatch) => Some(mismatch),
             _ => None,
         }
     }
@@ -341,7 +348,26 @@ pub struct Row<'a> {
     pub(crate) payload: &'a [u8],
     pub(crate) headers: Option<&'a [u8]>,
     pub(crate) ordering_key: Option<&'a str>,
+    /// The payload's SHA-256, when the inbox compares payloads ([`Inbox::fingerprints`]).
+    pub(crate) fingerprint: Option<Fingerprint>,
 }
+
+impl Row<'_> {
+    /// The fingerprint as the column takes it.
+    #[cfg_attr(
+        not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+        allow(dead_code)
+    )]
+    pub(crate) fn fingerprint(&self) -> Option<&[u8]> {
+        self.fingerprint
+            .as_ref()
+            .map(|fingerprint| &fingerprint[..])
+    }
+}
+
+/// A stored row's id and its payload's fingerprint (`None`: stored without one).
+#[doc(hidden)]
+pub type StoredFingerprint = (String, Option<Vec<u8>>);
 
 /// What a processing mark adds to its `SET` when the inbox drops payloads once processed
 /// ([`Inbox::drop_payloads`]).
@@ -379,6 +405,15 @@ pub trait InboxBackend: Database {
         consumer: &'a str,
         rows: &'a [Row<'a>],
     ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send + 'a;
+
+    /// The stored fingerprint of each of `ids` that has a row (`None`: stored without).
+    #[doc(hidden)]
+    fn inbox_fingerprints<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        ids: &'a [&'a str],
+    ) -> impl Future<Output = Result<Vec<StoredFingerprint>, sqlx::Error>> + Send + 'a;
 
     /// The claimed rows of every claim whose lease ended (at most [`MAX_BATCH`]), grouped
     /// by owner, each owner's in the claim's order (due time, then receive order). A
@@ -637,6 +672,8 @@ pub struct Inbox<'p, DB: Database> {
     consumer: String,
     max_payload_len: usize,
     drop_payloads: bool,
+    /// [`Inbox::fingerprints`].
+    fingerprints: bool,
     /// With [`Inbox::notify_workers`]: when the last hint went out, shared by clones.
     notify: Option<std::sync::Arc<crate::queue::Hints>>,
 }
@@ -654,6 +691,7 @@ impl<DB: Database> Clone for Inbox<'_, DB> {
             consumer: self.consumer.clone(),
             max_payload_len: self.max_payload_len,
             drop_payloads: self.drop_payloads,
+            fingerprints: self.fingerprints,
             notify: self.notify.clone(),
         }
     }
@@ -680,6 +718,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
             consumer: consumer.to_owned(),
             max_payload_len: DEFAULT_MAX_PAYLOAD_LEN,
             drop_payloads: false,
+            fingerprints: false,
             notify: None,
         })
     }
@@ -730,6 +769,26 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
     pub fn drop_payloads(self, drop: bool) -> Self {
         Inbox {
             drop_payloads: drop,
+            ..self
+        }
+    }
+
+    /// Whether the inbox compares payloads (off by default): each message's SHA-256 is
+    /// stored with its row (kept when [`drop_payloads`](Self::drop_payloads) clears the
+    /// payload), and a receive that finds its id stored compares: the same id with
+    /// another payload is [`Refused::FingerprintMismatch`] (dead-letter it), never taken
+    /// for a redelivery; an identical redelivery, before or after processing, is
+    /// [`Received::Duplicate`]. A row stored without a fingerprint (received with this
+    /// off, or before this version) has nothing to compare: a duplicate. The whole
+    /// payload is compared, byte for byte: turn it on where a copy of a message is always
+    /// the same bytes (a broker's redelivery is), not where a producer re-encodes a
+    /// retried message (a timestamp inside, JSON re-serialised) — there every retry would
+    /// be refused; an `#[idempotent]` handler's `fingerprint = …` can name the part that
+    /// matters instead. Costs a hash per receive (microseconds for a few KiB) and, for a
+    /// duplicate, one look at the stored fingerprint.
+    pub fn fingerprints(self, compare: bool) -> Self {
+        Inbox {
+            fingerprints: compare,
             ..self
         }
     }
@@ -809,12 +868,52 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
             payload: message.payload,
             headers: message.headers,
             ordering_key: message.ordering_key,
+            fingerprint: self.fingerprints.then(|| fingerprint(message.payload)),
         })
     }
 
-    /// Stores one message, or finds it stored already; one statement. Acknowledge the
-    /// broker once this returns `Ok`; on `Err(InboxError::Refused(_))` dead-letter it; on
-    /// another error, nothing is known to be stored: let the broker redeliver.
+    /// For the rows a receive found stored already: the mismatch of each whose stored
+    /// fingerprint is another (by index in `rows`).
+    async fn mismatches(
+        &self,
+        rows: &[&Row<'_>],
+    ) -> Result<Vec<(usize, FingerprintMismatch)>, InboxError> {
+        if !self.fingerprints || rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<&str> = rows.iter().map(|row| row.id).collect();
+        let stored = retry_transient::<DB, _, _>(|| {
+            DB::inbox_fingerprints(self.pool, &self.table, &self.consumer, &ids)
+        })
+        .await
+        .map_err(|error| self.classify(error))?;
+        let stored: HashMap<String, Vec<u8>> = stored
+            .into_iter()
+            .filter_map(|(id, fingerprint)| Some((id, fingerprint?)))
+            .collect();
+        Ok(rows
+            .iter()
+            .enumerate()
+            .filter_map(|(index, row)| {
+                let received = row.fingerprint?;
+                let stored = stored.get(row.id)?;
+                (stored[..] != received[..]).then(|| {
+                    let stored = <Fingerprint>::try_from(&stored[..]).unwrap_or_default();
+                    (
+                        index,
+                        FingerprintMismatch::new(&self.consumer, row.id, stored, received),
+                    )
+                })
+            })
+            .collect())
+    }
+
+    /// Stores one message, or finds it stored already; one statement (and, for a
+    /// duplicate, one look at the stored fingerprint: the same id with another payload is
+    /// [`Refused::FingerprintMismatch`], see [`fingerprints`](Self::fingerprints)).
+    /// Acknowledge the broker once this returns `Ok`; on `Err(InboxError::Refused(_))`
+    /// dead-letter it; on another error, nothing is known to be stored: let the broker
+    /// redeliver.
     pub async fn receive(&self, message: Incoming<'_>) -> Result<Received, InboxError> {
         let row = self
             .check(&message)
@@ -825,22 +924,26 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
         })
         .await
         .map_err(|error| self.classify(error))?;
-        Ok(if stored.first().copied().unwrap_or(false) {
+        if stored.first().copied().unwrap_or(false) {
             self.count_received("stored", 1);
             self.hint().await;
-            Received::Stored
-        } else {
-            self.count_received("duplicate", 1);
-            Received::Duplicate
-        })
+            return Ok(Received::Stored);
+        }
+        if let Some((_, mismatch)) = self.mismatches(&[&rows[0]]).await?.pop() {
+            self.count_received("refused", 1);
+            return Err(InboxError::Refused(Refused::FingerprintMismatch(mismatch)));
+        }
+        self.count_received("duplicate", 1);
+        Ok(Received::Duplicate)
     }
 
     /// Stores many messages in one statement (per [`MAX_BATCH`] of them; on MySQL and
     /// MariaDB also per what fits the server's `max_allowed_packet`), for consumers that
     /// acknowledge in batches: one answer per message, in their order. A message refused
-    /// (a bad id, a payload over the limit) gets its `Err` and the others are stored; the
-    /// same id twice in the batch is one row, and the second answer says
-    /// [`Received::DuplicateInBatch`]. `Err` for the whole call only when the database
+    /// (a bad id, a payload over the limit, an id stored already with another payload)
+    /// gets its `Err` and the others are stored; the same id twice in the batch is one
+    /// row, and the second answer says [`Received::DuplicateInBatch`] (with another
+    /// payload: [`Refused::FingerprintMismatch`]). `Err` for the whole call only when the database
     /// failed: then nothing is known to be stored (a deadlock or lock timeout, which
     /// stored nothing, is tried again first).
     ///
@@ -859,16 +962,28 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
         let mut answers: Vec<Option<Result<Received, Refused>>> = vec![None; messages.len()];
         // The rows to insert, each with the index of its message.
         let mut rows: Vec<(usize, Row<'_>)> = Vec::with_capacity(messages.len());
-        let mut first_of: HashMap<&str, usize> = HashMap::with_capacity(messages.len());
+        // Each id's first message in the batch, and its payload's fingerprint.
+        let mut first_of: HashMap<&str, (usize, Option<Fingerprint>)> =
+            HashMap::with_capacity(messages.len());
         for (index, message) in messages.iter().enumerate() {
             match self.check(message) {
                 Err(refused) => answers[index] = Some(Err(refused)),
                 Ok(row) => match first_of.get(row.id) {
-                    Some(&first) => {
+                    // The same id twice in the batch with two payloads: the second is
+                    // refused, as it would be in a batch of its own.
+                    Some(&(_, Some(stored)))
+                        if row.fingerprint.is_some_and(|received| received != stored) =>
+                    {
+                        let received = row.fingerprint.unwrap_or_default();
+                        let mismatch =
+                            FingerprintMismatch::new(&self.consumer, row.id, stored, received);
+                        answers[index] = Some(Err(Refused::FingerprintMismatch(mismatch)));
+                    }
+                    Some(&(first, _)) => {
                         answers[index] = Some(Ok(Received::DuplicateInBatch { first }));
                     }
                     None => {
-                        first_of.insert(row.id, index);
+                        first_of.insert(row.id, (index, row.fingerprint));
                         rows.push((index, row));
                     }
                 },
@@ -885,6 +1000,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
                             payload: row.payload,
                             headers: row.headers,
                             ordering_key: row.ordering_key,
+                            fingerprint: row.fingerprint,
                         },
                     )
                 })
@@ -896,8 +1012,20 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
             })
             .await
             .map_err(|error| self.classify(error))?;
+            // The duplicates, compared with what is stored.
+            let duplicates: Vec<(usize, &Row<'_>)> = indexes
+                .iter()
+                .zip(&chunk)
+                .zip(&stored)
+                .filter(|(_, stored)| !**stored)
+                .map(|((index, row), _)| (*index, row))
+                .collect();
+            let found: Vec<&Row<'_>> = duplicates.iter().map(|(_, row)| *row).collect();
+            for (at, mismatch) in self.mismatches(&found).await? {
+                answers[duplicates[at].0] = Some(Err(Refused::FingerprintMismatch(mismatch)));
+            }
             for (index, stored) in indexes.into_iter().zip(stored) {
-                answers[index] = Some(Ok(if stored {
+                answers[index].get_or_insert(Ok(if stored {
                     Received::Stored
                 } else {
                     Received::Duplicate

@@ -102,18 +102,28 @@ pub struct FingerprintMismatch {
 }
 
 impl FingerprintMismatch {
+    pub(crate) fn new(
+        consumer: &str,
+        message_id: &str,
+        stored: Fingerprint,
+        received: Fingerprint,
+    ) -> Self {
+        FingerprintMismatch {
+            consumer: consumer.to_owned(),
+            message_id: message_id.to_owned(),
+            stored,
+            received,
+        }
+    }
+
     pub(crate) fn error(
         consumer: &str,
         message_id: &str,
         stored: Fingerprint,
         received: Fingerprint,
     ) -> sqlx::Error {
-        sqlx::Error::AnyDriverError(Box::new(FingerprintMismatch {
-            consumer: consumer.to_owned(),
-            message_id: message_id.to_owned(),
-            stored,
-            received,
-        }))
+        let mismatch = FingerprintMismatch::new(consumer, message_id, stored, received);
+        sqlx::Error::AnyDriverError(Box::new(mismatch))
     }
 
     /// The consumer.

@@ -17,6 +17,7 @@ CREATE TABLE IF NOT EXISTS inbox_messages (
     last_error      TEXT NULL,
     processed_at    DATETIME(6) NULL,
     receipt         BINARY(16) NULL,
+    fingerprint     BINARY(32) NULL,
     PRIMARY KEY (consumer, message_id),
     UNIQUE KEY seq_key (seq),
     KEY work_idx (consumer, state, next_attempt_at),

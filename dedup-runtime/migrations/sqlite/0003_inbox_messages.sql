@@ -16,6 +16,7 @@ CREATE TABLE IF NOT EXISTS inbox_messages (
     lease_until     TEXT,
     last_error      TEXT,
     processed_at    TEXT,
+    fingerprint     BLOB,
     UNIQUE (consumer, message_id)
 );
 CREATE INDEX IF NOT EXISTS inbox_messages_pending_idx ON inbox_messages (consumer, next_attempt_at, seq) WHERE state = 0;

@@ -44,6 +44,7 @@ fn row_bytes(row: &Row<'_>) -> usize {
         + row.payload.len()
         + row.headers.map_or(0, <[u8]>::len)
         + row.ordering_key.map_or(0, str::len)
+        + 32 // the fingerprint
         + 2 * 255 // the consumer (bound once per row) and the receipt, at most
         + 64
 }
@@ -78,14 +79,15 @@ async fn insert_group(
 ) -> Result<Vec<bool>, sqlx::Error> {
     let receipt = crate::lease::new_token();
     let mut sql = format!(
-        "INSERT INTO {} (consumer, message_id, payload, headers, ordering_key, receipt) VALUES ",
+        "INSERT INTO {} (consumer, message_id, payload, headers, ordering_key, receipt, \
+         fingerprint) VALUES ",
         table.name()
     );
     for index in 0..rows.len() {
         if index > 0 {
             sql.push_str(", ");
         }
-        sql.push_str("(?, ?, ?, ?, ?, ?)");
+        sql.push_str("(?, ?, ?, ?, ?, ?, ?)");
     }
     // A no-op update: the existing row stays as it was, receipt included.
     sql.push_str(" ON DUPLICATE KEY UPDATE consumer = consumer");
@@ -97,7 +99,8 @@ async fn insert_group(
             .bind(row.payload)
             .bind(row.headers)
             .bind(row.ordering_key)
-            .bind(&receipt[..]);
+            .bind(&receipt[..])
+            .bind(row.fingerprint());
     }
     let check = format!(
         "SELECT CAST(message_id AS CHAR) FROM {} WHERE consumer = ? AND receipt = ? \
@@ -191,6 +194,7 @@ impl InboxBackend for MySql {
              last_error      TEXT NULL,\n    \
              processed_at    DATETIME(6) NULL,\n    \
              receipt         BINARY(16) NULL,\n    \
+             fingerprint     BINARY(32) NULL,\n    \
              PRIMARY KEY (consumer, message_id),\n    \
              UNIQUE KEY seq_key (seq),\n    \
              KEY work_idx (consumer, state, next_attempt_at),\n    \
@@ -203,7 +207,28 @@ impl InboxBackend for MySql {
 
     async fn inbox_create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
         crate::schema::mysql::create_locked(pool, Self::inbox_ddl(table)).await?;
-        crate::schema::mysql::widen_headers(pool, table).await
+        crate::schema::mysql::widen_headers(pool, table).await?;
+        // A table made before the payloads' fingerprints were stored.
+        crate::schema::mysql::add_missing(pool, table, "fingerprint", "BINARY(32) NULL").await
+    }
+
+    async fn inbox_fingerprints<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        ids: &'a [&'a str],
+    ) -> Result<Vec<super::StoredFingerprint>, sqlx::Error> {
+        let sql = format!(
+            "SELECT CAST(message_id AS CHAR), fingerprint FROM {} \
+             WHERE consumer = ? AND message_id IN ({})",
+            table.name(),
+            placeholders(ids.len())
+        );
+        let mut query = sqlx::query_as(AssertSqlSafe(sql)).bind(consumer);
+        for id in ids {
+            query = query.bind(*id);
+        }
+        query.fetch_all(pool).await
     }
 
     async fn inbox_insert<'a>(
@@ -216,8 +241,8 @@ impl InboxBackend for MySql {
             // One row: a plain insert, whose duplicate-key error (1062: only the primary
             // key can raise it here) is the duplicate.
             let sql = format!(
-                "INSERT INTO {} (consumer, message_id, payload, headers, ordering_key) \
-                 VALUES (?, ?, ?, ?, ?)",
+                "INSERT INTO {} (consumer, message_id, payload, headers, ordering_key, \
+                 fingerprint) VALUES (?, ?, ?, ?, ?, ?)",
                 table.name()
             );
             let result = sqlx::query(AssertSqlSafe(sql))
@@ -226,6 +251,7 @@ impl InboxBackend for MySql {
                 .bind(row.payload)
                 .bind(row.headers)
                 .bind(row.ordering_key)
+                .bind(row.fingerprint())
                 .execute(pool)
                 .await;
             return match result {

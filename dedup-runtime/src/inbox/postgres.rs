@@ -101,6 +101,7 @@ impl InboxBackend for Postgres {
                  lease_until     timestamptz,\n    \
                  last_error      text,\n    \
                  processed_at    timestamptz,\n    \
+                 fingerprint     bytea,\n    \
                  PRIMARY KEY (consumer, message_id)\n)"
             ),
             format!(
@@ -129,7 +130,26 @@ impl InboxBackend for Postgres {
     }
 
     async fn inbox_create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
-        crate::schema::postgres::create_locked(pool, Self::inbox_ddl(table)).await
+        crate::schema::postgres::create_locked(pool, Self::inbox_ddl(table)).await?;
+        // A table made before the payloads' fingerprints were stored.
+        crate::schema::postgres::add_missing(pool, table, "fingerprint", "bytea").await
+    }
+
+    async fn inbox_fingerprints<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        ids: &'a [&'a str],
+    ) -> Result<Vec<super::StoredFingerprint>, sqlx::Error> {
+        let sql = format!(
+            "SELECT message_id, fingerprint FROM {} WHERE consumer = $1 AND message_id = ANY($2)",
+            table.name()
+        );
+        sqlx::query_as(AssertSqlSafe(sql))
+            .bind(consumer)
+            .bind(ids)
+            .fetch_all(pool)
+            .await
     }
 
     async fn inbox_insert<'a>(
@@ -140,8 +160,8 @@ impl InboxBackend for Postgres {
     ) -> Result<Vec<bool>, sqlx::Error> {
         if let [row] = rows {
             let sql = format!(
-                "INSERT INTO {} (consumer, message_id, payload, headers, ordering_key) \
-                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                "INSERT INTO {} (consumer, message_id, payload, headers, ordering_key, \
+                 fingerprint) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING",
                 table.name()
             );
             let done = sqlx::query(AssertSqlSafe(sql))
@@ -150,6 +170,7 @@ impl InboxBackend for Postgres {
                 .bind(row.payload)
                 .bind(row.headers)
                 .bind(row.ordering_key)
+                .bind(row.fingerprint())
                 .execute(pool)
                 .await?;
             return Ok(vec![done.rows_affected() == 1]);
@@ -162,14 +183,15 @@ impl InboxBackend for Postgres {
         // deadlocking.
         let name = table.name();
         let sql = format!(
-            "WITH numbered AS (SELECT id, payload, headers, ordering_key, \
+            "WITH numbered AS (SELECT id, payload, headers, ordering_key, fingerprint, \
              nextval(pg_get_serial_sequence('{name}', 'seq')) AS seq, now \
-             FROM unnest($2::text[], $3::bytea[], $4::bytea[], $5::text[]) WITH ORDINALITY \
-             AS m (id, payload, headers, ordering_key, position), \
+             FROM unnest($2::text[], $3::bytea[], $4::bytea[], $5::text[], $6::bytea[]) \
+             WITH ORDINALITY AS m (id, payload, headers, ordering_key, fingerprint, position), \
              (SELECT clock_timestamp() AS now) AS received ORDER BY position) \
-             INSERT INTO {name} (consumer, message_id, payload, headers, ordering_key, seq, \
-             received_at, next_attempt_at) OVERRIDING SYSTEM VALUE \
-             SELECT $1, id, payload, headers, ordering_key, seq, now, now FROM numbered \
+             INSERT INTO {name} (consumer, message_id, payload, headers, ordering_key, \
+             fingerprint, seq, received_at, next_attempt_at) OVERRIDING SYSTEM VALUE \
+             SELECT $1, id, payload, headers, ordering_key, fingerprint, seq, now, now \
+             FROM numbered \
              ORDER BY id COLLATE \"C\" \
              ON CONFLICT DO NOTHING RETURNING message_id"
         );
@@ -177,12 +199,14 @@ impl InboxBackend for Postgres {
         let payloads: Vec<&[u8]> = rows.iter().map(|row| row.payload).collect();
         let headers: Vec<Option<&[u8]>> = rows.iter().map(|row| row.headers).collect();
         let keys: Vec<Option<&str>> = rows.iter().map(|row| row.ordering_key).collect();
+        let fingerprints: Vec<Option<&[u8]>> = rows.iter().map(Row::fingerprint).collect();
         let stored: Vec<String> = sqlx::query_scalar(AssertSqlSafe(sql))
             .bind(consumer)
             .bind(ids)
             .bind(payloads)
             .bind(headers)
             .bind(keys)
+            .bind(fingerprints)
             .fetch_all(pool)
             .await?;
         let stored: HashSet<String> = stored.into_iter().collect();

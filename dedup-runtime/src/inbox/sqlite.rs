@@ -79,6 +79,7 @@ impl InboxBackend for Sqlite {
                  lease_until     TEXT,\n    \
                  last_error      TEXT,\n    \
                  processed_at    TEXT,\n    \
+                 fingerprint     BLOB,\n    \
                  UNIQUE (consumer, message_id)\n)"
             ),
             format!(
@@ -107,7 +108,28 @@ impl InboxBackend for Sqlite {
     }
 
     async fn inbox_create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
-        crate::schema::sqlite::create_locked(pool, Self::inbox_ddl(table)).await
+        crate::schema::sqlite::create_locked(pool, Self::inbox_ddl(table)).await?;
+        // A table made before the payloads' fingerprints were stored.
+        crate::schema::sqlite::add_missing(pool, table, "fingerprint", "BLOB").await
+    }
+
+    async fn inbox_fingerprints<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        consumer: &'a str,
+        ids: &'a [&'a str],
+    ) -> Result<Vec<super::StoredFingerprint>, sqlx::Error> {
+        let list: Vec<String> = (0..ids.len()).map(|n| format!("?{}", n + 2)).collect();
+        let sql = format!(
+            "SELECT message_id, fingerprint FROM {} WHERE consumer = ?1 AND message_id IN ({})",
+            table.name(),
+            list.join(", ")
+        );
+        let mut query = sqlx::query_as(AssertSqlSafe(sql)).bind(consumer);
+        for id in ids {
+            query = query.bind(*id);
+        }
+        query.fetch_all(pool).await
     }
 
     async fn inbox_insert<'a>(
@@ -117,7 +139,8 @@ impl InboxBackend for Sqlite {
         rows: &'a [Row<'a>],
     ) -> Result<Vec<bool>, sqlx::Error> {
         let mut sql = format!(
-            "INSERT INTO {} (consumer, message_id, payload, headers, ordering_key) VALUES ",
+            "INSERT INTO {} (consumer, message_id, payload, headers, ordering_key, fingerprint) \
+             VALUES ",
             table.name()
         );
         // Numbered parameters only: sqlx counts anonymous ones on their own, from 1.
@@ -125,12 +148,13 @@ impl InboxBackend for Sqlite {
             if index > 0 {
                 sql.push_str(", ");
             }
-            let first = 2 + 4 * index;
+            let first = 2 + 5 * index;
             sql.push_str(&format!(
-                "(?1, ?{first}, ?{}, ?{}, ?{})",
+                "(?1, ?{first}, ?{}, ?{}, ?{}, ?{})",
                 first + 1,
                 first + 2,
-                first + 3
+                first + 3,
+                first + 4
             ));
         }
         sql.push_str(" ON CONFLICT DO NOTHING RETURNING message_id");
@@ -140,7 +164,8 @@ impl InboxBackend for Sqlite {
                 .bind(row.id)
                 .bind(row.payload)
                 .bind(row.headers)
-                .bind(row.ordering_key);
+                .bind(row.ordering_key)
+                .bind(row.fingerprint());
         }
         let stored: HashSet<String> = query.fetch_all(pool).await?.into_iter().collect();
         Ok(rows.iter().map(|row| stored.contains(row.id)).collect())

@@ -89,13 +89,9 @@ impl OutboxBackend for Postgres {
     }
 
     async fn outbox_create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
-        let mut ddl = Self::outbox_ddl(table);
+        crate::schema::postgres::create_locked(pool, Self::outbox_ddl(table)).await?;
         // A table made before the trace context was stored.
-        ddl.push(format!(
-            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS traceparent text",
-            table.name()
-        ));
-        crate::schema::postgres::create_locked(pool, ddl).await
+        crate::schema::postgres::add_missing(pool, table, "traceparent", "text").await
     }
 
     /// `ON CONFLICT DO NOTHING`: a duplicate never aborts the caller's transaction.

@@ -168,6 +168,37 @@ pub(crate) async fn create_locked(
     tx.commit().await
 }
 
+/// Adds `column` (`definition`) to `table` if the catalog says it lacks it (a table made
+/// before the column was). Looked up first, because `ALTER TABLE … ADD COLUMN IF NOT
+/// EXISTS` takes an `ACCESS EXCLUSIVE` lock even when the column is there: run at every
+/// `migrate`, after the `CREATE INDEX IF NOT EXISTS` of the same transaction (a `SHARE`
+/// lock), it waited for every writer and deadlocked with those that went on writing. A
+/// table already right is only looked at; a missing column is added in a transaction of
+/// its own, under the migrations' lock.
+pub(crate) async fn add_missing(
+    pool: &Pool<Postgres>,
+    table: &Table,
+    column: &str,
+    definition: &str,
+) -> Result<(), sqlx::Error> {
+    let present: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute \
+         WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)",
+    )
+    .bind(table.name())
+    .bind(column)
+    .fetch_one(pool)
+    .await?;
+    if present {
+        return Ok(());
+    }
+    let alter = format!(
+        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS {column} {definition}",
+        table.name()
+    );
+    create_locked(pool, vec![alter]).await
+}
+
 /// A claim's condition that makes its own (autocommitted) transaction commit without
 /// waiting for the WAL flush: `synchronous_commit = off` for that transaction alone, set
 /// once (an InitPlan) before any row is claimed. What it risks is the claim itself, and
