@@ -250,3 +250,10 @@ mod relay_stopper_charged_innocents;
 // only when the catalog lacks it" (schema::postgres::add_missing).
 #[path = "regressions/migrate_deadlocked_writers.rs"]
 mod migrate_deadlocked_writers;
+
+// Issue 26: on PostgreSQL a claim that found its row read `state` and `expires_at`
+// through `to_jsonb(p)`, converting the whole row — a stored result of 1 MB cost every
+// duplicate 9 ms. Fixed in "PostgreSQL claims read state and expires_at by name once the
+// table has them" (schema::postgres::upgraded).
+#[path = "regressions/duplicate_claim_converted_the_whole_row.rs"]
+mod duplicate_claim_converted_the_whole_row;

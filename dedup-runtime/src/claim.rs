@@ -23,7 +23,15 @@ pub(crate) mod sqlite;
 #[doc(hidden)]
 #[derive(Debug)]
 pub struct Statements {
+    /// The table, as written in the attribute.
+    pub table: &'static str,
+    /// PostgreSQL's claim of a table of 0.1, which reads `state` and `expires_at` through
+    /// the row's JSON; [`postgres_named`](Self::postgres_named) once the table has them.
     pub postgres: &'static str,
+    /// The claim reading `state` and `expires_at` by name: a duplicate's look at its row
+    /// costs those two columns, not the whole row converted (a stored result included).
+    pub postgres_named: &'static str,
+    pub postgres_inspect_named: &'static str,
     pub mysql: &'static str,
     pub sqlite: &'static str,
     /// Moves `processed_at` to the end of a slow transaction (see [`STAMP_AFTER`](crate::STAMP_AFTER)).
@@ -82,6 +90,26 @@ pub struct Statements {
 macro_rules! __statements {
     ($table:literal) => {{
         const STATEMENTS: &$crate::__private::Statements = &$crate::__private::Statements {
+            table: $table,
+            postgres_named: ::core::concat!(
+                "WITH claim AS (INSERT INTO ",
+                $table,
+                " (consumer, message_id, processed_at) VALUES ($1, $2, clock_timestamp()) \
+                 ON CONFLICT DO NOTHING RETURNING 1) \
+                 SELECT c.claimed, s.found, s.state, s.remaining \
+                 FROM (SELECT EXISTS (SELECT 1 FROM claim) AS claimed) c \
+                 LEFT JOIN LATERAL (SELECT true AS found, p.state, \
+                 GREATEST(0, (EXTRACT(EPOCH FROM p.expires_at - clock_timestamp()) \
+                 * 1000000)::int8) AS remaining FROM ",
+                $table,
+                " p WHERE consumer = $1 AND message_id = $2 AND NOT c.claimed) s ON true"
+            ),
+            postgres_inspect_named: ::core::concat!(
+                "SELECT p.state, GREATEST(0, (EXTRACT(EPOCH FROM p.expires_at - clock_timestamp()) \
+                 * 1000000)::int8) FROM ",
+                $table,
+                " p WHERE consumer = $1 AND message_id = $2"
+            ),
             // The insert, and only when it found the row there (a one-time filter: the
             // fresh claim never reads the table), that row's `state` and the
             // microseconds its lease has left: a duplicate stays one statement. The two
@@ -241,10 +269,12 @@ pub trait ClaimBackend: Database {
     #[doc(hidden)]
     const CHANGES_SESSION: bool = false;
 
-    /// Inserts the dedup row, or answers what it found there.
+    /// Inserts the dedup row, or answers what it found there. `sql` is one of
+    /// `statements`' (the claim or the nested claim).
     #[doc(hidden)]
     fn claim<'c>(
         conn: &'c mut Self::Connection,
+        statements: &'static Statements,
         sql: &'static str,
         consumer: &'static str,
         id: &'c str,

@@ -438,7 +438,7 @@ impl<'k> Run<'k> {
             DB::nested_claim_sql(claim.statements)
         };
         let sent = Instant::now();
-        match DB::claim(&mut tx.tx, sql, claim.consumer, claim.id).await {
+        match DB::claim(&mut tx.tx, claim.statements, sql, claim.consumer, claim.id).await {
             Ok(Claiming::Inserted) => {
                 self.claimed_at = Some(sent);
                 Begin::Claimed(tx)
@@ -488,7 +488,7 @@ impl<'k> Run<'k> {
                     return self.after_error::<DB>(error, false).await.into();
                 }
                 let sent = Instant::now();
-                match DB::claim(&mut tx.tx, sql, consumer, id).await {
+                match DB::claim(&mut tx.tx, statements, sql, consumer, id).await {
                     Ok(Claiming::Inserted) => {
                         self.claimed_at = Some(sent);
                         return Begin::Claimed(tx);

@@ -35,12 +35,21 @@ impl BatchBackend for Postgres {
         consumer: &'c str,
         ids: &'c [&'c str],
     ) -> Result<Vec<(String, Found)>, sqlx::Error> {
+        // By name once the table has the columns; a table of 0.1 has neither (and only
+        // processed rows): through the row's JSON there, since an error would abort the
+        // batch's transaction.
+        let (state, expires_at) =
+            if crate::schema::postgres::upgraded(&mut *conn, table.name()).await? {
+                ("p.state", "p.expires_at")
+            } else {
+                (
+                    "(to_jsonb(p) ->> 'state')::int2",
+                    "(to_jsonb(p) ->> 'expires_at')::timestamptz",
+                )
+            };
         let sql = format!(
-            // Through the row's JSON: a table of 0.1 has neither column (and only
-            // processed rows), and an error would abort the batch's transaction.
-            "SELECT message_id, (to_jsonb(p) ->> 'state')::int2, GREATEST(0, (EXTRACT(EPOCH \
-             FROM (to_jsonb(p) ->> 'expires_at')::timestamptz - clock_timestamp()) \
-             * 1000000)::int8) FROM {} p \
+            "SELECT message_id, {state}, GREATEST(0, (EXTRACT(EPOCH \
+             FROM {expires_at} - clock_timestamp()) * 1000000)::int8) FROM {} p \
              WHERE consumer = $1 AND message_id = ANY($2::text[])",
             table.name()
         );

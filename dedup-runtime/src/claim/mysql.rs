@@ -42,6 +42,7 @@ impl ClaimBackend for MySql {
 
     async fn claim<'c>(
         conn: &'c mut MySqlConnection,
+        _: &'static Statements,
         sql: &'static str,
         consumer: &'static str,
         id: &'c str,

@@ -49,10 +49,19 @@ impl ClaimBackend for Postgres {
 
     async fn claim<'c>(
         conn: &'c mut PgConnection,
+        statements: &'static Statements,
         sql: &'static str,
         consumer: &'static str,
         id: &'c str,
     ) -> Result<Claiming, sqlx::Error> {
+        // The table's `state` and `expires_at` by name once it has them (0.2 and later).
+        let sql = if std::ptr::eq(sql, statements.postgres)
+            && crate::schema::postgres::upgraded(&mut *conn, statements.table).await?
+        {
+            statements.postgres_named
+        } else {
+            sql
+        };
         let row = sqlx::query(sql)
             .bind(consumer)
             .bind(id)
@@ -75,7 +84,12 @@ impl ClaimBackend for Postgres {
         consumer: &'static str,
         id: &'c str,
     ) -> Result<Option<Found>, sqlx::Error> {
-        let row = sqlx::query(statements.postgres_inspect)
+        let sql = if crate::schema::postgres::upgraded(&mut *conn, statements.table).await? {
+            statements.postgres_inspect_named
+        } else {
+            statements.postgres_inspect
+        };
+        let row = sqlx::query(sql)
             .bind(consumer)
             .bind(id)
             .fetch_optional(conn)

@@ -41,6 +41,7 @@ impl ClaimBackend for Sqlite {
 
     async fn claim<'c>(
         conn: &'c mut SqliteConnection,
+        _: &'static Statements,
         sql: &'static str,
         consumer: &'static str,
         id: &'c str,
