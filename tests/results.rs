@@ -135,7 +135,10 @@ macro_rules! backend_suite {
         db = $db:ty,
         pool = $pool:expr,
         effects_ddl = $effects_ddl:literal,
-        insert_effect = $insert_effect:literal $(,)?
+        insert_effect = $insert_effect:literal,
+        backdate = $backdate:literal,
+        orders_ddl = $orders_ddl:literal,
+        order_placeholder = $order_placeholder:literal $(,)?
     ) => {
         mod $backend {
             use super::*;
@@ -363,6 +366,82 @@ macro_rules! backend_suite {
                 assert_eq!(send_first(&*pool, &msg, "1234567").await.unwrap(), StoredOutcome::Processed("1234567".to_owned()));
             }
 
+            /// Business keys with a stored result and a fingerprint: a new id that hits the
+            /// business key is `Duplicate(BusinessKey)` (another message: nothing to
+            /// replay, nothing to compare), the same id replays, the same id with another
+            /// payload is the mismatch.
+            #[idempotent(consumer = "results-keyed", key = msg.id, unique = "dedup_result_orders_order_key", result = "stored", fingerprint = order)]
+            async fn keyed(tx: &mut $conn, msg: &Msg, order: &str) -> Result<String, sqlx::Error> {
+                let _ = msg;
+                sqlx::query(concat!("INSERT INTO dedup_result_orders (order_key) VALUES (", $order_placeholder, ")"))
+                    .bind(order)
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(format!("shipped {order}"))
+            }
+
+            /// Pruning deletes the row, its result and fingerprint with it: no orphans, and
+            /// a redelivery after the window is processed afresh.
+            #[idempotent(consumer = "results-pruned", key = msg.id, result = "stored", fingerprint = msg.id, table = "dedup_results_prune")]
+            async fn pruned(tx: &mut $conn, msg: &Msg) -> Result<u32, sqlx::Error> {
+                effect(tx, msg).await?;
+                Ok(7)
+            }
+
+            #[tokio::test]
+            async fn pruning_removes_results_with_their_rows() {
+                use dedup_runtime::Prune;
+                let pool = pool().await;
+                dedup_runtime::migrate_table(&*pool, "dedup_results_prune").await.unwrap();
+                let (old, young) = (Msg::new("pruned-old"), Msg::new("pruned-young"));
+                for msg in [&old, &young] {
+                    assert!(pruned(&*pool, msg).await.unwrap().is_processed());
+                }
+                sqlx::query($backdate).bind(&old.id).execute(&*pool).await.unwrap();
+                let day = std::time::Duration::from_secs(86_400);
+                let done = Prune::new(2 * day, day)
+                    .table("dedup_results_prune")
+                    .consumer("results-pruned")
+                    .run(&*pool, |_| {})
+                    .await
+                    .unwrap();
+                assert!(done.deleted >= 1, "{done:?}");
+                let left = |id: String| {
+                    let pool = &pool;
+                    async move {
+                        use dedup_suite::TestDatabase as _;
+                        let [first, second] = <Db as dedup_suite::TestDatabase>::PLACEHOLDERS;
+                        let sql = format!(
+                            "SELECT COUNT(*) FROM dedup_results_prune WHERE consumer = {first} \
+                             AND message_id = {second} AND (result IS NOT NULL OR fingerprint IS NOT NULL)"
+                        );
+                        Db::count(pool, sql, vec!["results-pruned".to_owned(), id]).await
+                    }
+                };
+                assert_eq!(left(old.id.clone()).await, 0, "the old row's result and fingerprint went with it");
+                assert_eq!(left(young.id.clone()).await, 1);
+                assert_eq!(pruned(&*pool, &old).await.unwrap(), StoredOutcome::Processed(7), "afresh");
+                assert_eq!(pruned(&*pool, &young).await.unwrap(), StoredOutcome::Replayed(7));
+            }
+
+            #[tokio::test]
+            async fn a_business_key_duplicate_is_not_a_replay() {
+                let pool = pool().await;
+                dedup_suite::ddl(&*pool, $orders_ddl).await;
+                let order = dedup_suite::unique("order");
+                let first = Msg::new("keyed");
+                assert_eq!(keyed(&*pool, &first, &order).await.unwrap(), StoredOutcome::Processed(format!("shipped {order}")));
+                let other = Msg::new("keyed-other");
+                assert_eq!(
+                    keyed(&*pool, &other, &order).await.unwrap(),
+                    StoredOutcome::Duplicate(Duplicate::BusinessKey { constraint: "dedup_result_orders_order_key" })
+                );
+                assert_eq!(keyed(&*pool, &first, &order).await.unwrap(), StoredOutcome::Replayed(format!("shipped {order}")));
+                let error = keyed(&*pool, &first, "another order").await.unwrap_err();
+                assert!(dedup_runtime::FingerprintMismatch::find(&error).is_some(), "{error:?}");
+                assert_eq!(dedup_suite::claims(&*pool, "results-keyed", &other.id).await, 0);
+            }
+
             /// `max_result_len = 16`: a 15-byte text is 16 bytes stored, one more is refused,
             /// and the redelivery of the refused one is processed again (nothing committed).
             #[tokio::test]
@@ -511,6 +590,11 @@ backend_suite!(
     pool = Box::new(dedup_suite::postgres().await),
     effects_ddl = "CREATE TABLE IF NOT EXISTS dedup_result_effects (message_id text NOT NULL)",
     insert_effect = "INSERT INTO dedup_result_effects (message_id) VALUES ($1)",
+    backdate = "UPDATE dedup_results_prune SET processed_at = processed_at - interval '3 days' \
+                WHERE message_id = $1",
+    orders_ddl = "CREATE TABLE IF NOT EXISTS dedup_result_orders (order_key text NOT NULL, \
+                  CONSTRAINT dedup_result_orders_order_key UNIQUE (order_key))",
+    order_placeholder = "$1",
 );
 
 backend_suite!(
@@ -521,6 +605,11 @@ backend_suite!(
     effects_ddl = "CREATE TABLE IF NOT EXISTS dedup_result_effects \
                    (message_id VARBINARY(255) NOT NULL, KEY (message_id)) ENGINE = InnoDB",
     insert_effect = "INSERT INTO dedup_result_effects (message_id) VALUES (?)",
+    backdate = "UPDATE dedup_results_prune SET processed_at = processed_at - INTERVAL 3 DAY \
+                WHERE message_id = ?",
+    orders_ddl = "CREATE TABLE IF NOT EXISTS dedup_result_orders (order_key VARBINARY(255) NOT NULL, \
+                  UNIQUE KEY dedup_result_orders_order_key (order_key)) ENGINE = InnoDB",
+    order_placeholder = "?",
 );
 
 backend_suite!(
@@ -530,4 +619,11 @@ backend_suite!(
     pool = dedup_suite::sqlite().await,
     effects_ddl = "CREATE TABLE IF NOT EXISTS dedup_result_effects (message_id TEXT NOT NULL)",
     insert_effect = "INSERT INTO dedup_result_effects (message_id) VALUES (?)",
+    backdate = "UPDATE dedup_results_prune \
+                SET processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-3 days') \
+                WHERE message_id = ?1",
+    orders_ddl = "CREATE TABLE IF NOT EXISTS dedup_result_orders (order_key TEXT NOT NULL); \
+                  CREATE UNIQUE INDEX IF NOT EXISTS dedup_result_orders_order_key \
+                  ON dedup_result_orders (order_key)",
+    order_placeholder = "?",
 );
