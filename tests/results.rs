@@ -442,6 +442,32 @@ macro_rules! backend_suite {
                 assert_eq!(dedup_suite::claims(&*pool, "results-keyed", &other.id).await, 0);
             }
 
+            /// `effect = "send-first"` without a lease: the body runs in the claim's
+            /// transaction, and its result is stored there as for a plain handler.
+            #[idempotent(consumer = "results-send-first", key = msg.id, effect = "send-first", result = "stored")]
+            async fn sent(tx: &mut $conn, msg: &Msg) -> Result<String, sqlx::Error> {
+                effect(tx, msg).await?;
+                Ok("receipt".to_owned())
+            }
+
+            #[tokio::test]
+            async fn a_send_first_result_is_stored_with_its_claim() {
+                let pool = pool().await;
+                let msg = Msg::new("sent");
+                assert_eq!(sent(&*pool, &msg).await.unwrap(), StoredOutcome::Processed("receipt".to_owned()));
+                let again = sent(&*pool, &msg).await;
+                // The broker's action for each answer: a replay is acknowledged.
+                assert_eq!(AckPolicy::<Db>::new().decide(&again, 2), dedup_runtime::Ack::Ack);
+                assert_eq!(again.unwrap(), StoredOutcome::Replayed("receipt".to_owned()));
+                assert_eq!(effects(&pool, &msg.id).await, 1);
+                assert_eq!(stored(&pool, "results-send-first", &msg.id).await, 1);
+                // And an in-progress answer is retried, never acknowledged.
+                let busy: Result<StoredOutcome<String>, sqlx::Error> = Ok(StoredOutcome::InProgress(
+                    dedup_runtime::InProgress::new(std::time::Duration::from_secs(3)),
+                ));
+                assert!(matches!(AckPolicy::<Db>::new().decide(&busy, 1), dedup_runtime::Ack::Retry { .. }));
+            }
+
             /// `max_result_len = 16`: a 15-byte text is 16 bytes stored, one more is refused,
             /// and the redelivery of the refused one is processed again (nothing committed).
             #[tokio::test]
