@@ -971,16 +971,13 @@ impl<'k> LeaseRun<'k> {
             LeaseOutcome::Duplicate(duplicate) => duplicate,
         };
         // `try_begin` left the call's end to be said here when there is a result.
-        let said = !self.memory.replays(&duplicate);
-        match self.memory.replay(&duplicate, codec) {
-            Ok(replayed) => {
-                if !said {
+        let (answer, unsaid) = self.memory.answer(duplicate, codec);
+        match answer {
+            Ok(outcome) => {
+                if unsaid {
                     self.finish(End::Duplicate(&duplicate));
                 }
-                Exit::Outcome(match replayed {
-                    Some(value) => StoredOutcome::Replayed(value),
-                    None => StoredOutcome::Duplicate(duplicate),
-                })
+                Exit::Outcome(outcome)
             }
             Err(error) => {
                 self.finish(End::Failed(Class::StoredResult));

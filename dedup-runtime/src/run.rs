@@ -331,16 +331,13 @@ impl<'k> Run<'k> {
         codec: Codec<T>,
     ) -> Exit<StoredOutcome<T>, E> {
         // `found` left the call's end to be said here when there is a result to decode.
-        let said = !self.memory.replays(&duplicate);
-        match self.memory.replay(&duplicate, codec) {
-            Ok(replayed) => {
-                if !said {
+        let (answer, unsaid) = self.memory.answer(duplicate, codec);
+        match answer {
+            Ok(outcome) => {
+                if unsaid {
                     self.finish(End::Duplicate(&duplicate));
                 }
-                Exit::Outcome(match replayed {
-                    Some(value) => StoredOutcome::Replayed(value),
-                    None => StoredOutcome::Duplicate(duplicate),
-                })
+                Exit::Outcome(outcome)
             }
             Err(error) => {
                 self.finish(End::Failed(Class::StoredResult));

@@ -385,6 +385,35 @@ impl<V: Into<i64>> From<RecalledRow<V>> for Recalled {
     }
 }
 
+/// Runs `sql`, a recall of one row (`result, result_version, fingerprint` where `consumer`
+/// and the id match), with `V` the backend's integer for the version: the one place the
+/// dedup table's and the leases' recalls are read, on every backend.
+#[cfg_attr(
+    not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
+    allow(dead_code)
+)]
+pub(crate) async fn fetch_recalled<'c, DB, V>(
+    conn: &'c mut DB::Connection,
+    sql: &'static str,
+    consumer: &'c str,
+    id: &'c str,
+) -> Result<Option<Recalled>, sqlx::Error>
+where
+    DB: sqlx::Database,
+    V: Into<i64> + Send + Unpin,
+    RecalledRow<V>: for<'r> sqlx::FromRow<'r, DB::Row>,
+    for<'e> &'e mut DB::Connection: sqlx::Executor<'e, Database = DB>,
+    for<'q> &'q str: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    for<'q> DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    let row: Option<RecalledRow<V>> = sqlx::query_as(sql)
+        .bind(consumer)
+        .bind(id)
+        .fetch_optional(conn)
+        .await?;
+    Ok(row.map(Recalled::from))
+}
+
 /// What a handler's transaction writes into its dedup row before the commit.
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy)]
@@ -467,18 +496,25 @@ impl Memory {
                 .is_some_and(|recalled| recalled.result.is_some())
     }
 
-    /// The answer to `duplicate` for a handler with a stored result: the result
-    /// replayed, `None` when nothing was stored, or why it cannot be read.
-    pub fn replay<T>(
+    /// The answer to `duplicate` for a handler with a stored result — the result
+    /// replayed, the duplicate as it is when nothing was stored, or why the stored result
+    /// cannot be read — and whether the call's end is still to be said as a duplicate
+    /// (the claim left it to the replay, [`replays`](Self::replays)).
+    pub fn answer<T>(
         &mut self,
-        duplicate: &crate::Duplicate,
+        duplicate: crate::Duplicate,
         codec: Codec<T>,
-    ) -> Result<Option<T>, StoredResultError> {
+    ) -> (Result<crate::StoredOutcome<T>, StoredResultError>, bool) {
+        let unsaid = self.replays(&duplicate);
         let recalled = match duplicate {
             crate::Duplicate::AlreadyProcessed => self.recalled.take(),
             _ => None,
         };
-        replay(recalled, codec, self.version())
+        let answer = replay(recalled, codec, self.version()).map(|replayed| match replayed {
+            Some(value) => crate::StoredOutcome::Replayed(value),
+            None => crate::StoredOutcome::Duplicate(duplicate),
+        });
+        (answer, unsaid)
     }
 }
 

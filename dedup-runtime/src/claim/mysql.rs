@@ -8,7 +8,7 @@ use super::{ClaimBackend, Claimed, Claiming, Statements, Tx};
 use crate::classify::mysql::{ENGLISH, ER_BAD_FIELD, ER_DUP_ENTRY, error_number};
 use crate::lease::Found;
 use crate::rolled_back::RolledBack;
-use crate::stored::{Recalled, RecalledRow, Remembered};
+use crate::stored::{Recalled, Remembered, fetch_recalled};
 
 /// The handler's own transactions run out of autocommit mode. InnoDB rolls the whole
 /// transaction back on a deadlock and ends it: in autocommit mode a body that swallowed
@@ -87,12 +87,8 @@ impl ClaimBackend for MySql {
         consumer: &'static str,
         id: &'c str,
     ) -> Result<Option<Recalled>, sqlx::Error> {
-        let row: Option<RecalledRow<i32>> = sqlx::query_as(statements.mysql_recall)
-            .bind(consumer)
-            .bind(id)
-            .fetch_optional(conn)
-            .await?;
-        Ok(row.map(Recalled::from))
+        let sql = statements.mysql_recall;
+        fetch_recalled::<Self, i32>(conn, sql, consumer, id).await
     }
 
     async fn store<'c>(

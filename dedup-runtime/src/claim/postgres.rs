@@ -7,7 +7,7 @@ use sqlx::{Connection, Postgres, Row, Transaction};
 use super::{ClaimBackend, Claimed, Claiming, Statements, Tx};
 use crate::lease::Found;
 use crate::rolled_back::RolledBack;
-use crate::stored::{Recalled, RecalledRow, Remembered};
+use crate::stored::{Recalled, Remembered, fetch_recalled};
 
 /// in_failed_sql_transaction: a statement other than `COMMIT`/`ROLLBACK` in an aborted
 /// transaction.
@@ -103,12 +103,8 @@ impl ClaimBackend for Postgres {
         consumer: &'static str,
         id: &'c str,
     ) -> Result<Option<Recalled>, sqlx::Error> {
-        let row: Option<RecalledRow<i32>> = sqlx::query_as(statements.postgres_recall)
-            .bind(consumer)
-            .bind(id)
-            .fetch_optional(conn)
-            .await?;
-        Ok(row.map(Recalled::from))
+        let sql = statements.postgres_recall;
+        fetch_recalled::<Self, i32>(conn, sql, consumer, id).await
     }
 
     async fn store<'c>(

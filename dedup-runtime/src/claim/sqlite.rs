@@ -9,7 +9,7 @@ use sqlx_core::transaction::TransactionManager;
 use super::{ClaimBackend, Claimed, Claiming, Statements, Tx};
 use crate::lease::Found;
 use crate::rolled_back::RolledBack;
-use crate::stored::{Recalled, RecalledRow, Remembered};
+use crate::stored::{Recalled, Remembered, fetch_recalled};
 
 type Manager = <Sqlite as sqlx::Database>::TransactionManager;
 
@@ -82,12 +82,8 @@ impl ClaimBackend for Sqlite {
         consumer: &'static str,
         id: &'c str,
     ) -> Result<Option<Recalled>, sqlx::Error> {
-        let row: Option<RecalledRow<i64>> = sqlx::query_as(statements.sqlite_recall)
-            .bind(consumer)
-            .bind(id)
-            .fetch_optional(conn)
-            .await?;
-        Ok(row.map(Recalled::from))
+        let sql = statements.sqlite_recall;
+        fetch_recalled::<Self, i64>(conn, sql, consumer, id).await
     }
 
     async fn store<'c>(

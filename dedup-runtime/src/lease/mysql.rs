@@ -10,7 +10,7 @@ use sqlx::mysql::MySqlConnection;
 use super::{Found, LeaseBackend, LeaseKey, LeaseSql, LeaseStatements};
 use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
 use crate::rolled_back::RolledBack;
-use crate::stored::{Recalled, RecalledRow};
+use crate::stored::{Recalled, fetch_recalled};
 
 const BEGIN: &str = "SET autocommit = 0; BEGIN";
 const COMMIT: &str = "COMMIT; SET autocommit = 1";
@@ -89,12 +89,7 @@ impl LeaseBackend for MySql {
         sql: &'static LeaseSql,
         key: LeaseKey<'c>,
     ) -> Result<Option<Recalled>, sqlx::Error> {
-        let row: Option<RecalledRow<i32>> = sqlx::query_as(sql.recall)
-            .bind(key.consumer)
-            .bind(key.id)
-            .fetch_optional(conn)
-            .await?;
-        Ok(row.map(Recalled::from))
+        fetch_recalled::<Self, i32>(conn, sql.recall, key.consumer, key.id).await
     }
 
     async fn lease_remember<'c>(

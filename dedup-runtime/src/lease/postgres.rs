@@ -7,7 +7,7 @@ use sqlx::postgres::{PgConnection, PgDatabaseError};
 
 use super::{Found, LeaseBackend, LeaseKey, LeaseSql, LeaseStatements, execute_numbered};
 use crate::rolled_back::RolledBack;
-use crate::stored::{Recalled, RecalledRow};
+use crate::stored::{Recalled, fetch_recalled};
 
 const BEGIN: &str = "BEGIN";
 const CHECKED_COMMIT: &str = "SET LOCAL dedup.checked_commit = on; COMMIT";
@@ -76,12 +76,7 @@ impl LeaseBackend for Postgres {
         sql: &'static LeaseSql,
         key: LeaseKey<'c>,
     ) -> Result<Option<Recalled>, sqlx::Error> {
-        let row: Option<RecalledRow<i32>> = sqlx::query_as(sql.recall)
-            .bind(key.consumer)
-            .bind(key.id)
-            .fetch_optional(conn)
-            .await?;
-        Ok(row.map(Recalled::from))
+        fetch_recalled::<Self, i32>(conn, sql.recall, key.consumer, key.id).await
     }
 
     async fn lease_remember<'c>(

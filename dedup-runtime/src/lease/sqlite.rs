@@ -6,7 +6,7 @@ use sqlx::sqlite::SqliteConnection;
 
 use super::{Found, LeaseBackend, LeaseKey, LeaseSql, LeaseStatements, execute_numbered};
 use crate::rolled_back::RolledBack;
-use crate::stored::{Recalled, RecalledRow};
+use crate::stored::{Recalled, fetch_recalled};
 
 const BEGIN: &str = "BEGIN IMMEDIATE";
 const COMMIT: &str = "COMMIT";
@@ -73,12 +73,7 @@ impl LeaseBackend for Sqlite {
         sql: &'static LeaseSql,
         key: LeaseKey<'c>,
     ) -> Result<Option<Recalled>, sqlx::Error> {
-        let row: Option<RecalledRow<i64>> = sqlx::query_as(sql.recall)
-            .bind(key.consumer)
-            .bind(key.id)
-            .fetch_optional(conn)
-            .await?;
-        Ok(row.map(Recalled::from))
+        fetch_recalled::<Self, i64>(conn, sql.recall, key.consumer, key.id).await
     }
 
     async fn lease_remember<'c>(

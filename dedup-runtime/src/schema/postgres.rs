@@ -215,15 +215,26 @@ pub(crate) async fn upgraded(
             return Ok(*upgraded);
         }
     }
-    let upgraded: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pg_attribute \
-         WHERE attrelid = to_regclass($1) AND attname = 'expires_at' AND NOT attisdropped)",
-    )
-    .bind(table)
-    .fetch_one(conn)
-    .await?;
+    let upgraded = has_column(conn, table, "expires_at").await?;
     remember_upgraded(table, upgraded);
     Ok(upgraded)
+}
+
+/// Whether the table `table` (as the session's `search_path` resolves it) has `column`,
+/// from the catalog.
+async fn has_column<'e>(
+    executor: impl sqlx::Executor<'e, Database = Postgres>,
+    table: &str,
+    column: &str,
+) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_attribute \
+         WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)",
+    )
+    .bind(table)
+    .bind(column)
+    .fetch_one(executor)
+    .await
 }
 
 /// Adds `column` (`definition`) to `table` if the catalog says it lacks it (a table made
@@ -239,15 +250,7 @@ pub(crate) async fn add_missing(
     column: &str,
     definition: &str,
 ) -> Result<(), sqlx::Error> {
-    let present: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pg_attribute \
-         WHERE attrelid = to_regclass($1) AND attname = $2 AND NOT attisdropped)",
-    )
-    .bind(table.name())
-    .bind(column)
-    .fetch_one(pool)
-    .await?;
-    if present {
+    if has_column(pool, table.name(), column).await? {
         return Ok(());
     }
     let alter = format!(
