@@ -464,6 +464,36 @@ impl Shuffle {
     }
 }
 
+/// Holds a leased handler's body until the test lets it go, and says when it is in: a
+/// copy of the message can then arrive while the lease runs.
+#[derive(Default)]
+pub struct Gate {
+    /// Whether [`pass`](Self::pass) waits (a [`Default`] gate is open).
+    pub hold: bool,
+    /// Notified when a body reaches [`pass`](Self::pass).
+    pub entered: tokio::sync::Notify,
+    /// Notify it to let the body go on.
+    pub go: tokio::sync::Notify,
+}
+
+impl Gate {
+    /// A gate that holds the body until [`go`](Self::go) is notified.
+    pub fn held() -> std::sync::Arc<Gate> {
+        std::sync::Arc::new(Gate {
+            hold: true,
+            ..Gate::default()
+        })
+    }
+
+    /// In the body: says it is in, then waits for [`go`](Self::go) (a held gate).
+    pub async fn pass(&self) {
+        if self.hold {
+            self.entered.notify_one();
+            self.go.notified().await;
+        }
+    }
+}
+
 /// The dedup table as dedup 0.1 created it (its `migrate` and its shipped
 /// `0001_processed_messages.sql`), frozen here: the starting point of the upgrade tests,
 /// and what the shipped `0001` files must go on saying. Never change these strings.

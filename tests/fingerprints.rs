@@ -39,29 +39,7 @@ impl Msg {
     }
 }
 
-/// Holds a leased body until the test lets it go, and says when it is in.
-#[derive(Default)]
-pub struct Gate {
-    pub hold: bool,
-    pub entered: tokio::sync::Notify,
-    pub go: tokio::sync::Notify,
-}
-
-impl Gate {
-    pub fn held() -> std::sync::Arc<Gate> {
-        std::sync::Arc::new(Gate {
-            hold: true,
-            ..Gate::default()
-        })
-    }
-
-    pub async fn pass(&self) {
-        if self.hold {
-            self.entered.notify_one();
-            self.go.notified().await;
-        }
-    }
-}
+use dedup_suite::Gate;
 
 macro_rules! backend_suite {
     (

@@ -104,29 +104,7 @@ async fn mariadb_without_strict_mode_stores_the_largest_result_whole() {
     at_the_highest_limit(&lenient, mysql::largest).await;
 }
 
-/// Holds a leased body until the test lets it go, and says when it is in.
-#[derive(Default)]
-pub struct Gate {
-    pub hold: bool,
-    pub entered: tokio::sync::Notify,
-    pub go: tokio::sync::Notify,
-}
-
-impl Gate {
-    pub fn held() -> std::sync::Arc<Gate> {
-        std::sync::Arc::new(Gate {
-            hold: true,
-            ..Gate::default()
-        })
-    }
-
-    pub async fn pass(&self) {
-        if self.hold {
-            self.entered.notify_one();
-            self.go.notified().await;
-        }
-    }
-}
+use dedup_suite::Gate;
 
 macro_rules! backend_suite {
     (
