@@ -50,6 +50,7 @@ macro_rules! backend_suite {
         effects_ddl = $effects_ddl:literal,
         insert_effect = $insert_effect:literal,
         select_fingerprint = $select_fingerprint:literal,
+        delete_consumer = $delete_consumer:literal,
         expire = $expire:literal $(,)?
     ) => {
         mod $backend {
@@ -427,6 +428,255 @@ macro_rules! backend_suite {
                     assert_eq!(effects(&pool, &msg.id).await, 1);
                 }
             }
+
+            /// A batch of the same consumer as `whole`, fingerprinting each message's payload.
+            #[idempotent(consumer = "fingerprints-whole", batch = fresh, key = |msg| msg.id, fingerprint = |msg| msg.payload)]
+            async fn batched(tx: &mut $conn, fresh: &[&Msg]) -> Result<(), sqlx::Error> {
+                for msg in fresh {
+                    effect(tx, msg).await?;
+                }
+                Ok(())
+            }
+
+            /// A batch of the leased handlers' consumer.
+            #[idempotent(consumer = "fingerprints-leased", batch = fresh, key = |msg| msg.id, fingerprint = |msg| msg.payload)]
+            async fn batched_leased(tx: &mut $conn, fresh: &[&Msg]) -> Result<(), sqlx::Error> {
+                for msg in fresh {
+                    effect(tx, msg).await?;
+                }
+                Ok(())
+            }
+
+            /// Send-first under a lease, its fingerprint written with the claim.
+            #[idempotent(consumer = "fingerprints-leased", key = msg.id, effect = "send-first", lease = "30s", fingerprint = msg.payload)]
+            async fn sent(lease: &mut dedup_runtime::Lease<'_, Db>, msg: &Msg, gate: &Gate) -> Result<(), sqlx::Error> {
+                gate.pass().await;
+                let tx = lease.transaction().await?;
+                effect(tx, msg).await
+            }
+
+            fn batch_mismatch<E>(item: &dedup_runtime::batch::BatchItem<E>, msg: &Msg, stored: &[u8]) {
+                match item {
+                    dedup_runtime::batch::BatchItem::FingerprintMismatch(found) => {
+                        assert_eq!(found.consumer().is_empty(), false);
+                        assert_eq!(found.message_id(), msg.id);
+                        assert_eq!(found.received(), fingerprint(&msg.payload));
+                        assert_eq!(found.stored(), fingerprint(stored));
+                    }
+                    _ => panic!("not a mismatch"),
+                }
+            }
+
+            /// Batch members: the fingerprint is written with the batch's claim; a member
+            /// whose id was processed with another payload, and a copy in the batch with
+            /// another payload than its first, are mismatches (not processed, not
+            /// acknowledged); an identical one is a duplicate; the single handler compares
+            /// against what the batch stored, and the batch against a single handler's.
+            #[tokio::test]
+            async fn a_batch_member_with_another_payload_is_a_mismatch() {
+                use dedup_runtime::batch::BatchItem;
+                let pool = pool().await;
+                let done = Msg::new("batch-done", b"one");
+                let reused = Msg::new("batch-reused", b"four");
+                for msg in [&done, &reused] {
+                    assert!(whole(&*pool, msg).await.unwrap().is_processed());
+                }
+                let fresh = Msg::new("batch-fresh", b"two");
+                let delivered = [
+                    done.clone(),
+                    fresh.clone(),
+                    fresh.with_payload(b"three"),
+                    reused.with_payload(b"not four"),
+                    fresh.clone(),
+                ];
+                let outcome = batched(&*pool, &delivered).await.unwrap();
+                let items = outcome.items();
+                assert!(matches!(items[0], BatchItem::Duplicate(Duplicate::AlreadyProcessed)), "{items:?}");
+                assert!(matches!(items[1], BatchItem::Processed), "{items:?}");
+                batch_mismatch(&items[2], &delivered[2], b"two");
+                batch_mismatch(&items[3], &delivered[3], b"four");
+                assert!(matches!(items[4], BatchItem::SameAs { first: 1 }), "{items:?}");
+                assert_eq!((outcome.processed(), outcome.duplicates(), outcome.mismatches()), (1, 1, 2));
+                assert_eq!((0..5).map(|n| outcome.ack(n)).collect::<Vec<_>>(), [true, true, false, false, true]);
+                // The database: one effect each, the batch's fingerprint with its row.
+                for msg in [&done, &fresh, &reused] {
+                    assert_eq!(effects(&pool, &msg.id).await, 1, "{}", msg.id);
+                }
+                assert_eq!(stored(&pool, "fingerprints-whole", &fresh.id).await, Some(fingerprint(b"two").to_vec()));
+                assert_eq!(stored(&pool, "fingerprints-whole", &reused.id).await, Some(fingerprint(b"four").to_vec()));
+                // The single handler reads what the batch stored.
+                assert!(whole(&*pool, &fresh).await.unwrap().is_duplicate());
+                mismatch(&whole(&*pool, &fresh.with_payload(b"three")).await.unwrap_err(), &fresh.with_payload(b"three"));
+                // Delivered again, identical: all duplicates.
+                let again = batched(&*pool, &[done.clone(), fresh.clone(), reused.clone()]).await.unwrap();
+                assert_eq!((again.duplicates(), again.mismatches()), (3, 0));
+                // A row stored without a fingerprint has nothing to compare: a duplicate.
+                let old = Msg::new("batch-unprinted", b"old");
+                assert!(unprinted(&*pool, &old).await.unwrap().is_processed());
+                let outcome = batched(&*pool, &[old.with_payload(b"new")]).await.unwrap();
+                assert!(matches!(outcome.items()[0], BatchItem::Duplicate(Duplicate::AlreadyProcessed)));
+                assert_eq!(effects(&pool, &old.id).await, 1);
+            }
+
+            /// Rows of leased handlers: a lease in progress is in progress for the same
+            /// payload and a mismatch for another; an unknown outcome likewise; an expired
+            /// send-first lease is taken over for the same payload only.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_batch_member_meets_leases_with_their_fingerprints() {
+                use dedup_runtime::batch::BatchItem;
+                let pool = Arc::new(pool().await);
+                let held = Msg::new("batch-held", b"one");
+                let gate = Gate::held();
+                let task = {
+                    let (pool, msg, gate) = (pool.clone(), held.clone(), gate.clone());
+                    tokio::spawn(async move { marked(&**pool, &msg, &gate).await })
+                };
+                gate.entered.notified().await;
+                let other = held.with_payload(b"two");
+                let outcome = batched_leased(&**pool, std::slice::from_ref(&held)).await.unwrap();
+                assert!(matches!(outcome.items()[0], BatchItem::InProgress(_)), "{:?}", outcome.items());
+                let outcome = batched_leased(&**pool, std::slice::from_ref(&other)).await.unwrap();
+                batch_mismatch(&outcome.items()[0], &other, b"one");
+                // The call never completes: after its lease, the outcome is unknown.
+                task.abort();
+                assert!(task.await.unwrap_err().is_cancelled());
+                expire(&pool, "fingerprints-leased", &held.id).await;
+                let outcome = batched_leased(&**pool, std::slice::from_ref(&held)).await.unwrap();
+                assert!(matches!(outcome.items()[0], BatchItem::Duplicate(Duplicate::OutcomeUnknown)), "{:?}", outcome.items());
+                let outcome = batched_leased(&**pool, std::slice::from_ref(&other)).await.unwrap();
+                batch_mismatch(&outcome.items()[0], &other, b"one");
+                assert_eq!(effects(&pool, &held.id).await, 0);
+
+                // An expired send-first lease.
+                let lapsed = Msg::new("batch-lapsed", b"one");
+                let gate = Gate::held();
+                let task = {
+                    let (pool, msg, gate) = (pool.clone(), lapsed.clone(), gate.clone());
+                    tokio::spawn(async move { sent(&**pool, &msg, &gate).await })
+                };
+                gate.entered.notified().await;
+                task.abort();
+                assert!(task.await.unwrap_err().is_cancelled());
+                expire(&pool, "fingerprints-leased", &lapsed.id).await;
+                let other = lapsed.with_payload(b"two");
+                let outcome = batched_leased(&**pool, std::slice::from_ref(&other)).await.unwrap();
+                batch_mismatch(&outcome.items()[0], &other, b"one");
+                assert_eq!(effects(&pool, &lapsed.id).await, 0, "not taken over");
+                let outcome = batched_leased(&**pool, std::slice::from_ref(&lapsed)).await.unwrap();
+                assert!(matches!(outcome.items()[0], BatchItem::Processed), "{:?}", outcome.items());
+                assert_eq!(effects(&pool, &lapsed.id).await, 1);
+                assert_eq!(stored(&pool, "fingerprints-leased", &lapsed.id).await, Some(fingerprint(b"one").to_vec()));
+                mismatch(&plain_leased(&**pool, &other).await.unwrap_err(), &other);
+            }
+
+            /// The runtime's `Batch::fingerprint`, as a `BatchHandler` with state uses it.
+            #[tokio::test]
+            async fn batch_fingerprint_on_the_runtime() {
+                use dedup_runtime::batch::{Batch, BatchHandler, BatchItem};
+                struct Record;
+                impl BatchHandler<Db, Msg> for Record {
+                    type Error = sqlx::Error;
+                    async fn handle(&self, tx: &mut $conn, fresh: &[&Msg]) -> Result<(), sqlx::Error> {
+                        for msg in fresh {
+                            effect(tx, msg).await?;
+                        }
+                        Ok(())
+                    }
+                }
+                let pool = pool().await;
+                // The declared part: the amount.
+                let batch = Batch::new("fingerprints-runtime")
+                    .unwrap()
+                    .fingerprint(|msg: &Msg| fingerprint(&msg.amount.to_be_bytes()));
+                let msg = Msg::new("runtime", b"payload");
+                let outcome = batch.run(&*pool, std::slice::from_ref(&msg), |msg| msg.id.as_str(), &Record).await.unwrap();
+                assert_eq!(outcome.processed(), 1);
+                assert_eq!(stored(&pool, "fingerprints-runtime", &msg.id).await, Some(fingerprint(&100u64.to_be_bytes()).to_vec()));
+                // Another payload, same amount: a duplicate; another amount: the mismatch.
+                let same_part = Msg { payload: b"other".to_vec(), delivered_at: "later".into(), ..msg.clone() };
+                let outcome = batch.run(&*pool, &[same_part], |msg| msg.id.as_str(), &Record).await.unwrap();
+                assert!(matches!(outcome.items()[0], BatchItem::Duplicate(Duplicate::AlreadyProcessed)));
+                let more = Msg { amount: 200, ..msg.clone() };
+                let mut conn = pool.acquire().await.unwrap();
+                let outcome = batch.run_on(&mut *conn, &[more], |msg| msg.id.as_str(), &Record).await.unwrap();
+                match &outcome.items()[0] {
+                    BatchItem::FingerprintMismatch(found) => {
+                        assert_eq!(found.stored(), fingerprint(&100u64.to_be_bytes()));
+                        assert_eq!(found.received(), fingerprint(&200u64.to_be_bytes()));
+                        assert_eq!(found.consumer(), "fingerprints-runtime");
+                    }
+                    other => panic!("{other:?}"),
+                }
+                assert_eq!(effects(&pool, &msg.id).await, 1);
+            }
+
+            /// The statement limits: 10,001 messages (past the 10,000 rows of one MySQL
+            /// and the 5,000 of one SQLite statement), each id and the consumer 255 bytes
+            /// long, with their fingerprints: all claimed, then all duplicates, and the
+            /// last one's reuse caught.
+            #[tokio::test]
+            async fn a_batch_at_the_limits_with_fingerprints() {
+                use dedup_runtime::batch::{Batch, BatchHandler};
+                struct Nothing;
+                impl BatchHandler<Db, Msg> for Nothing {
+                    type Error = sqlx::Error;
+                    async fn handle(&self, tx: &mut $conn, fresh: &[&Msg]) -> Result<(), sqlx::Error> {
+                        sqlx::query("SELECT 1").execute(&mut *tx).await?;
+                        assert!(!fresh.is_empty());
+                        Ok(())
+                    }
+                }
+                let pool = pool().await;
+                let consumer = format!("{:x<255}", "fingerprints-limits-");
+                sqlx::query($delete_consumer).bind(&consumer).execute(&*pool).await.unwrap();
+                let batch = Batch::new(&consumer)
+                    .unwrap()
+                    .fingerprint(|msg: &Msg| fingerprint(&msg.payload));
+                let messages: Vec<Msg> = (0..10_001)
+                    .map(|n| {
+                        let id = format!("{n:05}-");
+                        Msg { id: format!("{id:y<255}"), ..Msg::new("", format!("payload {n}").as_bytes()) }
+                    })
+                    .collect();
+                let outcome = batch.run(&*pool, &messages, |msg| msg.id.as_str(), &Nothing).await.unwrap();
+                assert_eq!(outcome.processed(), 10_001);
+                for n in [0, 5_000, 9_999, 10_000] {
+                    let msg = &messages[n];
+                    assert_eq!(stored(&pool, &consumer, &msg.id).await, Some(fingerprint(&msg.payload).to_vec()), "{n}");
+                }
+                let mut again = messages.clone();
+                again[10_000].payload = b"reused".to_vec();
+                let outcome = batch.run(&*pool, &again, |msg| msg.id.as_str(), &Nothing).await.unwrap();
+                assert_eq!((outcome.duplicates(), outcome.mismatches()), (10_000, 1));
+                batch_mismatch(&outcome.items()[10_000], &again[10_000], b"payload 10000");
+            }
+
+            /// Two batches at once carrying one id with different payloads: one processes
+            /// it, the other waits for its row and then is the mismatch.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn two_batches_at_once_one_processed_one_mismatch() {
+                use dedup_runtime::batch::BatchItem;
+                let pool = Arc::new(pool().await);
+                for round in 0..10 {
+                    let msg = Msg::new(&format!("batch-race-{round}"), b"left");
+                    let mut tasks = Vec::new();
+                    for copy in [msg.clone(), msg.with_payload(b"right")] {
+                        let pool = pool.clone();
+                        tasks.push(tokio::spawn(async move { batched(&**pool, &[copy]).await }));
+                    }
+                    let mut seen = (0, 0);
+                    for task in tasks {
+                        let outcome = task.await.unwrap().unwrap();
+                        match &outcome.items()[0] {
+                            BatchItem::Processed => seen.0 += 1,
+                            BatchItem::FingerprintMismatch(_) => seen.1 += 1,
+                            other => panic!("round {round}: {other:?}"),
+                        }
+                    }
+                    assert_eq!(seen, (1, 1), "round {round}");
+                    assert_eq!(effects(&pool, &msg.id).await, 1);
+                }
+            }
         }
     };
 }
@@ -440,6 +690,7 @@ backend_suite!(
     insert_effect = "INSERT INTO dedup_fingerprint_effects (message_id) VALUES ($1)",
     select_fingerprint =
         "SELECT fingerprint FROM processed_messages WHERE consumer = $1 AND message_id = $2",
+    delete_consumer = "DELETE FROM processed_messages WHERE consumer = $1",
     expire = "UPDATE processed_messages SET expires_at = clock_timestamp() - interval '1 second' \
               WHERE consumer = $1 AND message_id = $2",
 );
@@ -454,6 +705,7 @@ backend_suite!(
     insert_effect = "INSERT INTO dedup_fingerprint_effects (message_id) VALUES (?)",
     select_fingerprint =
         "SELECT fingerprint FROM processed_messages WHERE consumer = ? AND message_id = ?",
+    delete_consumer = "DELETE FROM processed_messages WHERE consumer = ?",
     expire = "UPDATE processed_messages SET expires_at = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND \
               WHERE consumer = ? AND message_id = ?",
 );
@@ -467,6 +719,7 @@ backend_suite!(
     insert_effect = "INSERT INTO dedup_fingerprint_effects (message_id) VALUES (?)",
     select_fingerprint =
         "SELECT fingerprint FROM processed_messages WHERE consumer = ? AND message_id = ?",
+    delete_consumer = "DELETE FROM processed_messages WHERE consumer = ?",
     expire = "UPDATE processed_messages \
               SET expires_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', '-1 seconds') \
               WHERE consumer = ?1 AND message_id = ?2",

@@ -458,7 +458,7 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
             result_name: result_name.as_ref(),
             version: result_version.0,
             max_len: max_result_len.0,
-            fingerprint: fingerprint.0.as_ref().map(|(name, _)| name),
+            fingerprint: fingerprint.0.as_ref().map(|(name, value)| (name, value)),
             key: key.is_some(),
             batch: batch_name.is_some(),
             quiet: unread.any,
@@ -498,7 +498,7 @@ struct RememberedArgs<'a> {
     result_name: Option<&'a Ident>,
     version: Option<(Ident, u32)>,
     max_len: Option<(Ident, usize)>,
-    fingerprint: Option<&'a Ident>,
+    fingerprint: Option<(&'a Ident, &'a Expr)>,
     key: bool,
     batch: bool,
     /// An argument could not be read: its error is the one to show.
@@ -506,8 +506,8 @@ struct RememberedArgs<'a> {
 }
 
 /// The rules of stored results and fingerprints: both need the message id's dedup row
-/// (`key`); `result_version` and `max_result_len` go with `result`. Batches do not store
-/// them yet.
+/// (`key`); `result_version` and `max_result_len` go with `result`. A batch handler
+/// fingerprints each message through a closure, and stores no result.
 fn remembered(given: RememberedArgs<'_>, errors: &mut Errors) -> Option<StoredResult> {
     for (name, _) in [
         given.version.as_ref().map(|(n, _)| (n, ())),
@@ -527,7 +527,8 @@ fn remembered(given: RememberedArgs<'_>, errors: &mut Errors) -> Option<StoredRe
         }
     }
     if !given.quiet {
-        for name in [given.result_name, given.fingerprint].into_iter().flatten() {
+        let fingerprint = given.fingerprint.map(|(name, _)| name);
+        for name in [given.result_name, fingerprint].into_iter().flatten() {
             if !given.key && !given.batch {
                 errors.add(
                     name.span(),
@@ -536,14 +537,22 @@ fn remembered(given: RememberedArgs<'_>, errors: &mut Errors) -> Option<StoredRe
                          is none: add `consumer = \"name\", key = msg.id`"
                     ),
                 );
-            } else if given.batch {
+            }
+        }
+        if given.batch {
+            if let Some(name) = given.result_name {
                 errors.add(
                     name.span(),
                     format_args!(
-                        "`{name}` is not supported with `batch` yet: process these messages with \
-                         a handler of one message (`key = msg.id`), or remove `{name}`"
+                        "`{name}` stores a handler's value for each message, and the body of a \
+                         batch handler returns one `()` for many messages: remove `{name}`, or \
+                         handle these messages one at a time (`key = msg.id`), whose value is \
+                         stored"
                     ),
                 );
+            }
+            if let Some((_, value)) = given.fingerprint {
+                batch_fingerprint(value, errors);
             }
         }
     }
@@ -551,6 +560,40 @@ fn remembered(given: RememberedArgs<'_>, errors: &mut Errors) -> Option<StoredRe
         version: given.version.map_or(1, |(_, version)| version),
         max_len: given.max_len.map_or(DEFAULT_MAX_RESULT_LEN, |(_, len)| len),
     })
+}
+
+/// `fingerprint = |order| order.body` of a batch handler: a closure over one message, that
+/// does not await.
+fn batch_fingerprint(value: &Expr, errors: &mut Errors) {
+    let Expr::Closure(closure) = ungrouped(value) else {
+        errors.add_spanned(
+            value,
+            "in a batch handler `fingerprint` says what each message's payload is: write a \
+             closure over one message, such as `fingerprint = |order| order.body`",
+        );
+        return;
+    };
+    per_message(closure, "fingerprint = |order| order.body", errors);
+}
+
+/// A batch handler's closure (`key`, `fingerprint`; `example` shows it) takes one message
+/// and does not await.
+fn per_message(closure: &syn::ExprClosure, example: &str, errors: &mut Errors) {
+    let name = example.split(' ').next().unwrap_or(example);
+    if closure.inputs.len() != 1 {
+        errors.add_spanned(
+            &closure.inputs,
+            format_args!("the `{name}` of a batch handler takes one message: write `{example}`"),
+        );
+    } else if let Some(asyncness) = &closure.asyncness {
+        errors.add(
+            asyncness.span,
+            format_args!(
+                "the `{name}` of a batch handler is computed before the transaction begins, \
+                 and cannot await: remove `async`"
+            ),
+        );
+    }
 }
 
 /// A whole number from 1 to `max`, written as an integer literal.
@@ -612,21 +655,7 @@ fn check_batch(
                 "in a batch handler `key` says where each message's id is: write a closure \
                  over one message, such as `key = |order| order.id`",
             ),
-            Some(closure) => {
-                if closure.inputs.len() != 1 {
-                    errors.add_spanned(
-                        &closure.inputs,
-                        "the `key` of a batch handler takes one message: write \
-                         `key = |order| order.id`",
-                    );
-                } else if let Some(asyncness) = &closure.asyncness {
-                    errors.add(
-                        asyncness.span,
-                        "the `key` of a batch handler is computed before the transaction \
-                         begins, and cannot await: remove `async`",
-                    );
-                }
-            }
+            Some(closure) => per_message(closure, "key = |order| order.id", errors),
         },
         (None, Some(_)) => {
             if let Some(closure) = closure {

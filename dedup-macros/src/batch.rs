@@ -246,8 +246,12 @@ fn ungrouped(ty: &Type) -> &Type {
 //         fn __dedup_key(order: &Order) -> __private::MessageId<'static> {
 //             __private::batch_key(&order.id)
 //         }
+//         // With `fingerprint = |order| order.body`:
+//         fn __dedup_print(order: &Order) -> __private::Fingerprint {
+//             __private::fingerprint(&order.body)
+//         }
 //         __private::run_batch(__dedup_db, "billing", "processed_messages", &[], orders,
-//             __dedup_key, &__DedupBody).await
+//             __dedup_key, Some(__dedup_print) /* or None */, &__DedupBody).await
 //     }
 // The body is spliced once, as the impl's method: `?` and `return` keep their meaning, and
 // a type error points into it. `Batch::run` (`dedup-runtime/src/batch.rs`) does the rest.
@@ -281,8 +285,27 @@ pub fn expand(args: &Args, batch: Batch) -> TokenStream {
         Ident::new("__DedupBody", Span::mixed_site()),
         Ident::new("__dedup_key", Span::mixed_site()),
     );
-    let (key_pat, key_ty, key_body) = key_parts(args, &message_ty);
-    let key_call = key_call(&private, "batch_key", &key_body);
+    let (key_pat, key_ty, key_body) =
+        closure_parts(args.key.as_ref().map(|(_, key)| key), &message_ty);
+    let key_tokens = key_call(&private, "batch_key", &key_body);
+    // `fingerprint = |order| order.body`: a function of one message, as for the key.
+    let (print_fn, print) = match &args.fingerprint {
+        Some(fingerprint) => {
+            let print_fn = Ident::new("__dedup_print", Span::mixed_site());
+            let (pat, ty, body) = closure_parts(Some(fingerprint), &message_ty);
+            let call = key_call(&private, "fingerprint", &body);
+            (
+                quote! {
+                    #[allow(clippy::needless_pass_by_value, clippy::trivially_copy_pass_by_ref)]
+                    fn #print_fn(#pat: #ty) -> #private::Fingerprint {
+                        #call
+                    }
+                },
+                quote!(::core::option::Option::Some(#print_fn)),
+            )
+        }
+        None => (TokenStream::new(), quote!(::core::option::Option::None)),
+    };
     let consumer = args
         .consumer
         .clone()
@@ -307,8 +330,9 @@ pub fn expand(args: &Args, batch: Batch) -> TokenStream {
             }
             #[allow(clippy::needless_pass_by_value, clippy::trivially_copy_pass_by_ref)]
             fn #key_fn(#key_pat: #key_ty) -> #private::MessageId<'static> {
-                #key_call
+                #key_tokens
             }
+            #print_fn
             #private::run_batch(
                 #db,
                 #consumer,
@@ -316,6 +340,7 @@ pub fn expand(args: &Args, batch: Batch) -> TokenStream {
                 &[#(#unique),*],
                 #messages,
                 #key_fn,
+                #print,
                 &#body_ty,
             )
             .await
@@ -323,15 +348,13 @@ pub fn expand(args: &Args, batch: Batch) -> TokenStream {
     }
 }
 
-/// The key closure's parameter, its type (`&M` unless written), and its body.
-fn key_parts(args: &Args, message_ty: &Type) -> (Pat, Type, Expr) {
-    let closure = args
-        .key
-        .as_ref()
-        .and_then(|(_, key)| match ungrouped_expr(key) {
-            Expr::Closure(closure) => Some(closure.clone()),
-            _ => None,
-        });
+/// A closure's (`key = |order| order.id`, `fingerprint = |order| order.body`) parameter,
+/// its type (`&M` unless written), and its body.
+fn closure_parts(closure: Option<&Expr>, message_ty: &Type) -> (Pat, Type, Expr) {
+    let closure = closure.and_then(|closure| match ungrouped_expr(closure) {
+        Expr::Closure(closure) => Some(closure.clone()),
+        _ => None,
+    });
     let Some(closure) = closure else {
         // Refused in `args`; expand to something that type-checks.
         return (

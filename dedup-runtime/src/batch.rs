@@ -101,6 +101,13 @@
 //!   [`Duplicate::OutcomeUnknown`]; an expired send-first lease is taken over and
 //!   processed with the batch.
 //!
+//! - **Payload fingerprints** ([`Batch::fingerprint`]): each message's fingerprint is
+//!   written with the row the claim inserts (the same one statement, one column more),
+//!   and read with the rows it found (the same one statement); a message whose id has a
+//!   row with another fingerprint, or an earlier copy in the batch with another payload,
+//!   is [`BatchItem::FingerprintMismatch`] and is neither processed nor acknowledged.
+//!   Without it, the statements are those of a batch before fingerprints.
+//!
 //! A database failure of ours that persists (the claim or the commit failing for good,
 //! the database away) ends the call with the error: acknowledge nothing of the batch.
 //! What committed before it in this call comes back as duplicates.
@@ -130,6 +137,7 @@ use crate::ledger::{InvalidConsumer, check_consumer};
 use crate::outcome::Duplicate;
 use crate::rolled_back::RolledBack;
 use crate::schema::{DEFAULT_TABLE, InvalidTableName, Table};
+use crate::stored::{Fingerprint, FingerprintMismatch};
 
 /// How one backend claims and seals a batch's dedup rows.
 #[doc(hidden)]
@@ -137,23 +145,28 @@ pub trait BatchBackend: Database {
     /// Inserts the dedup rows of `ids` (distinct, in byte order) that are not there yet,
     /// in one statement where the backend allows it; returns the ids inserted now.
     /// `token`: this transaction's own, for backends that read the new rows back by it.
+    /// `prints`: the ids' payload fingerprints, in the same order, written into the new
+    /// rows (`None`: the statement without the column, as before fingerprints).
     fn claim_many<'c>(
         conn: &'c mut Self::Connection,
         table: &'c Table,
         consumer: &'c str,
         ids: &'c [&'c str],
+        prints: Option<&'c [&'c [u8]]>,
         token: &'c [u8; 16],
     ) -> impl Future<Output = Result<Vec<String>, sqlx::Error>> + Send + 'c;
 
     /// The rows of `ids` that the claim found there, each with what it says (a lease in
-    /// progress, a mark-first call's unknown outcome, processed); an id whose row is gone
-    /// (a lease released in between) is missing from the answer.
+    /// progress, a mark-first call's unknown outcome, processed), and with its stored
+    /// fingerprint when `printed`; an id whose row is gone (a lease released in between)
+    /// is missing from the answer.
     fn inspect_many<'c>(
         conn: &'c mut Self::Connection,
         table: &'c Table,
         consumer: &'c str,
         ids: &'c [&'c str],
-    ) -> impl Future<Output = Result<Vec<(String, Found)>, sqlx::Error>> + Send + 'c;
+        printed: bool,
+    ) -> impl Future<Output = Result<Vec<Inspected>, sqlx::Error>> + Send + 'c;
 
     /// Takes over the expired send-first lease of `id` as this transaction's claim (MySQL:
     /// with `token` as its owner, as [`seal_many`](Self::seal_many) checks); `Ok(false)`
@@ -179,6 +192,27 @@ pub trait BatchBackend: Database {
         token: &'c [u8; 16],
         slow: bool,
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'c;
+}
+
+/// A row [`BatchBackend::inspect_many`] found.
+#[doc(hidden)]
+pub struct Inspected {
+    pub(crate) id: String,
+    pub(crate) found: Found,
+    /// The payload fingerprint stored with it (asked for, and there).
+    pub(crate) fingerprint: Option<Vec<u8>>,
+}
+
+impl Inspected {
+    /// A processed row of `id` with no fingerprint: what a table of 0.1 holds.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
+    pub(crate) fn processed(id: &str) -> Inspected {
+        Inspected {
+            id: id.to_owned(),
+            found: Found::PROCESSED,
+            fingerprint: None,
+        }
+    }
 }
 
 /// The body of a batch handler: runs once per transaction on the messages of the batch
@@ -224,13 +258,48 @@ impl<E: StdError + Send + 'static> BatchError for E {
     }
 }
 
-/// A batch handler's settings: its consumer, its dedup table and its business keys.
+/// A batch handler's settings: its consumer, its dedup table, its business keys and
+/// (`P`) how it fingerprints a message's payload, if it does.
 /// Cheap to keep; [`run`](Self::run) it for each batch the broker hands over.
 #[derive(Debug, Clone)]
-pub struct Batch {
+pub struct Batch<P = Unprinted> {
     consumer: String,
     table: Table,
     unique: &'static [&'static str],
+    print: P,
+}
+
+/// A [`Batch`] that does not fingerprint its messages (the default).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Unprinted;
+
+/// A [`Batch`] that fingerprints each message with `F` ([`Batch::fingerprint`]).
+#[derive(Clone, Copy)]
+pub struct Fingerprinted<F>(F);
+
+impl<F> std::fmt::Debug for Fingerprinted<F> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Fingerprinted(..)")
+    }
+}
+
+/// How a [`Batch`] fingerprints a message: [`Unprinted`] or [`Fingerprinted`].
+#[doc(hidden)]
+pub trait Printer<M>: Send + Sync {
+    /// The fingerprint of `message`, if the batch takes them.
+    fn print(&self, message: &M) -> Option<Fingerprint>;
+}
+
+impl<M> Printer<M> for Unprinted {
+    fn print(&self, _: &M) -> Option<Fingerprint> {
+        None
+    }
+}
+
+impl<M, F: Fn(&M) -> Fingerprint + Send + Sync> Printer<M> for Fingerprinted<F> {
+    fn print(&self, message: &M) -> Option<Fingerprint> {
+        Some((self.0)(message))
+    }
 }
 
 impl Batch {
@@ -242,11 +311,14 @@ impl Batch {
             consumer: consumer.to_owned(),
             table: Table::new(DEFAULT_TABLE).expect("the default table name is valid"),
             unique: &[],
+            print: Unprinted,
         })
     }
+}
 
+impl<P> Batch<P> {
     /// Its dedup rows in `table` (as `#[idempotent(table = …)]`).
-    pub fn table(self, table: &str) -> Result<Batch, InvalidTableName> {
+    pub fn table(self, table: &str) -> Result<Batch<P>, InvalidTableName> {
         Ok(Batch {
             table: Table::new(table)?,
             ..self
@@ -255,10 +327,38 @@ impl Batch {
 
     /// Business keys (as `#[idempotent(unique = …)]`): a message whose body violates one
     /// of these unique constraints on its own is a duplicate, [`Duplicate::BusinessKey`].
-    pub fn unique(self, constraints: &'static [&'static str]) -> Batch {
+    pub fn unique(self, constraints: &'static [&'static str]) -> Batch<P> {
         Batch {
             unique: constraints,
             ..self
+        }
+    }
+
+    /// Payload fingerprints (as `#[idempotent(fingerprint = …)]`): `print` gives each
+    /// message's, usually [`fingerprint`](crate::fingerprint) of its payload or of the
+    /// part that makes it what it is. It is stored with each dedup row the batch claims;
+    /// a message whose id has a row with another fingerprint — processed, in progress,
+    /// an unknown outcome, an expired send-first lease — is
+    /// [`BatchItem::FingerprintMismatch`], and so is a copy within the batch whose payload
+    /// differs from the first's. An identical redelivery stays a duplicate; a row stored
+    /// without a fingerprint has nothing to compare, and counts as before.
+    ///
+    /// ```
+    /// # use dedup_runtime::batch::Batch;
+    /// struct Paid { id: String, body: Vec<u8> }
+    /// let batch = Batch::new("billing")?
+    ///     .fingerprint(|paid: &Paid| dedup_runtime::fingerprint(&paid.body));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn fingerprint<M, F>(self, print: F) -> Batch<Fingerprinted<F>>
+    where
+        F: Fn(&M) -> Fingerprint + Send + Sync,
+    {
+        Batch {
+            consumer: self.consumer,
+            table: self.table,
+            unique: self.unique,
+            print: Fingerprinted(print),
         }
     }
 
@@ -291,6 +391,7 @@ impl Batch {
         M: Sync,
         K: MessageKey + ?Sized,
         H: BatchHandler<DB, M>,
+        P: Printer<M>,
     {
         let ids = ids_of(messages, key);
         self.run_from(Source::Pool(pool), messages, &ids, handler)
@@ -324,6 +425,7 @@ impl Batch {
         M: Sync,
         K: MessageKey + ?Sized,
         H: BatchHandler<DB, M>,
+        P: Printer<M>,
     {
         let ids = ids_of(messages, key);
         self.run_from(Source::Conn(conn), messages, &ids, handler)
@@ -343,6 +445,7 @@ impl Batch {
         DB: Backend,
         M: Sync,
         H: BatchHandler<DB, M>,
+        P: Printer<M>,
     {
         let ids: Vec<MessageId<'static>> = messages.iter().map(key).collect();
         let source = match &mut handle.source {
@@ -363,8 +466,15 @@ impl Batch {
         DB: Backend,
         M: Sync,
         H: BatchHandler<DB, M>,
+        P: Printer<M>,
     {
         let mut items: Vec<Option<BatchItem<H::Error>>> = Vec::with_capacity(messages.len());
+        // Each message's fingerprint, when the batch takes them.
+        let prints: Option<Vec<Fingerprint>> = messages
+            .iter()
+            .map(|message| self.print.print(message))
+            .collect();
+        let print = |index: usize| prints.as_ref().map(|prints| prints[index]);
         // The distinct valid ids, each with the index of its first message.
         let mut ids: Vec<(String, usize)> = Vec::new();
         let mut first: HashMap<String, usize> = HashMap::new();
@@ -372,6 +482,17 @@ impl Batch {
             match id.validate() {
                 Err(invalid) => items.push(Some(BatchItem::Invalid(invalid))),
                 Ok(id) => match first.get(id) {
+                    // A copy with another payload than the first's: an id reused.
+                    Some(&earlier) if print(index) != print(earlier) => {
+                        items.push(Some(BatchItem::FingerprintMismatch(
+                            FingerprintMismatch::new(
+                                &self.consumer,
+                                id,
+                                print(earlier).unwrap_or_default(),
+                                print(index).unwrap_or_default(),
+                            ),
+                        )));
+                    }
                     Some(&earlier) => items.push(Some(BatchItem::SameAs { first: earlier })),
                     None => {
                         first.insert(id.to_owned(), index);
@@ -393,7 +514,14 @@ impl Batch {
         let mut stats = Stats::default();
         while let Some(part) = pending.pop() {
             let ended = self
-                .transaction(&mut source, messages, &ids, &part, handler)
+                .transaction(
+                    &mut source,
+                    messages,
+                    prints.as_deref(),
+                    &ids,
+                    &part,
+                    handler,
+                )
                 .await?;
             stats.transactions += 1;
             match ended {
@@ -450,6 +578,7 @@ impl Batch {
                 ("duplicate", outcome.duplicates()),
                 ("failed", outcome.failed()),
                 ("in_progress", outcome.in_progress()),
+                ("fingerprint_mismatch", outcome.mismatches()),
                 (
                     "copy",
                     outcome.count(|i| matches!(i, BatchItem::SameAs { .. })),
@@ -477,6 +606,7 @@ impl Batch {
         &self,
         source: &mut Source<'_, DB>,
         messages: &[M],
+        prints: Option<&[Fingerprint]>,
         ids: &[(String, usize)],
         part: &[usize],
         handler: &H,
@@ -501,7 +631,7 @@ impl Batch {
                         pooled: true,
                     };
                     let (step, clean) = self
-                        .attempt(&mut *conn, ends, last, messages, ids, part, handler)
+                        .attempt(&mut *conn, ends, last, messages, prints, ids, part, handler)
                         .await;
                     if clean {
                         conn.set_clean();
@@ -514,9 +644,18 @@ impl Batch {
                         pooled: false,
                     };
                     let last = last || ends.nested;
-                    self.attempt(&mut **conn, ends, last, messages, ids, part, handler)
-                        .await
-                        .0
+                    self.attempt(
+                        &mut **conn,
+                        ends,
+                        last,
+                        messages,
+                        prints,
+                        ids,
+                        part,
+                        handler,
+                    )
+                    .await
+                    .0
                 }
             };
             match step {
@@ -537,6 +676,7 @@ impl Batch {
         ends: Ends,
         last: bool,
         messages: &[M],
+        prints: Option<&[Fingerprint]>,
         ids: &[(String, usize)],
         part: &[usize],
         handler: &H,
@@ -566,9 +706,17 @@ impl Batch {
         };
         let clean = |unclean: &AtomicBool| !unclean.load(std::sync::atomic::Ordering::Relaxed);
         let wanted: Vec<&str> = part.iter().map(|&k| ids[k].0.as_str()).collect();
+        let wanted_prints = prints_of(prints, ids, part);
         let claimed_at = Instant::now();
-        let claimed =
-            DB::claim_many(&mut *tx.tx, &self.table, &self.consumer, &wanted, &token).await;
+        let claimed = DB::claim_many(
+            &mut *tx.tx,
+            &self.table,
+            &self.consumer,
+            &wanted,
+            wanted_prints.as_deref(),
+            &token,
+        )
+        .await;
         let claimed: HashSet<String> = match claimed {
             Ok(claimed) => claimed.into_iter().collect(),
             Err(error) => {
@@ -587,7 +735,7 @@ impl Batch {
             Vec::new()
         } else {
             match self
-                .settle::<DB>(&mut *tx.tx, ids, &found, &token, &mut fresh)
+                .settle::<DB>(&mut *tx.tx, prints, ids, &found, &token, &mut fresh)
                 .await
             {
                 Ok(duplicates) => duplicates,
@@ -682,35 +830,59 @@ impl Batch {
     }
 }
 
-impl Batch {
+impl<P> Batch<P> {
     /// The ids of `found` (indices into `ids`) that the claim found there: what each row
     /// says. Processed → a duplicate; in progress under another delivery's lease →
     /// [`BatchItem::InProgress`] (retry, never acknowledge); a mark-first call's unknown
     /// outcome → a duplicate, as for a leased handler; an expired send-first lease is
     /// taken over and joins `fresh`, and so does a row that went away in between (its
-    /// lease released), claimed again.
+    /// lease released), claimed again. With `prints`, a row whose fingerprint differs
+    /// from its message's is a mismatch, whatever its state.
     async fn settle<DB: Backend>(
         &self,
         conn: &mut DB::Connection,
+        prints: Option<&[Fingerprint]>,
         ids: &[(String, usize)],
         found: &[usize],
         token: &[u8; 16],
         fresh: &mut Vec<usize>,
     ) -> Result<Vec<(usize, Seen)>, sqlx::Error> {
         let wanted: Vec<&str> = found.iter().map(|&k| ids[k].0.as_str()).collect();
-        let rows: HashMap<String, Found> =
-            DB::inspect_many(conn, &self.table, &self.consumer, &wanted)
+        let rows: HashMap<String, Inspected> =
+            DB::inspect_many(conn, &self.table, &self.consumer, &wanted, prints.is_some())
                 .await?
                 .into_iter()
+                .map(|row| (row.id.clone(), row))
                 .collect();
         let mut seen = Vec::with_capacity(found.len());
         let mut gone = Vec::new();
         for &k in found {
             let id = ids[k].0.as_str();
-            let Some(row) = rows.get(id) else {
+            let Some(Inspected {
+                found: row,
+                fingerprint,
+                ..
+            }) = rows.get(id)
+            else {
                 gone.push(k);
                 continue;
             };
+            if let (Some(prints), Some(stored)) = (prints, fingerprint.as_deref()) {
+                let received = prints[ids[k].1];
+                if stored != received {
+                    let stored = <Fingerprint>::try_from(stored).unwrap_or_default();
+                    seen.push((
+                        k,
+                        Seen::Mismatch(FingerprintMismatch::new(
+                            &self.consumer,
+                            id,
+                            stored,
+                            received,
+                        )),
+                    ));
+                    continue;
+                }
+            }
             let remaining =
                 Duration::from_micros(u64::try_from(row.remaining_us.unwrap_or(0)).unwrap_or(0));
             match row.state {
@@ -747,11 +919,18 @@ impl Batch {
         }
         if !gone.is_empty() {
             let again: Vec<&str> = gone.iter().map(|&k| ids[k].0.as_str()).collect();
-            let claimed: HashSet<String> =
-                DB::claim_many(conn, &self.table, &self.consumer, &again, token)
-                    .await?
-                    .into_iter()
-                    .collect();
+            let again_prints = prints_of(prints, ids, &gone);
+            let claimed: HashSet<String> = DB::claim_many(
+                conn,
+                &self.table,
+                &self.consumer,
+                &again,
+                again_prints.as_deref(),
+                token,
+            )
+            .await?
+            .into_iter()
+            .collect();
             for k in gone {
                 if claimed.contains(ids[k].0.as_str()) {
                     fresh.push(k);
@@ -764,10 +943,21 @@ impl Batch {
     }
 }
 
+/// The fingerprints of `part` (indices into `ids`), in its order, as the claim binds
+/// them.
+fn prints_of<'p>(
+    prints: Option<&'p [Fingerprint]>,
+    ids: &[(String, usize)],
+    part: &[usize],
+) -> Option<Vec<&'p [u8]>> {
+    prints.map(|prints| part.iter().map(|&k| &prints[ids[k].1][..]).collect())
+}
+
 /// What a claim that found a message's row there made of it.
 enum Seen {
     Duplicate(Duplicate),
     InProgress(InProgress),
+    Mismatch(FingerprintMismatch),
 }
 
 impl Seen {
@@ -775,6 +965,7 @@ impl Seen {
         match self {
             Seen::Duplicate(duplicate) => BatchItem::Duplicate(duplicate),
             Seen::InProgress(busy) => BatchItem::InProgress(busy),
+            Seen::Mismatch(mismatch) => BatchItem::FingerprintMismatch(mismatch),
         }
     }
 }
@@ -918,6 +1109,11 @@ pub enum BatchItem<E> {
     /// [`InProgress::remaining`], never acknowledge — the owner may still fail and
     /// release it. Nothing of it was processed here.
     InProgress(InProgress),
+    /// With [`Batch::fingerprint`]: its id was claimed with another payload (a row of it
+    /// processed, in progress or of unknown outcome; or an earlier copy in this batch) —
+    /// an id reused upstream. Nothing of it was processed; dead-letter it with the reason,
+    /// never acknowledge it as a duplicate.
+    FingerprintMismatch(FingerprintMismatch),
 }
 
 /// The outcome of [`Batch::run`]: one [`BatchItem`] per message, in input order.
@@ -970,6 +1166,12 @@ impl<E> BatchOutcome<E> {
     /// ([`BatchItem::InProgress`]; copies not counted).
     pub fn in_progress(&self) -> usize {
         self.count(|item| matches!(item, BatchItem::InProgress(_)))
+    }
+
+    /// Messages whose id came with another payload than its row's (or its first copy's
+    /// in the batch): [`BatchItem::FingerprintMismatch`].
+    pub fn mismatches(&self) -> usize {
+        self.count(|item| matches!(item, BatchItem::FingerprintMismatch(_)))
     }
 
     /// Messages that failed alone: in the body ([`BatchItem::Failed`]) or at the commit

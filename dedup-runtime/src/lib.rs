@@ -439,7 +439,8 @@ pub use stored::{
 ///   [`StoredOutcome<T>`](StoredOutcome), `Replayed(T)` for a duplicate. `T: Serialize +
 ///   DeserializeOwned` (feature `serde`). On a leased call (`effect = "mark-first"`,
 ///   `lease = …`) it is stored in the fenced completion, and a copy that arrives while
-///   the lease runs is `StoredOutcome::InProgress`. Needs `key`; not with `batch` yet. See
+///   the lease runs is `StoredOutcome::InProgress`. Needs `key`; not with `batch`, whose
+///   body returns one `()` for many messages. See
 ///   [Replies and reused ids](#replies-and-reused-ids).
 /// - `result_version = 2` — with `result`: the version of `T`'s shape, stored with each
 ///   result (default 1). Bump it when `T` changes shape: a replay of a result stored under
@@ -455,7 +456,9 @@ pub use stored::{
 ///   every claim that finds the row: the same id with another payload is a
 ///   [`FingerprintMismatch`] error, nothing written. On a leased call it is written with
 ///   the claim, so that a copy is compared while the lease runs and after its outcome
-///   became unknown. Needs `key`; not with `batch` yet.
+///   became unknown. Needs `key`. With `batch`, a closure over one message, as `key` is:
+///   `fingerprint = |order| order.body`; a mismatch is that message's
+///   `BatchItem::FingerprintMismatch` (see [Batches](#batches)).
 /// - `crate = "path"` — where this crate is, when it is re-exported or renamed.
 ///
 /// # Replies and reused ids
@@ -872,11 +875,19 @@ pub use stored::{
 ///   connection or transaction of yours, in which each sub-batch is a savepoint) and
 ///   `orders: &[Order]`, and returns `Result<`[`batch::BatchOutcome`]`<E>, sqlx::Error>`: one
 ///   [`batch::BatchItem`] per message, in input order — processed, duplicate (a business key
-///   too), failed with the body's error, the same id as an earlier message, or an invalid
-///   id. `Err` is a failure of ours that retries did not cure: acknowledge nothing.
+///   too), failed with the body's error, the same id as an earlier message, an invalid
+///   id, in progress under a lease, or a fingerprint mismatch. `Err` is a failure of ours
+///   that retries did not cure: acknowledge nothing.
 /// - **`key = |order| <expr>`** is evaluated once per message before the transaction
 ///   begins; `<expr>` is borrowed as the single form's key is (`order.id`, `order.seq`,
 ///   `order.id.as_str()` all work), and a bad id is that message's `BatchItem::Invalid`.
+/// - **`fingerprint = |order| <expr>`** (optional; bytes or text, borrowed the same way):
+///   each message's payload fingerprint, stored with the rows the batch claims and
+///   compared with every row the claim finds — processed, in progress, unknown, an
+///   expired send-first lease — and with an earlier copy of the id in the same batch. A
+///   message whose id came with another payload is `BatchItem::FingerprintMismatch`
+///   (never acknowledged, never processed); an identical redelivery stays a duplicate.
+///   `result = "stored"` is for handlers of one message: a batch's body returns one `()`.
 /// - **Failures**: a transient one retries the batch; any other splits it in halves down
 ///   to single messages, so the good ones commit and only a message that fails alone is
 ///   `Failed`. `unique = …` works per message: the one that violates the constraint alone

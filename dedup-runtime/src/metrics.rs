@@ -37,7 +37,7 @@
 //! | name | kind | more labels | counts |
 //! | --- | --- | --- | --- |
 //! | `dedup_batch_size` | histogram | | messages per [`Batch::run`](crate::batch::Batch::run) |
-//! | `dedup_batch_messages_total` | counter | `outcome`: `processed`, `duplicate`, `failed`, `in_progress`, `copy`, `invalid` | messages, as their [`BatchItem`](crate::batch::BatchItem) says |
+//! | `dedup_batch_messages_total` | counter | `outcome`: `processed`, `duplicate`, `failed`, `in_progress`, `fingerprint_mismatch`, `copy`, `invalid` | messages, as their [`BatchItem`](crate::batch::BatchItem) says |
 //! | `dedup_batch_splits_total` | counter | | failing transactions split in two |
 //!
 //! Capabilities added later record theirs here, under the same prefix and labels.
@@ -273,7 +273,7 @@ pub(crate) fn consumer_count(
 pub(crate) fn batch_ran(
     consumer: &str,
     size: usize,
-    outcomes: [(&'static str, usize); 6],
+    outcomes: [(&'static str, usize); 7],
     splits: usize,
 ) {
     #[cfg(feature = "metrics")]

@@ -26,6 +26,7 @@ pub use crate::__statements as statements;
 use crate::Backend;
 use crate::batch::{Batch, BatchOutcome};
 use crate::key::MessageKey;
+pub use crate::stored::Fingerprint;
 
 #[doc(hidden)]
 pub mod probe {
@@ -85,6 +86,7 @@ pub async fn run_batch<'a, DB, M, H>(
     unique: &'static [&'static str],
     messages: &[M],
     key: fn(&M) -> MessageId<'static>,
+    print: Option<fn(&M) -> Fingerprint>,
     handler: &H,
 ) -> Result<BatchOutcome<H::Error>, sqlx::Error>
 where
@@ -100,7 +102,13 @@ where
         .map_err(|error| configuration(Box::new(error)))?
         .unique(unique);
     let mut handle = db.into_handle();
-    batch.run_handle(&mut handle, messages, key, handler).await
+    match print {
+        Some(print) => {
+            let batch = batch.fingerprint(print);
+            batch.run_handle(&mut handle, messages, key, handler).await
+        }
+        None => batch.run_handle(&mut handle, messages, key, handler).await,
+    }
 }
 
 /// `let _ = <a future>;` in a handler's body, refused (`dedup-macros/src/unawaited.rs`

@@ -8,7 +8,7 @@
 use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, MySql, Row};
 
-use super::BatchBackend;
+use super::{BatchBackend, Inspected};
 use crate::lease::Found;
 use crate::rolled_back::RolledBack;
 use crate::schema::Table;
@@ -23,27 +23,35 @@ impl BatchBackend for MySql {
         table: &'c Table,
         consumer: &'c str,
         ids: &'c [&'c str],
+        prints: Option<&'c [&'c [u8]]>,
         token: &'c [u8; 16],
     ) -> Result<Vec<String>, sqlx::Error> {
         let name = table.name();
         let mut claimed = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(ROWS) {
-            let mut values = String::with_capacity(40 * chunk.len());
+        for (at, chunk) in ids.chunks(ROWS).enumerate() {
+            let (row, fingerprint) = match prints {
+                Some(_) => ("(?, ?, UTC_TIMESTAMP(6), ?, ?)", ", fingerprint"),
+                None => ("(?, ?, UTC_TIMESTAMP(6), ?)", ""),
+            };
+            let mut values = String::with_capacity((row.len() + 2) * chunk.len());
             for n in 0..chunk.len() {
                 if n > 0 {
                     values.push_str(", ");
                 }
-                values.push_str("(?, ?, UTC_TIMESTAMP(6), ?)");
+                values.push_str(row);
             }
             // A row already there is left as it is (`consumer = consumer` changes nothing),
             // after waiting for its lock: a concurrent batch's row counts once it commits.
             let insert = format!(
-                "INSERT INTO {name} (consumer, message_id, processed_at, owner) VALUES {values} \
-                 ON DUPLICATE KEY UPDATE consumer = consumer"
+                "INSERT INTO {name} (consumer, message_id, processed_at, owner{fingerprint}) \
+                 VALUES {values} ON DUPLICATE KEY UPDATE consumer = consumer"
             );
             let mut query = sqlx::query(AssertSqlSafe(insert));
-            for id in chunk {
+            for (n, id) in chunk.iter().enumerate() {
                 query = query.bind(consumer).bind(*id).bind(&token[..]);
+                if let Some(prints) = prints {
+                    query = query.bind(prints[at * ROWS + n]);
+                }
             }
             query.execute(&mut *conn).await?;
             let select = format!(
@@ -67,13 +75,15 @@ impl BatchBackend for MySql {
         table: &'c Table,
         consumer: &'c str,
         ids: &'c [&'c str],
-    ) -> Result<Vec<(String, Found)>, sqlx::Error> {
+        printed: bool,
+    ) -> Result<Vec<Inspected>, sqlx::Error> {
         let mut found = Vec::with_capacity(ids.len());
+        let fingerprint = if printed { ", fingerprint" } else { "" };
         for chunk in ids.chunks(ROWS) {
             // A locking read: the latest committed rows, whatever the snapshot.
             let sql = format!(
                 "SELECT CAST(message_id AS CHAR), state, GREATEST(0, \
-                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)) FROM {} \
+                 TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)){fingerprint} FROM {} \
                  WHERE consumer = ? AND message_id IN ({}) LOCK IN SHARE MODE",
                 table.name(),
                 placeholders(chunk.len())
@@ -85,17 +95,17 @@ impl BatchBackend for MySql {
             let rows = match query.fetch_all(&mut *conn).await {
                 Ok(rows) => rows,
                 // A table of 0.1, not upgraded yet: no `state`, only processed rows.
-                Err(error) if crate::lease::missing_state_column(&error) => {
-                    return Ok(ids
-                        .iter()
-                        .map(|id| ((*id).to_owned(), Found::PROCESSED))
-                        .collect());
+                Err(error) if !printed && crate::lease::missing_state_column(&error) => {
+                    return Ok(ids.iter().map(|id| Inspected::processed(id)).collect());
                 }
                 Err(error) => return Err(error),
             };
             for row in rows {
-                let row_found = Found::from_mysql(&row, 1)?;
-                found.push((row.try_get(0)?, row_found));
+                found.push(Inspected {
+                    id: row.try_get(0)?,
+                    found: Found::from_mysql(&row, 1)?,
+                    fingerprint: if printed { row.try_get(3)? } else { None },
+                });
             }
         }
         Ok(found)

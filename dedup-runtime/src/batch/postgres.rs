@@ -1,9 +1,10 @@
-//! PostgreSQL: `INSERT … SELECT … FROM unnest($2) ON CONFLICT DO NOTHING RETURNING`.
+//! PostgreSQL: `INSERT … SELECT … FROM unnest($2) ON CONFLICT DO NOTHING RETURNING`
+//! (`unnest($2, $3)` with the fingerprints).
 
 use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Postgres, Row};
 
-use super::BatchBackend;
+use super::{BatchBackend, Inspected};
 use crate::lease::Found;
 use crate::schema::Table;
 
@@ -13,18 +14,34 @@ impl BatchBackend for Postgres {
         table: &'c Table,
         consumer: &'c str,
         ids: &'c [&'c str],
+        prints: Option<&'c [&'c [u8]]>,
         _: &'c [u8; 16],
     ) -> Result<Vec<String>, sqlx::Error> {
         // `WITH ORDINALITY … ORDER BY`: the rows go in the array's order (byte order).
+        let Some(prints) = prints else {
+            let sql = format!(
+                "INSERT INTO {} (consumer, message_id, processed_at) \
+                 SELECT $1, id, clock_timestamp() FROM unnest($2::text[]) WITH ORDINALITY AS u(id, n) \
+                 ORDER BY n ON CONFLICT DO NOTHING RETURNING message_id",
+                table.name()
+            );
+            return sqlx::query_scalar(AssertSqlSafe(sql))
+                .bind(consumer)
+                .bind(ids)
+                .fetch_all(conn)
+                .await;
+        };
         let sql = format!(
-            "INSERT INTO {} (consumer, message_id, processed_at) \
-             SELECT $1, id, clock_timestamp() FROM unnest($2::text[]) WITH ORDINALITY AS u(id, n) \
+            "INSERT INTO {} (consumer, message_id, processed_at, fingerprint) \
+             SELECT $1, id, clock_timestamp(), f FROM unnest($2::text[], $3::bytea[]) \
+             WITH ORDINALITY AS u(id, f, n) \
              ORDER BY n ON CONFLICT DO NOTHING RETURNING message_id",
             table.name()
         );
         sqlx::query_scalar(AssertSqlSafe(sql))
             .bind(consumer)
             .bind(ids)
+            .bind(prints)
             .fetch_all(conn)
             .await
     }
@@ -34,12 +51,13 @@ impl BatchBackend for Postgres {
         table: &'c Table,
         consumer: &'c str,
         ids: &'c [&'c str],
-    ) -> Result<Vec<(String, Found)>, sqlx::Error> {
+        printed: bool,
+    ) -> Result<Vec<Inspected>, sqlx::Error> {
         // By name once the table has the columns; a table of 0.1 has neither (and only
         // processed rows): through the row's JSON there, since an error would abort the
-        // batch's transaction.
+        // batch's transaction. (Fingerprints need the upgraded table, as `migrate` makes.)
         let (state, expires_at) =
-            if crate::schema::postgres::upgraded(&mut *conn, table.name()).await? {
+            if printed || crate::schema::postgres::upgraded(&mut *conn, table.name()).await? {
                 ("p.state", "p.expires_at")
             } else {
                 (
@@ -47,9 +65,10 @@ impl BatchBackend for Postgres {
                     "(to_jsonb(p) ->> 'expires_at')::timestamptz",
                 )
             };
+        let fingerprint = if printed { ", p.fingerprint" } else { "" };
         let sql = format!(
             "SELECT message_id, {state}, GREATEST(0, (EXTRACT(EPOCH \
-             FROM {expires_at} - clock_timestamp()) * 1000000)::int8) FROM {} p \
+             FROM {expires_at} - clock_timestamp()) * 1000000)::int8){fingerprint} FROM {} p \
              WHERE consumer = $1 AND message_id = ANY($2::text[])",
             table.name()
         );
@@ -60,8 +79,11 @@ impl BatchBackend for Postgres {
             .await?;
         rows.into_iter()
             .map(|row| {
-                let found = Found::from_postgres(&row, 1)?;
-                Ok((row.try_get(0)?, found))
+                Ok(Inspected {
+                    id: row.try_get(0)?,
+                    found: Found::from_postgres(&row, 1)?,
+                    fingerprint: if printed { row.try_get(3)? } else { None },
+                })
             })
             .collect()
     }

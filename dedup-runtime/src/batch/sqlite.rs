@@ -4,7 +4,7 @@
 use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Row, Sqlite};
 
-use super::BatchBackend;
+use super::{BatchBackend, Inspected};
 use crate::lease::Found;
 use crate::schema::Table;
 
@@ -29,19 +29,41 @@ impl BatchBackend for Sqlite {
         table: &'c Table,
         consumer: &'c str,
         ids: &'c [&'c str],
+        prints: Option<&'c [&'c [u8]]>,
         _: &'c [u8; 16],
     ) -> Result<Vec<String>, sqlx::Error> {
         let mut claimed = Vec::with_capacity(ids.len());
-        for chunk in ids.chunks(ROWS) {
+        let Some(prints) = prints else {
+            for chunk in ids.chunks(ROWS) {
+                let sql = format!(
+                    "INSERT INTO {} (consumer, message_id) VALUES {} \
+                     ON CONFLICT DO NOTHING RETURNING message_id",
+                    table.name(),
+                    numbered(chunk.len(), 2, |n| format!("(?1, ?{n})"))
+                );
+                let mut query = sqlx::query_scalar::<_, String>(AssertSqlSafe(sql)).bind(consumer);
+                for id in chunk {
+                    query = query.bind(*id);
+                }
+                claimed.extend(query.fetch_all(&mut *conn).await?);
+            }
+            return Ok(claimed);
+        };
+        // Two parameters a row: half as many rows per statement.
+        for (chunk, prints) in ids.chunks(ROWS / 2).zip(prints.chunks(ROWS / 2)) {
             let sql = format!(
-                "INSERT INTO {} (consumer, message_id) VALUES {} \
+                "INSERT INTO {} (consumer, message_id, fingerprint) VALUES {} \
                  ON CONFLICT DO NOTHING RETURNING message_id",
                 table.name(),
-                numbered(chunk.len(), 2, |n| format!("(?1, ?{n})"))
+                numbered(chunk.len(), 0, |n| format!(
+                    "(?1, ?{}, ?{})",
+                    2 + 2 * n,
+                    3 + 2 * n
+                ))
             );
             let mut query = sqlx::query_scalar::<_, String>(AssertSqlSafe(sql)).bind(consumer);
-            for id in chunk {
-                query = query.bind(*id);
+            for (id, print) in chunk.iter().zip(prints) {
+                query = query.bind(*id).bind(*print);
             }
             claimed.extend(query.fetch_all(&mut *conn).await?);
         }
@@ -53,12 +75,14 @@ impl BatchBackend for Sqlite {
         table: &'c Table,
         consumer: &'c str,
         ids: &'c [&'c str],
-    ) -> Result<Vec<(String, Found)>, sqlx::Error> {
+        printed: bool,
+    ) -> Result<Vec<Inspected>, sqlx::Error> {
         let mut found = Vec::with_capacity(ids.len());
+        let fingerprint = if printed { ", fingerprint" } else { "" };
         for chunk in ids.chunks(ROWS) {
             let sql = format!(
                 "SELECT message_id, state, CAST(max(0, (julianday(expires_at) - \
-                 julianday('now')) * 86400000000.0) AS INTEGER) FROM {} \
+                 julianday('now')) * 86400000000.0) AS INTEGER){fingerprint} FROM {} \
                  WHERE consumer = ?1 AND message_id IN ({})",
                 table.name(),
                 numbered(chunk.len(), 2, |n| format!("?{n}"))
@@ -70,17 +94,17 @@ impl BatchBackend for Sqlite {
             let rows = match query.fetch_all(&mut *conn).await {
                 Ok(rows) => rows,
                 // A table of 0.1, not upgraded yet: no `state`, only processed rows.
-                Err(error) if crate::lease::missing_state_column(&error) => {
-                    return Ok(ids
-                        .iter()
-                        .map(|id| ((*id).to_owned(), Found::PROCESSED))
-                        .collect());
+                Err(error) if !printed && crate::lease::missing_state_column(&error) => {
+                    return Ok(ids.iter().map(|id| Inspected::processed(id)).collect());
                 }
                 Err(error) => return Err(error),
             };
             for row in rows {
-                let row_found = Found::from_sqlite(&row, 1)?;
-                found.push((row.try_get(0)?, row_found));
+                found.push(Inspected {
+                    id: row.try_get(0)?,
+                    found: Found::from_sqlite(&row, 1)?,
+                    fingerprint: if printed { row.try_get(3)? } else { None },
+                });
             }
         }
         Ok(found)

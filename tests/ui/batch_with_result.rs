@@ -1,0 +1,15 @@
+use dedup_runtime::idempotent;
+use sqlx::PgConnection;
+
+pub struct Order {
+    pub id: String,
+    pub body: Vec<u8>,
+}
+
+#[idempotent(consumer = "billing", batch = orders, key = |order| order.id, result = "stored")]
+async fn bill(tx: &mut PgConnection, orders: &[&Order]) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT 1").execute(&mut *tx).await?;
+    Ok(())
+}
+
+fn main() {}
