@@ -462,6 +462,8 @@ macro_rules! backend_suite {
                         assert_eq!(found.message_id(), msg.id);
                         assert_eq!(found.received(), fingerprint(&msg.payload));
                         assert_eq!(found.stored(), fingerprint(stored));
+                        // The broker's action for it: dead-letter, with the reason.
+                        assert_eq!(AckPolicy::<Db>::new().decide_error(found, 1), Ack::DeadLetter);
                     }
                     _ => panic!("not a mismatch"),
                 }

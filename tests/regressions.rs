@@ -257,3 +257,11 @@ mod migrate_deadlocked_writers;
 // table has them" (schema::postgres::upgraded).
 #[path = "regressions/duplicate_claim_converted_the_whole_row.rs"]
 mod duplicate_claim_converted_the_whole_row;
+
+// Issue 26 (seen in CI): on MariaDB/MySQL `migrate` ran `ALTER TABLE … ALTER COLUMN
+// processed_at SET DEFAULT (UTC_TIMESTAMP(6))` every time, which waits for an exclusive
+// metadata lock behind any open transaction on the dedup table while every later claim
+// queues behind it. Fixed in "MySQL migrate alters the dedup table only when the catalog
+// says so" (schema::mysql::utc_by_default).
+#[path = "regressions/mysql_migrate_waited_for_open_transactions.rs"]
+mod mysql_migrate_waited_for_open_transactions;

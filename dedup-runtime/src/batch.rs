@@ -1111,8 +1111,9 @@ pub enum BatchItem<E> {
     InProgress(InProgress),
     /// With [`Batch::fingerprint`]: its id was claimed with another payload (a row of it
     /// processed, in progress or of unknown outcome; or an earlier copy in this batch) —
-    /// an id reused upstream. Nothing of it was processed; dead-letter it with the reason,
-    /// never acknowledge it as a duplicate.
+    /// an id reused upstream. Nothing of it was processed; dead-letter it with the reason
+    /// (`AckPolicy::decide_error(&mismatch, delivery)` answers `Ack::DeadLetter`), never
+    /// acknowledge it as a duplicate.
     FingerprintMismatch(FingerprintMismatch),
 }
 

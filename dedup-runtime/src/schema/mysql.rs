@@ -1,5 +1,6 @@
 //! MySQL and MariaDB: `VARBINARY` ids (byte order), `processed_at` in UTC.
 
+use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Connection, MySql, Pool};
 
 use super::{ADDED_COLUMNS, SchemaBackend, Table};
@@ -69,6 +70,24 @@ fn utc_default(table: &Table) -> String {
     )
 }
 
+/// Whether `processed_at` of `table` defaults to `UTC_TIMESTAMP(6)` already (MariaDB and
+/// MySQL 8 show it as `utc_timestamp(6)`; a table of the session-zone default, as
+/// `current_timestamp(6)`).
+async fn utc_by_default(conn: &mut MySqlConnection, table: &Table) -> Result<bool, sqlx::Error> {
+    let default: Option<Option<String>> = sqlx::query_scalar(
+        "SELECT CAST(COLUMN_DEFAULT AS CHAR) FROM information_schema.COLUMNS \
+         WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
+         AND COLUMN_NAME = 'processed_at'",
+    )
+    .bind(table.schema())
+    .bind(table.base())
+    .fetch_optional(conn)
+    .await?;
+    Ok(default
+        .flatten()
+        .is_some_and(|default| default.to_ascii_lowercase().contains("utc_timestamp")))
+}
+
 /// `ALTER TABLE … ADD COLUMN` for `columns` (from [`COLUMNS`]), each with `if_not_exists`
 /// (MariaDB's `IF NOT EXISTS `, or nothing).
 fn add_columns<'a>(
@@ -114,12 +133,22 @@ impl SchemaBackend for MySql {
                  {MIGRATE_LOCK_WAIT} s"
             )));
         }
-        for statement in [create_table(table), utc_default(table)] {
-            sqlx::raw_sql(AssertSqlSafe(statement))
+        // Only what is missing: every `ALTER TABLE`, even one that changes nothing, waits
+        // for an exclusive metadata lock behind every open transaction on the table, and
+        // every claim after it waits behind the `ALTER` (a service starting beside others
+        // would stall them all; a handler waiting on another would never be let go). A
+        // table already right is only looked at.
+        let mut present = columns_of(&mut conn, table).await?;
+        if present.is_empty() {
+            sqlx::raw_sql(AssertSqlSafe(create_table(table)))
+                .execute(&mut conn)
+                .await?;
+            present = columns_of(&mut conn, table).await?;
+        } else if !utc_by_default(&mut conn, table).await? {
+            sqlx::raw_sql(AssertSqlSafe(utc_default(table)))
                 .execute(&mut conn)
                 .await?;
         }
-        let present = columns_of(&mut conn, table).await?;
         let missing: Vec<&str> = ADDED_COLUMNS
             .iter()
             .zip(COLUMNS)
