@@ -265,3 +265,11 @@ mod duplicate_claim_converted_the_whole_row;
 // says so" (schema::mysql::utc_by_default).
 #[path = "regressions/mysql_migrate_waited_for_open_transactions.rs"]
 mod mysql_migrate_waited_for_open_transactions;
+
+// Issue 26 (found with the MySQL defect above): on PostgreSQL `migrate` ran `CREATE INDEX
+// IF NOT EXISTS` on every call (the dedup table's `…_processed_at_idx`, the inbox's and
+// the outbox's indexes), which takes its `SHARE` lock before it looks: it waited for every
+// open writer, and every writer after it queued behind it. Fixed in "PostgreSQL migrate
+// creates an index only when the catalog lacks it" (schema::postgres::create_locked).
+#[path = "regressions/migrate_waited_for_open_writers.rs"]
+mod migrate_waited_for_open_writers;

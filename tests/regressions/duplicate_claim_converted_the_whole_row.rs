@@ -31,8 +31,8 @@ impl Visit for Text<'_> {
 }
 
 impl Subscriber for Statements {
-    fn enabled(&self, _: &Metadata<'_>) -> bool {
-        true
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        metadata.target() == "sqlx::query"
     }
     fn new_span(&self, _: &Attributes<'_>) -> Id {
         Id::from_u64(1)
@@ -52,7 +52,21 @@ impl Subscriber for Statements {
     fn exit(&self, _: &Id) {}
 }
 
-#[idempotent(consumer = "regr-whole-row", key = id, result = "stored")]
+/// The process's subscriber, installed once: a scoped one (`set_default`) missed sqlx's
+/// events whenever other tests of this binary ran queries on other threads at the time
+/// (their callsites' interest, cached without it).
+fn statements() -> &'static Statements {
+    static STATEMENTS: std::sync::OnceLock<Statements> = std::sync::OnceLock::new();
+    STATEMENTS.get_or_init(|| {
+        let statements = Statements::default();
+        tracing::subscriber::set_global_default(statements.clone())
+            .expect("no other test of this binary installs a subscriber");
+        tracing::callsite::rebuild_interest_cache();
+        statements
+    })
+}
+
+#[idempotent(consumer = "regr-whole-row", key = id, result = "stored", table = "regr_whole_row")]
 async fn remember(tx: &mut PgConnection, id: &str) -> Result<Vec<u8>, sqlx::Error> {
     sqlx::query("SELECT 1").execute(&mut *tx).await?;
     Ok(vec![7; 1 << 20])
@@ -60,19 +74,25 @@ async fn remember(tx: &mut PgConnection, id: &str) -> Result<Vec<u8>, sqlx::Erro
 
 #[tokio::test(flavor = "current_thread")]
 async fn a_duplicates_claim_reads_two_columns_not_the_row() {
-    let pool = dedup_suite::postgres().await; // migrated in this process
+    let pool = dedup_suite::postgres().await;
+    // Migrated in this process; a table of its own, so that the claims found are this
+    // test's.
+    dedup_runtime::migrate_table(&pool, "regr_whole_row")
+        .await
+        .unwrap();
     let id = dedup_suite::unique("whole-row");
     assert!(remember(&pool, &id).await.unwrap().is_processed());
-    let statements = Statements::default();
-    let again = {
-        let _default = tracing::subscriber::set_default(statements.clone());
-        remember(&pool, &id).await.unwrap()
-    };
+    let statements = statements();
+    statements.0.lock().unwrap().clear();
+    let again = remember(&pool, &id).await.unwrap();
     assert!(again.is_replayed());
     let logged = statements.0.lock().unwrap();
     let claim = logged
         .iter()
-        .find(|text| text.to_lowercase().contains("with claim as (insert"))
+        .find(|text| {
+            text.to_lowercase()
+                .contains("with claim as (insert into regr_whole_row")
+        })
         .unwrap_or_else(|| panic!("the claim: {logged:#?}"));
     assert!(
         !claim.contains("to_jsonb"),

@@ -130,7 +130,7 @@ impl InboxBackend for Postgres {
     }
 
     async fn inbox_create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
-        crate::schema::postgres::create_locked(pool, Self::inbox_ddl(table)).await?;
+        crate::schema::postgres::create_locked(pool, table, Self::inbox_ddl(table)).await?;
         // A table made before the payloads' fingerprints were stored.
         crate::schema::postgres::add_missing(pool, table, "fingerprint", "bytea").await
     }

@@ -89,7 +89,7 @@ impl OutboxBackend for Postgres {
     }
 
     async fn outbox_create(pool: &Pool<Self>, table: &Table) -> Result<(), sqlx::Error> {
-        crate::schema::postgres::create_locked(pool, Self::outbox_ddl(table)).await?;
+        crate::schema::postgres::create_locked(pool, table, Self::outbox_ddl(table)).await?;
         // A table made before the trace context was stored.
         crate::schema::postgres::add_missing(pool, table, "traceparent", "text").await
     }

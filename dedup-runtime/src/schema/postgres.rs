@@ -1,5 +1,6 @@
 //! PostgreSQL: `text COLLATE "C"` ids (byte order), an advisory lock around the DDL.
 
+use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Pool, Postgres};
 
 use super::{ADDED_COLUMNS, SchemaBackend, Table};
@@ -79,10 +80,31 @@ fn unresolved_index(table: &Table) -> String {
 
 /// The index's name as `to_regclass` finds it: in the table's schema.
 fn unresolved_index_name(table: &Table) -> String {
+    qualified(table, &format!("{}_unresolved_idx", table.base()))
+}
+
+/// `name` (an index of `table`) as `to_regclass` finds it: in the table's schema.
+fn qualified(table: &Table, name: &str) -> String {
     match table.schema() {
-        Some(schema) => format!("{schema}.{}_unresolved_idx", table.base()),
-        None => format!("{}_unresolved_idx", table.base()),
+        Some(schema) => format!("{schema}.{name}"),
+        None => name.to_owned(),
     }
+}
+
+/// Whether the relation `name` (schema-qualified where needed) exists; takes no lock.
+async fn exists(conn: &mut PgConnection, name: &str) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(name)
+        .fetch_one(conn)
+        .await
+}
+
+/// The index a statement of ours creates, `CREATE INDEX IF NOT EXISTS <name> ON …`.
+fn index_created(statement: &str) -> Option<&str> {
+    statement
+        .strip_prefix("CREATE INDEX IF NOT EXISTS ")?
+        .split_whitespace()
+        .next()
 }
 
 impl SchemaBackend for Postgres {
@@ -132,14 +154,19 @@ impl SchemaBackend for Postgres {
                 sqlx::raw_sql(AssertSqlSafe(add)).execute(&mut *tx).await?;
             }
         }
-        sqlx::raw_sql(AssertSqlSafe(processed_at_index(table)))
-            .execute(&mut *tx)
-            .await?;
-        let indexed: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-            .bind(unresolved_index_name(table))
-            .fetch_one(&mut *tx)
-            .await?;
-        if !indexed {
+        // `CREATE INDEX IF NOT EXISTS` takes its `SHARE` lock before it looks: it would
+        // wait for every open handler's transaction, and every claim after it for it.
+        if !exists(
+            &mut tx,
+            &qualified(table, &format!("{}_processed_at_idx", table.base())),
+        )
+        .await?
+        {
+            sqlx::raw_sql(AssertSqlSafe(processed_at_index(table)))
+                .execute(&mut *tx)
+                .await?;
+        }
+        if !exists(&mut tx, &unresolved_index_name(table)).await? {
             sqlx::raw_sql(AssertSqlSafe(unresolved_index(table)))
                 .execute(&mut *tx)
                 .await?;
@@ -151,10 +178,15 @@ impl SchemaBackend for Postgres {
 }
 
 /// Runs `statements` in one transaction under the advisory lock `migrate` takes: the DDL
-/// of the tables beside the dedup table (the inbox's, the outbox's). A concurrent
-/// migration waits, then finds everything in place.
+/// of the tables beside the dedup table (the inbox's, the outbox's), `table`'s. A
+/// concurrent migration waits, then finds everything in place. An index that exists is
+/// not created again: `CREATE INDEX IF NOT EXISTS` takes its `SHARE` lock before it
+/// looks, so it would wait for every open transaction that wrote to the table, and every
+/// writer after it for it (`CREATE TABLE IF NOT EXISTS` takes no lock on a table that
+/// exists).
 pub(crate) async fn create_locked(
     pool: &Pool<Postgres>,
+    table: &Table,
     statements: Vec<String>,
 ) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
@@ -163,6 +195,11 @@ pub(crate) async fn create_locked(
         .execute(&mut *tx)
         .await?;
     for statement in statements {
+        if let Some(index) = index_created(&statement)
+            && exists(&mut tx, &qualified(table, index)).await?
+        {
+            continue;
+        }
         sqlx::raw_sql(AssertSqlSafe(statement))
             .execute(&mut *tx)
             .await?;
@@ -257,7 +294,7 @@ pub(crate) async fn add_missing(
         "ALTER TABLE {} ADD COLUMN IF NOT EXISTS {column} {definition}",
         table.name()
     );
-    create_locked(pool, vec![alter]).await
+    create_locked(pool, table, vec![alter]).await
 }
 
 /// A claim's condition that makes its own (autocommitted) transaction commit without
