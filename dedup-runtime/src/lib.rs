@@ -155,7 +155,16 @@
 // Where things are (a concern with SQL has one trait, and one file per backend under the
 // directory of its name; `backend.rs` joins the concerns into `Backend`):
 //
+//   backend.rs      `Backend`: a supported database as the sum of its concerns' traits
 //   run.rs          one call of a generated handler: begin, claim, body, commit, retry
+//   lease/          leased calls (`effect = "mark-first"`, send-first with `lease`): the
+//                   fenced claim, renewal and completion outside a transaction (`Lease`)
+//   inbox/          technique 3: store incoming messages, acknowledge at once, process
+//                   later with workers (`Inbox`, `Worker`)
+//   outbox/         outgoing messages written in the handler's transaction, published
+//                   after the commit by a relay (`Outbox`, `Relay`, the publishers)
+//   queue.rs        what the inbox's workers and the outbox's relay share: heartbeat,
+//                   shutdown, backoff, retries of statements that changed nothing
 //   consumers.rs    the debug-build warning for two handlers sharing one consumer name
 //   features.rs     one clear error for a handler on a backend whose feature is off
 //   private.rs      what the generated code calls (`__private`), and nothing else
