@@ -867,21 +867,12 @@ impl<P> Batch<P> {
                 gone.push(k);
                 continue;
             };
-            if let (Some(prints), Some(stored)) = (prints, fingerprint.as_deref()) {
-                let received = prints[ids[k].1];
-                if stored != received {
-                    let stored = <Fingerprint>::try_from(stored).unwrap_or_default();
-                    seen.push((
-                        k,
-                        Seen::Mismatch(FingerprintMismatch::new(
-                            &self.consumer,
-                            id,
-                            stored,
-                            received,
-                        )),
-                    ));
-                    continue;
-                }
+            if let (Some(prints), Some(stored)) = (prints, fingerprint.as_deref())
+                && let Some(mismatch) =
+                    FingerprintMismatch::between(&self.consumer, id, stored, prints[ids[k].1])
+            {
+                seen.push((k, Seen::Mismatch(mismatch)));
+                continue;
             }
             let remaining =
                 Duration::from_micros(u64::try_from(row.remaining_us.unwrap_or(0)).unwrap_or(0));

@@ -897,13 +897,8 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
             .filter_map(|(index, row)| {
                 let received = row.fingerprint?;
                 let stored = stored.get(row.id)?;
-                (stored[..] != received[..]).then(|| {
-                    let stored = <Fingerprint>::try_from(&stored[..]).unwrap_or_default();
-                    (
-                        index,
-                        FingerprintMismatch::new(&self.consumer, row.id, stored, received),
-                    )
-                })
+                FingerprintMismatch::between(&self.consumer, row.id, stored, received)
+                    .map(|mismatch| (index, mismatch))
             })
             .collect())
     }

@@ -116,14 +116,23 @@ impl FingerprintMismatch {
         }
     }
 
-    pub(crate) fn error(
+    /// The mismatch of `received` with `stored`, a row's fingerprint as the database
+    /// holds it, when the two differ.
+    pub(crate) fn between(
         consumer: &str,
         message_id: &str,
-        stored: Fingerprint,
+        stored: &[u8],
         received: Fingerprint,
-    ) -> sqlx::Error {
-        let mismatch = FingerprintMismatch::new(consumer, message_id, stored, received);
-        sqlx::Error::AnyDriverError(Box::new(mismatch))
+    ) -> Option<Self> {
+        (stored != &received[..]).then(|| {
+            let stored = <Fingerprint>::try_from(stored).unwrap_or_default();
+            FingerprintMismatch::new(consumer, message_id, stored, received)
+        })
+    }
+
+    /// The mismatch as the error a handler's call ends with.
+    pub(crate) fn into_error(self) -> sqlx::Error {
+        sqlx::Error::AnyDriverError(Box::new(self))
     }
 
     /// The consumer.
@@ -479,10 +488,8 @@ impl Memory {
     ) -> Option<sqlx::Error> {
         let received = self.fingerprint?;
         let stored = recalled?.fingerprint.as_deref()?;
-        (stored != received).then(|| {
-            let stored = <Fingerprint>::try_from(stored).unwrap_or_default();
-            FingerprintMismatch::error(consumer, id, stored, received)
-        })
+        FingerprintMismatch::between(consumer, id, stored, received)
+            .map(FingerprintMismatch::into_error)
     }
 
     /// Whether `duplicate` is answered by a replay of a stored result (then the call's

@@ -74,18 +74,35 @@ fn utc_default(table: &Table) -> String {
 /// MySQL 8 show it as `utc_timestamp(6)`; a table of the session-zone default, as
 /// `current_timestamp(6)`).
 async fn utc_by_default(conn: &mut MySqlConnection, table: &Table) -> Result<bool, sqlx::Error> {
-    let default: Option<Option<String>> = sqlx::query_scalar(
-        "SELECT CAST(COLUMN_DEFAULT AS CHAR) FROM information_schema.COLUMNS \
-         WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
-         AND COLUMN_NAME = 'processed_at'",
+    let column = column_of(conn, table, "processed_at").await?;
+    Ok(column
+        .and_then(|column| column.default)
+        .is_some_and(|default| default.to_ascii_lowercase().contains("utc_timestamp")))
+}
+
+/// What the catalog says of one column of a table.
+struct Column {
+    data_type: String,
+    default: Option<String>,
+}
+
+/// `column` of `table` as the catalog has it; `None` when there is no such column.
+async fn column_of<'e>(
+    executor: impl sqlx::Executor<'e, Database = MySql>,
+    table: &Table,
+    column: &str,
+) -> Result<Option<Column>, sqlx::Error> {
+    let found: Option<(String, Option<String>)> = sqlx::query_as(
+        "SELECT CAST(DATA_TYPE AS CHAR), CAST(COLUMN_DEFAULT AS CHAR) \
+         FROM information_schema.COLUMNS \
+         WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? AND COLUMN_NAME = ?",
     )
     .bind(table.schema())
     .bind(table.base())
-    .fetch_optional(conn)
+    .bind(column)
+    .fetch_optional(executor)
     .await?;
-    Ok(default
-        .flatten()
-        .is_some_and(|default| default.to_ascii_lowercase().contains("utc_timestamp")))
+    Ok(found.map(|(data_type, default)| Column { data_type, default }))
 }
 
 /// `ALTER TABLE … ADD COLUMN` for `columns` (from [`COLUMNS`]), each with `if_not_exists`
@@ -197,16 +214,8 @@ pub(crate) async fn create_locked(
 /// a table already right is only looked at.
 pub(crate) async fn widen_headers(pool: &Pool<MySql>, table: &Table) -> Result<(), sqlx::Error> {
     let name = table.name();
-    let data_type: Option<String> = sqlx::query_scalar(
-        "SELECT CAST(DATA_TYPE AS CHAR) FROM information_schema.COLUMNS \
-         WHERE TABLE_SCHEMA = COALESCE(?, DATABASE()) AND TABLE_NAME = ? \
-         AND COLUMN_NAME = 'headers'",
-    )
-    .bind(table.schema())
-    .bind(table.base())
-    .fetch_optional(pool)
-    .await?;
-    if data_type.is_some_and(|data_type| data_type.eq_ignore_ascii_case("blob")) {
+    let headers = column_of(pool, table, "headers").await?;
+    if headers.is_some_and(|headers| headers.data_type.eq_ignore_ascii_case("blob")) {
         create_locked(
             pool,
             vec![format!("ALTER TABLE {name} MODIFY headers MEDIUMBLOB NULL")],
