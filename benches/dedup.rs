@@ -918,7 +918,7 @@ async fn measure_receive<DB: Backend>(
             let (pool, ids, start) = (pool.clone(), ids.clone(), start.clone());
             tokio::spawn(async move {
                 let inbox = Inbox::new(&pool, "bench-inbox")?
-                    .with_table(INBOX_TABLE)?
+                    .in_table(INBOX_TABLE)?
                     .notify_workers(notify);
                 let mine = &ids[task * per_task..(task + 1) * per_task];
                 start.wait().await;
@@ -970,7 +970,7 @@ async fn measure_workers<T: Target>(
     workers: usize,
     ids: &[String],
 ) -> Result<f64, Error> {
-    let inbox = Inbox::new(pool, "bench-inbox")?.with_table(INBOX_TABLE)?;
+    let inbox = Inbox::new(pool, "bench-inbox")?.in_table(INBOX_TABLE)?;
     for chunk in ids.chunks(1_000) {
         let batch: Vec<Incoming<'_>> = chunk
             .iter()
@@ -983,7 +983,7 @@ async fn measure_workers<T: Target>(
         .map(|_| {
             let (pool, start) = (pool.clone(), start.clone());
             tokio::spawn(async move {
-                let inbox = Inbox::new(&pool, "bench-inbox")?.with_table(INBOX_TABLE)?;
+                let inbox = Inbox::new(&pool, "bench-inbox")?.in_table(INBOX_TABLE)?;
                 let worker = inbox.worker().batch(16);
                 let handler = T::Handler::default();
                 start.wait().await;
@@ -1136,7 +1136,8 @@ async fn enqueue_one<C: dedup_runtime::outbox::OutboxConnection>(
     consumer: &str,
     id: &str,
 ) -> Result<(), sqlx::Error> {
-    let outbox = dedup_runtime::outbox::Outbox::with_table(OUTBOX_TABLE)
+    let outbox = dedup_runtime::outbox::Outbox::new()
+        .in_table(OUTBOX_TABLE)
         .map_err(|error| sqlx::Error::InvalidArgument(error.to_string()))?;
     let cause = dedup_runtime::outbox::Cause::new(consumer, id)?;
     let event = cause.outgoing("event", DESTINATION, br#"{"paid": true}"#)?;
@@ -1262,7 +1263,7 @@ async fn relayed_per_second<T: Target, P: dedup_runtime::outbox::Publisher>(
 ) -> Result<f64, Error> {
     T::outbox_reset(pool).await?;
     T::enqueue_rows(pool, &random_ids(ops, seed)).await?;
-    let outbox = dedup_runtime::outbox::Outbox::with_table(OUTBOX_TABLE)?;
+    let outbox = dedup_runtime::outbox::Outbox::new().in_table(OUTBOX_TABLE)?;
     let relay = outbox.relay(pool).batch(32);
     let began = Instant::now();
     let mut sent = 0;
@@ -1393,7 +1394,7 @@ async fn measure_batch<T: Target>(
             let (pool, ids, start) = (pool.clone(), ids.clone(), start.clone());
             tokio::spawn(async move {
                 let runner =
-                    dedup_runtime::batch::Batch::new("bench-batch")?.table("dedup_bench")?;
+                    dedup_runtime::batch::Batch::new("bench-batch")?.in_table("dedup_bench")?;
                 let handler = T::Batcher::default();
                 start.wait().await;
                 let mut processed = 0;
@@ -1776,7 +1777,7 @@ async fn measure_prune<T: Target>(
         (calls.load(Ordering::SeqCst) - baseline_from) as f64 / began.elapsed().as_secs_f64();
     let prune_from = calls.load(Ordering::SeqCst);
     let done = dedup_runtime::Prune::new(2 * DAY, DAY)
-        .table("dedup_bench_prune")
+        .in_table("dedup_bench_prune")?
         .run(pool, |_| {})
         .await?;
     let during = (calls.load(Ordering::SeqCst) - prune_from) as f64 / done.elapsed.as_secs_f64();

@@ -177,7 +177,7 @@ fn width(ids: &[String]) -> usize {
 
 async fn operate<DB: Backend>(pool: Pool<DB>, args: &Args) -> Result<(), LedgerError> {
     let ledger = match &args.table {
-        Some(table) => Ledger::with_table(&pool, table)?,
+        Some(table) => Ledger::new(&pool).in_table(table)?,
         None => Ledger::new(&pool),
     };
     let table = ledger.table().name();

@@ -153,7 +153,7 @@ async fn operate<DB: Backend>(pool: Pool<DB>, args: &Args) -> Result<(), Failure
         Inbox::new(&pool, &args.consumer).map_err(|error| Failure::Usage(error.to_string()))?;
     let inbox = match &args.table {
         Some(table) => inbox
-            .with_table(table)
+            .in_table(table)
             .map_err(|error| Failure::Usage(error.to_string()))?,
         None => inbox,
     };

@@ -306,7 +306,7 @@ impl Config {
             forward: match std::env::var("FORWARD_TO") {
                 Ok(to) => Some(Forward {
                     to,
-                    outbox: Outbox::with_table(&var(
+                    outbox: Outbox::new().in_table(&var(
                         "DEDUP_OUTBOX_TABLE",
                         dedup_runtime::outbox::DEFAULT_TABLE,
                     ))?,

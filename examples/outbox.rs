@@ -162,9 +162,9 @@ fn age(duration: Duration) -> String {
 
 async fn operate<DB: Backend>(pool: Pool<DB>, args: &Args) -> Result<(), Failure> {
     let outbox = match &args.table {
-        Some(table) => {
-            Outbox::with_table(table).map_err(|error| Failure::Usage(error.to_string()))?
-        }
+        Some(table) => Outbox::new()
+            .in_table(table)
+            .map_err(|error| Failure::Usage(error.to_string()))?,
         None => Outbox::new(),
     };
     let title = outbox.table().name().to_owned();
@@ -226,7 +226,12 @@ async fn operate<DB: Backend>(pool: Pool<DB>, args: &Args) -> Result<(), Failure
         }
         Command::Prune => {
             let older_than = args.older_than.expect("checked by parse_args");
-            let deleted = outbox.prune(&pool, older_than).await?;
+            // A sent row keeps a handler that runs again for its cause from sending once
+            // more; the operator's age is at least the broker's redelivery window.
+            let done = dedup_runtime::Prune::new(older_than, older_than)
+                .run_outbox(&outbox, &pool, |_| {})
+                .await?;
+            let deleted = done.deleted;
             println!(
                 "{title}: {deleted} sent message(s) older than {} deleted",
                 age(older_than)
@@ -240,6 +245,15 @@ async fn operate<DB: Backend>(pool: Pool<DB>, args: &Args) -> Result<(), Failure
 enum Failure {
     Usage(String),
     Database(String),
+}
+
+impl From<dedup_runtime::PruneError> for Failure {
+    fn from(error: dedup_runtime::PruneError) -> Self {
+        match error {
+            dedup_runtime::PruneError::Database(_) => Failure::Database(error.to_string()),
+            other => Failure::Usage(other.to_string()),
+        }
+    }
 }
 
 impl From<OutboxError> for Failure {

@@ -202,7 +202,7 @@ async fn start() -> Result<(), Error> {
     let url = std::env::var("DATABASE_URL").map_err(|_| "DATABASE_URL is required")?;
     let table = std::env::var("DEDUP_OUTBOX_TABLE")
         .unwrap_or_else(|_| dedup_runtime::outbox::DEFAULT_TABLE.to_owned());
-    let outbox = Outbox::with_table(&table)?;
+    let outbox = Outbox::new().in_table(&table)?;
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         with_publisher(sqlx::PgPool::connect(&url).await?, outbox).await
     } else if url.starts_with("mysql://") || url.starts_with("mariadb://") {

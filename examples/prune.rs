@@ -284,13 +284,13 @@ impl Bar {
     }
 }
 
-fn build(args: &Args) -> Prune {
+fn build(args: &Args) -> Result<Prune, PruneError> {
     let mut prune = Prune::new(args.older_than, args.redelivery_window);
     if let Some(consumer) = &args.consumer {
         prune = prune.consumer(consumer.as_str());
     }
     if let Some(table) = &args.table {
-        prune = prune.table(table.as_str());
+        prune = prune.in_table(table.as_str())?;
     }
     if let Some(rows) = args.batch_size {
         prune = prune.batch_size(rows);
@@ -298,11 +298,11 @@ fn build(args: &Args) -> Prune {
     if let Some(pause) = args.pause {
         prune = prune.pause(pause);
     }
-    prune
+    Ok(prune)
 }
 
 async fn operate<DB: PruneBackend>(pool: Pool<DB>, args: &Args) -> Result<(), PruneError> {
-    let prune = build(args);
+    let prune = build(args)?;
     let table = args
         .table
         .as_deref()
@@ -343,7 +343,7 @@ async fn operate<DB: PruneBackend>(pool: Pool<DB>, args: &Args) -> Result<(), Pr
 
 async fn connect_and_operate(args: &Args) -> Result<(), Box<dyn Error>> {
     // Refused settings are reported before connecting.
-    build(args).check()?;
+    build(args)?.check()?;
     let url = args.database_url.as_str();
     let timeout = Duration::from_secs(10);
     if url.starts_with("postgres:") || url.starts_with("postgresql:") {

@@ -39,7 +39,7 @@ use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
 use lapin::{Channel, Connection, ConnectionProperties};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::{PgConnection, Postgres};
 use tokio::sync::watch;
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
@@ -139,7 +139,7 @@ async fn receive(
     channel: Channel,
     tag: String,
     config: Arc<Config>,
-    pool: PgPool,
+    inbox: Inbox<Postgres>,
     activity: Arc<Activity>,
     mut stop: watch::Receiver<bool>,
 ) -> Result<(), Error> {
@@ -154,9 +154,6 @@ async fn receive(
             FieldTable::default(),
         )
         .await?;
-    // Idle workers are woken at once (PostgreSQL's NOTIFY, coalesced), instead of at
-    // their next poll.
-    let inbox = Inbox::new(&pool, CONSUMER)?.notify_workers(true);
     loop {
         let delivery = tokio::select! {
             delivery = deliveries.next() => delivery,
@@ -238,6 +235,10 @@ async fn main() -> Result<(), Error> {
     });
     let (stop, stopped) = watch::channel(false);
     let mut tasks = tokio::task::JoinSet::new();
+    // One inbox for every task: it owns a clone of the pool, and its clones share the
+    // hint's timing. Idle workers are woken at once (PostgreSQL's NOTIFY, coalesced),
+    // instead of at their next poll.
+    let inbox = Inbox::new(&pool, CONSUMER)?.notify_workers(true);
     for n in 0..config.consumers {
         let channel = connection.create_channel().await?;
         let tag = format!("dedup-inbox-example-{}-{n}", std::process::id());
@@ -245,19 +246,18 @@ async fn main() -> Result<(), Error> {
             channel,
             tag,
             config.clone(),
-            pool.clone(),
+            inbox.clone(),
             activity.clone(),
             stopped.clone(),
         ));
     }
     for _ in 0..config.workers {
-        let (pool, lease, mut stopped) = (pool.clone(), config.lease, stopped.clone());
+        let worker = inbox
+            .worker()
+            .lease(config.lease)
+            .poll_interval(Duration::from_millis(50));
+        let mut stopped = stopped.clone();
         tasks.spawn(async move {
-            let inbox = Inbox::new(&pool, CONSUMER)?;
-            let worker = inbox
-                .worker()
-                .lease(lease)
-                .poll_interval(Duration::from_millis(50));
             let shutdown = async move {
                 let _ = stopped.wait_for(|stop| *stop).await;
             };
@@ -268,9 +268,8 @@ async fn main() -> Result<(), Error> {
     println!("ready");
 
     if let Some(limit) = config.exit_when_idle {
-        let (activity, pool) = (activity.clone(), pool.clone());
+        let (activity, inbox) = (activity.clone(), inbox.clone());
         tokio::spawn(async move {
-            let inbox = Inbox::new(&pool, CONSUMER).expect("a valid consumer");
             loop {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 if activity.idle_for().is_none_or(|idle| idle < limit) {

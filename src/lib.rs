@@ -33,8 +33,10 @@ pub mod partner;
 #[cfg(feature = "brokers")]
 pub mod rabbitmq;
 
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -318,20 +320,25 @@ pub async fn ddl<DB: TestDatabase>(pool: &Pool<DB>, sql: &str) {
 }
 
 /// The path of the example binary `name`, after building `examples` (the package's
-/// examples) once per test process, with the test's own profile and `feature` (none when
-/// empty; a no-op
-/// when `cargo test` has just built them). For crash harnesses that run an example as a
-/// child process.
+/// examples) once per test process and set of examples, with the test's own profile and
+/// `feature` (none when empty; a no-op when `cargo test` has just built them). For crash
+/// harnesses that run an example as a child process.
 ///
 /// # Panics
 /// When cargo fails, or the binary is not where cargo puts it.
 pub fn example_binary(feature: &str, examples: &[&str], name: &str) -> std::path::PathBuf {
     use std::path::Path;
     use std::process::Command;
-    use std::sync::OnceLock;
 
-    static BUILT: OnceLock<std::path::PathBuf> = OnceLock::new();
-    let dir = BUILT.get_or_init(|| {
+    // What was built, per feature and examples: the suites of one test binary ask for
+    // different examples, and each must be built (a cache of the first call's alone left
+    // the others' binaries as an earlier build had left them, or missing).
+    static BUILT: Mutex<BTreeMap<String, std::path::PathBuf>> = Mutex::new(BTreeMap::new());
+    let key = format!("{feature}:{}", examples.join(","));
+    let mut built = BUILT
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = built.entry(key).or_insert_with(|| {
         let exe = std::env::current_exe().expect("the test executable's path");
         // target/<profile dir>/deps/<test>-…
         let profile_dir = exe
@@ -374,6 +381,7 @@ pub fn example_binary(feature: &str, examples: &[&str], name: &str) -> std::path
         profile_dir.join("examples")
     });
     let path = dir.join(name);
+    drop(built);
     assert!(path.exists(), "{} was not built", path.display());
     path
 }

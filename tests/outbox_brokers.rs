@@ -812,7 +812,7 @@ mod mqtt {
                 dedup_runtime::outbox::migrate_table(&pool, &table)
                     .await
                     .unwrap();
-                let outbox = Outbox::with_table(&table).unwrap();
+                let outbox = Outbox::new().in_table(&table).unwrap();
                 let cause = Cause::new("outbox-brokers", dedup_suite::unique("evt")).unwrap();
                 let mut tx = pool.begin().await.unwrap();
                 let mut ids = Vec::new();

@@ -112,7 +112,7 @@ async fn fill(pool: &Pool<Postgres>, messages: usize, round: usize) -> Result<()
     )))
     .execute(pool)
     .await?;
-    let inbox = Inbox::new(pool, CONSUMER)?.with_table(TABLE)?;
+    let inbox = Inbox::new(pool, CONSUMER)?.in_table(TABLE)?;
     let ids: Vec<String> = (0..messages).map(|n| format!("r{round}-m{n:06}")).collect();
     for chunk in ids.chunks(1_000) {
         let batch: Vec<Incoming<'_>> = chunk
@@ -134,7 +134,7 @@ async fn worker(pool: Pool<Postgres>, mode: Mode) -> Result<usize, Error> {
     let mut processed = 0;
     match mode {
         Mode::PerMessage | Mode::Batched => {
-            let inbox = Inbox::new(&pool, CONSUMER)?.with_table(TABLE)?;
+            let inbox = Inbox::new(&pool, CONSUMER)?.in_table(TABLE)?;
             let worker = if mode == Mode::PerMessage {
                 inbox.worker().batch(16)
             } else {

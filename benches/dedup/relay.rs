@@ -230,7 +230,7 @@ where
     DB::Connection: dedup_runtime::outbox::OutboxConnection,
 {
     dedup_runtime::outbox::migrate_table(pool, table).await?;
-    let outbox = Outbox::with_table(table)?;
+    let outbox = Outbox::new().in_table(table)?;
     super::execute(pool, &[&format!("DELETE FROM {table}")]).await?;
     let cause = Cause::new("bench-relay", format!("{:?}", Instant::now()))?;
     let mut slot = 0u32;

@@ -384,7 +384,7 @@ impl<DB: Backend> AckPolicy<DB> {
 /// The error types [`AckPolicy::decide`] takes: every [`Error`](StdError) (`sqlx::Error`,
 /// a `thiserror` enum). `anyhow::Error` and `Box<dyn Error + Send + Sync>` are not
 /// errors themselves, but hold one: [`AckPolicy::decide_dyn`] takes those, and the
-/// compiler says so (`tests/ui/decide_anyhow.rs` shows the message).
+/// compiler says so (`dedup-ui/tests/ui/decide_anyhow.rs` shows the message).
 #[diagnostic::on_unimplemented(
     message = "`AckPolicy::decide` takes a result whose error type is an `std::error::Error`, \
                and `{Self}` is not one",

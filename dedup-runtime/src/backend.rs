@@ -7,7 +7,7 @@
 //! | a batch's claim and seal | `BatchBackend` | `batch.rs`, `batch/<db>.rs` |
 //! | what an error means | `ClassifyBackend` | `classify.rs`, `classify/<db>.rs` |
 //! | the dedup table's DDL | `SchemaBackend` | `schema.rs`, `schema/<db>.rs` |
-//! | pruning old ids | [`PruneBackend`](crate::PruneBackend) | `prune.rs`, `prune/<db>.rs` |
+//! | pruning old ids | `PruneSql` (public as [`PruneBackend`](crate::PruneBackend), a name for `Backend`) | `prune.rs`, `prune/<db>.rs` |
 //! | the operator's lookup and forget | `LedgerBackend` | `ledger.rs`, `ledger/<db>.rs` |
 //! | the inbox: receive, claim, process | [`InboxBackend`](crate::inbox::InboxBackend) | `inbox.rs`, `inbox/worker.rs`, `inbox/<db>.rs` |
 //! | the inbox's operator calls | [`InboxOperatorBackend`](crate::inbox::InboxOperatorBackend) | `inbox.rs`, `inbox/<db>.rs` |
@@ -26,6 +26,7 @@ use crate::inbox::{InboxBackend, InboxOperatorBackend};
 use crate::lease::LeaseBackend;
 use crate::ledger::LedgerBackend;
 use crate::outbox::OutboxBackend;
+use crate::prune::PruneSql;
 use crate::schema::SchemaBackend;
 
 /// A database `dedup` supports: `sqlx::Postgres` (feature `postgres`), `sqlx::Sqlite`
@@ -58,6 +59,7 @@ pub trait Backend:
     + InboxBackend
     + InboxOperatorBackend
     + OutboxBackend
+    + PruneSql
     + Sealed
 {
 }

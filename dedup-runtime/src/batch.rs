@@ -317,12 +317,30 @@ impl Batch {
 }
 
 impl<P> Batch<P> {
-    /// Its dedup rows in `table` (as `#[idempotent(table = …)]`).
-    pub fn table(self, table: &str) -> Result<Batch<P>, InvalidTableName> {
+    /// Its dedup rows in `table` (as `#[idempotent(table = …)]`), checked here.
+    ///
+    /// ```
+    /// use dedup_runtime::batch::Batch;
+    ///
+    /// let batch = Batch::new("billing")?.in_table("audit.processed_messages")?;
+    /// # drop(batch);
+    /// assert!(Batch::new("billing")?.in_table("t; DROP TABLE users").is_err());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn in_table(self, table: &str) -> Result<Batch<P>, InvalidTableName> {
         Ok(Batch {
             table: Table::new(table)?,
             ..self
         })
+    }
+
+    /// Its dedup rows in `table`: [`in_table`](Self::in_table).
+    #[deprecated(
+        since = "0.1.0",
+        note = "renamed `in_table`, the one word for another table on every type of this crate: write `.in_table(name)?`"
+    )]
+    pub fn table(self, table: &str) -> Result<Batch<P>, InvalidTableName> {
+        self.in_table(table)
     }
 
     /// Business keys (as `#[idempotent(unique = …)]`): a message whose body violates one

@@ -97,7 +97,12 @@ mod sqlite;
 mod worker;
 
 use crate::lease::Owner;
-pub use worker::{Batch, Claims, InboxHandler, InboxMessage, Processed, Worker};
+pub use worker::{BatchReport, Claims, InboxHandler, InboxMessage, Processed, Worker};
+
+/// What one [`Worker::process_batch`] did: renamed [`BatchReport`], so that `Batch` names
+/// one thing in this crate ([`crate::batch::Batch`], a batch handler).
+#[deprecated(since = "0.1.0", note = "renamed `BatchReport`")]
+pub type Batch = BatchReport;
 use worker::{Claimed, ClaimedMany};
 
 /// The default inbox table.
@@ -666,8 +671,8 @@ const STOPPED: &str = ": the worker stopped during this attempt, before the end 
                        the lease)";
 
 /// One consumer's inbox: receive messages into it (and, with a worker, process them).
-pub struct Inbox<'p, DB: Database> {
-    pool: &'p Pool<DB>,
+pub struct Inbox<DB: Database> {
+    pool: Pool<DB>,
     table: Table,
     consumer: String,
     max_payload_len: usize,
@@ -683,10 +688,10 @@ pub struct Inbox<'p, DB: Database> {
 /// serialises the commits of every session that sends one).
 pub const HINT_GAP: std::time::Duration = std::time::Duration::from_millis(20);
 
-impl<DB: Database> Clone for Inbox<'_, DB> {
+impl<DB: Database> Clone for Inbox<DB> {
     fn clone(&self) -> Self {
         Inbox {
-            pool: self.pool,
+            pool: self.pool.clone(),
             table: self.table.clone(),
             consumer: self.consumer.clone(),
             max_payload_len: self.max_payload_len,
@@ -697,7 +702,7 @@ impl<DB: Database> Clone for Inbox<'_, DB> {
     }
 }
 
-impl<DB: Database> fmt::Debug for Inbox<'_, DB> {
+impl<DB: Database> fmt::Debug for Inbox<DB> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Inbox")
             .field("table", &self.table.name())
@@ -707,13 +712,14 @@ impl<DB: Database> fmt::Debug for Inbox<'_, DB> {
     }
 }
 
-impl<'p, DB: Backend> Inbox<'p, DB> {
-    /// The inbox of `consumer` in `inbox_messages`. `consumer` is checked as
-    /// `#[idempotent(consumer = "…")]` checks it.
-    pub fn new(pool: &'p Pool<DB>, consumer: &str) -> Result<Self, InvalidConsumer> {
+impl<DB: Backend> Inbox<DB> {
+    /// The inbox of `consumer` in `inbox_messages`, on `pool` (a clone of it: the inbox
+    /// owns its handle, and it and its clones and workers can move into tasks).
+    /// `consumer` is checked as `#[idempotent(consumer = "…")]` checks it.
+    pub fn new(pool: &Pool<DB>, consumer: &str) -> Result<Self, InvalidConsumer> {
         check_consumer(consumer)?;
         Ok(Inbox {
-            pool,
+            pool: pool.clone(),
             table: Table::new(DEFAULT_TABLE).expect("the default table name is valid"),
             consumer: consumer.to_owned(),
             max_payload_len: DEFAULT_MAX_PAYLOAD_LEN,
@@ -723,12 +729,34 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
         })
     }
 
-    /// The same inbox in the table `table` (create it with [`migrate_table`]).
-    pub fn with_table(self, table: &str) -> Result<Self, InvalidTableName> {
+    /// The same inbox in the table `table` (create it with [`migrate_table`]), a plain or
+    /// schema-qualified SQL identifier, checked here.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// use dedup_runtime::inbox::Inbox;
+    ///
+    /// let inbox = Inbox::new(&pool, "billing")?.in_table("audit_inbox")?;
+    /// assert_eq!(inbox.table().name(), "audit_inbox");
+    /// assert!(Inbox::new(&pool, "billing")?.in_table("t; DROP TABLE users").is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn in_table(self, table: &str) -> Result<Self, InvalidTableName> {
         Ok(Inbox {
             table: Table::new(table)?,
             ..self
         })
+    }
+
+    /// The same inbox in the table `table`: [`in_table`](Self::in_table).
+    #[deprecated(
+        since = "0.1.0",
+        note = "renamed `in_table`, the one word for another table on every type of this crate: write `.in_table(name)?`"
+    )]
+    pub fn with_table(self, table: &str) -> Result<Self, InvalidTableName> {
+        self.in_table(table)
     }
 
     /// Sets the payload limit, at most [`MAX_PAYLOAD_LEN`] (a larger one is capped there).
@@ -758,7 +786,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
         if !hints.take(HINT_GAP) {
             return; // one went out less than HINT_GAP ago, or another receiver sends it
         }
-        if let Err(error) = DB::inbox_notify(self.pool, &self.table).await {
+        if let Err(error) = DB::inbox_notify(&self.pool, &self.table).await {
             tracing::debug!(%error, "inbox: the hint to the workers failed; they poll");
         }
     }
@@ -793,43 +821,30 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
         }
     }
 
-    /// Deletes this consumer's processed rows processed more than `older_than` ago, in
-    /// batches of 2,000 with a rest as long as each batch took, so that receivers and
-    /// workers keep going. Processed rows are the dedup record of the receipt: like
-    /// [`Prune`](crate::Prune), this refuses an age shorter than the broker's
-    /// `redelivery_window` before it touches anything
+    /// Deletes this consumer's processed rows processed more than `older_than` ago:
+    /// `Prune::new(older_than, redelivery_window).run_inbox(self, |_| {})`, with its
+    /// batches of [`DEFAULT_PRUNE_BATCH`](crate::DEFAULT_PRUNE_BATCH) and a rest as long
+    /// as each batch took, so that receivers and workers keep going. Processed rows are
+    /// the dedup record of the receipt: like every prune, this refuses an age shorter
+    /// than the broker's `redelivery_window` before it touches anything
     /// ([`PruneError::WindowTooShort`](crate::PruneError::WindowTooShort)). Pending,
-    /// claimed and dead rows are never deleted. Returns how many rows it deleted.
+    /// claimed and dead rows are never deleted. Returns how many rows it deleted;
+    /// [`Prune::run_inbox`](crate::Prune::run_inbox) takes a batch size, a pause and a
+    /// progress callback.
     pub async fn prune(
         &self,
         older_than: std::time::Duration,
         redelivery_window: std::time::Duration,
     ) -> Result<u64, crate::PruneError> {
-        crate::Prune::new(older_than, redelivery_window).check()?;
-        let batch = i64::from(crate::DEFAULT_PRUNE_BATCH);
-        let age_us = i64::try_from(older_than.saturating_add(crate::STAMP_AFTER).as_micros())
-            .unwrap_or(i64::MAX);
-        let mut deleted = 0;
-        loop {
-            let started = std::time::Instant::now();
-            let done = DB::inbox_prune(self.pool, &self.table, &self.consumer, age_us, batch)
-                .await
-                .map_err(|error| {
-                    if DB::is_missing_table(&error, &self.table) {
-                        crate::PruneError::MissingTable {
-                            table: self.table.name().to_owned(),
-                            error,
-                        }
-                    } else {
-                        crate::PruneError::Database(error)
-                    }
-                })?;
-            deleted += done;
-            if done < batch as u64 {
-                return Ok(deleted);
-            }
-            tokio::time::sleep(started.elapsed()).await;
-        }
+        let done = crate::Prune::new(older_than, redelivery_window)
+            .run_inbox(self, |_| {})
+            .await?;
+        Ok(done.deleted)
+    }
+
+    /// The pool the inbox works on.
+    pub(crate) fn pool(&self) -> &Pool<DB> {
+        &self.pool
     }
 
     /// The consumer whose inbox this is.
@@ -883,7 +898,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
         }
         let ids: Vec<&str> = rows.iter().map(|row| row.id).collect();
         let stored = retry_transient::<DB, _, _>(|| {
-            DB::inbox_fingerprints(self.pool, &self.table, &self.consumer, &ids)
+            DB::inbox_fingerprints(&self.pool, &self.table, &self.consumer, &ids)
         })
         .await
         .map_err(|error| self.classify(error))?;
@@ -915,7 +930,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
             .inspect_err(|_| self.count_received("refused", 1))?;
         let rows = [row];
         let stored = retry_transient::<DB, _, _>(|| {
-            DB::inbox_insert(self.pool, &self.table, &self.consumer, &rows)
+            DB::inbox_insert(&self.pool, &self.table, &self.consumer, &rows)
         })
         .await
         .map_err(|error| self.classify(error))?;
@@ -1003,7 +1018,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
             // A deadlock or a lock timeout rolled the statement back: nothing of it was
             // stored; insert it again, as the claims do.
             let stored = retry_transient::<DB, _, _>(|| {
-                DB::inbox_insert(self.pool, &self.table, &self.consumer, &chunk)
+                DB::inbox_insert(&self.pool, &self.table, &self.consumer, &chunk)
             })
             .await
             .map_err(|error| self.classify(error))?;
@@ -1054,7 +1069,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
 
     /// The dead rows, oldest first, at most `limit`: each with its attempts and last error.
     pub async fn dead(&self, limit: u32) -> Result<Vec<DeadMessage>, InboxError> {
-        let rows = DB::inbox_dead(self.pool, &self.table, &self.consumer, i64::from(limit))
+        let rows = DB::inbox_dead(&self.pool, &self.table, &self.consumer, i64::from(limit))
             .await
             .map_err(|error| self.classify(error))?;
         Ok(rows
@@ -1087,7 +1102,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
         let id = key
             .validate()
             .map_err(|error| InboxError::Refused(Refused::InvalidMessageId(error)))?;
-        let done = DB::inbox_resolve(self.pool, &self.table, &self.consumer, id, requeue)
+        let done = DB::inbox_resolve(&self.pool, &self.table, &self.consumer, id, requeue)
             .await
             .map_err(|error| self.classify(error))?;
         if done {
@@ -1125,7 +1140,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
     /// ```
     pub async fn backlog(&self, limit: u64) -> Result<u64, InboxError> {
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let count = DB::inbox_backlog(self.pool, &self.table, &self.consumer, limit)
+        let count = DB::inbox_backlog(&self.pool, &self.table, &self.consumer, limit)
             .await
             .map_err(|error| self.classify(error))?;
         Ok(count.max(0) as u64)
@@ -1135,7 +1150,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
     /// consumer (processed ones included): an operator's call, not one per message.
     pub async fn stats(&self) -> Result<InboxStats, InboxError> {
         let (pending, claimed, processed, dead, oldest) =
-            DB::inbox_stats(self.pool, &self.table, &self.consumer)
+            DB::inbox_stats(&self.pool, &self.table, &self.consumer)
                 .await
                 .map_err(|error| self.classify(error))?;
         let count = |n: i64| n.max(0) as u64;

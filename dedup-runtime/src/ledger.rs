@@ -96,50 +96,59 @@ mod sqlite;
 /// every id older than an age, use [`Prune`](crate::Prune) (`.consumer("…")`), which
 /// deletes in bounded batches.
 #[derive(Debug)]
-pub struct Ledger<'p, DB: Database> {
-    pool: &'p Pool<DB>,
+pub struct Ledger<DB: Database> {
+    pool: Pool<DB>,
     table: Table,
 }
 
 // By hand: a derive would want `DB: Clone`.
-impl<DB: Database> Clone for Ledger<'_, DB> {
+impl<DB: Database> Clone for Ledger<DB> {
     fn clone(&self) -> Self {
         Ledger {
-            pool: self.pool,
+            pool: self.pool.clone(),
             table: self.table.clone(),
         }
     }
 }
 
-impl<'p, DB: Backend> Ledger<'p, DB> {
+impl<DB: Backend> Ledger<DB> {
     /// The ledger of the default dedup table, [`DEFAULT_TABLE`] (`processed_messages`), on
-    /// `pool`.
-    pub fn new(pool: &'p Pool<DB>) -> Ledger<'p, DB> {
+    /// `pool` (a clone of it: the ledger owns its handle, and can move into a task).
+    pub fn new(pool: &Pool<DB>) -> Ledger<DB> {
         Ledger {
-            pool,
+            pool: pool.clone(),
             table: Table::new(DEFAULT_TABLE).expect("the default table name is valid"),
         }
     }
 
-    /// The ledger of the dedup table `table`, as in `#[idempotent(table = "…")]`: a plain
-    /// SQL identifier, optionally schema-qualified. Anything else is refused before a
-    /// statement is sent.
+    /// The same ledger on the dedup table `table`, as in `#[idempotent(table = "…")]`: a
+    /// plain SQL identifier, optionally schema-qualified, checked here. Anything else is
+    /// refused before a statement is sent.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dedup_runtime::LedgerError> {
     /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
     /// use dedup_runtime::Ledger;
     ///
-    /// let audit = Ledger::with_table(&pool, "main.audit_processed")?;
+    /// let audit = Ledger::new(&pool).in_table("main.audit_processed")?;
     /// assert_eq!(audit.table().name(), "main.audit_processed");
-    /// assert!(Ledger::with_table(&pool, "t; DROP TABLE users").is_err());
+    /// assert!(Ledger::new(&pool).in_table("t; DROP TABLE users").is_err());
     /// # Ok(()) }
     /// ```
-    pub fn with_table(pool: &'p Pool<DB>, table: &str) -> Result<Ledger<'p, DB>, InvalidTableName> {
+    pub fn in_table(self, table: &str) -> Result<Ledger<DB>, InvalidTableName> {
         Ok(Ledger {
-            pool,
             table: Table::new(table)?,
+            ..self
         })
+    }
+
+    /// The ledger of the dedup table `table`: `Ledger::new(pool).in_table(table)`.
+    #[deprecated(
+        since = "0.1.0",
+        note = "renamed `in_table`, the one word for another table on every type of this crate: write `.in_table(name)?`"
+    )]
+    pub fn with_table(pool: &Pool<DB>, table: &str) -> Result<Ledger<DB>, InvalidTableName> {
+        Ledger::new(pool).in_table(table)
     }
 
     /// The dedup table this ledger reads and deletes from.
@@ -188,7 +197,7 @@ impl<'p, DB: Backend> Ledger<'p, DB> {
         check_consumer(consumer)?;
         let key = id.message_id();
         let id = key.validate()?;
-        let micros = DB::processed_at_micros(self.pool, &self.table, consumer, id)
+        let micros = DB::processed_at_micros(&self.pool, &self.table, consumer, id)
             .await
             .map_err(|error| self.classify(error))?;
         match micros {
@@ -261,7 +270,7 @@ impl<'p, DB: Backend> Ledger<'p, DB> {
         check_consumer(consumer)?;
         let key = id.message_id();
         let id = key.validate()?;
-        let forgotten = DB::forget(self.pool, &self.table, consumer, id)
+        let forgotten = DB::forget(&self.pool, &self.table, consumer, id)
             .await
             .map_err(|error| self.classify(error))?;
         if forgotten {
@@ -325,7 +334,7 @@ impl<'p, DB: Backend> Ledger<'p, DB> {
         limit: u32,
     ) -> Result<Vec<Unresolved>, LedgerError> {
         check_consumer(consumer)?;
-        let rows = DB::unresolved(self.pool, &self.table, consumer, i64::from(limit))
+        let rows = DB::unresolved(&self.pool, &self.table, consumer, i64::from(limit))
             .await
             .map_err(|error| self.classify(error))?;
         Ok(rows
@@ -361,7 +370,7 @@ impl<'p, DB: Backend> Ledger<'p, DB> {
         let key = id.message_id();
         let id = key.validate()?;
         let done = resolution == Resolution::Done;
-        let resolved = DB::resolve(self.pool, &self.table, consumer, id, done)
+        let resolved = DB::resolve(&self.pool, &self.table, consumer, id, done)
             .await
             .map_err(|error| self.classify(error))?;
         if resolved {
@@ -469,7 +478,7 @@ pub enum LedgerError {
     /// The consumer name is one no handler can have (empty, over [`MAX_CONSUMER_LEN`]
     /// bytes, containing NUL). Nothing was read or deleted.
     InvalidConsumer(InvalidConsumer),
-    /// The table name is not a plain SQL identifier (from [`Ledger::with_table`], for
+    /// The table name is not a plain SQL identifier (from [`Ledger::in_table`], for
     /// `?` in a function that returns `LedgerError`).
     InvalidTable(InvalidTableName),
     /// The dedup table does not exist: not migrated yet ([`migrate`](crate::migrate),

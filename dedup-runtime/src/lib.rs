@@ -137,9 +137,45 @@
 //! # Ok(()) }
 //! ```
 //!
+//! The same `Prune` prunes an inbox's processed rows ([`Prune::run_inbox`]) and an
+//! outbox's sent ones ([`Prune::run_outbox`]), with the same refusals, batches and rests.
 //! The repository's [`examples/prune.rs`][prune] is an operator's command for the same
 //! (`cargo run --example prune -- --help` in a clone): per-consumer counts, a dry run, a
 //! progress bar.
+//!
+//! # The shape of this crate's types
+//!
+//! Every type follows the same few rules, so that what you learn on one holds on all:
+//!
+//! - **Values own what they need.** [`Ledger`], [`inbox::Inbox`], [`inbox::Worker`] and
+//!   [`outbox::Relay`] keep a clone of the pool you give them (`&pool`; a sqlx `Pool` is a
+//!   handle, cheap to clone): build one at start-up and clone it, or move it, into as many
+//!   tasks as you like.
+//! - **`new` takes what is required** and checks it: `Inbox::new(&pool, consumer)?`,
+//!   `Batch::new(consumer)?` return the typed error of what they check
+//!   ([`InvalidConsumer`]); `Outbox::new()`, `Ledger::new(&pool)` and
+//!   `Prune::new(older_than, redelivery_window)` check nothing, and cannot fail.
+//! - **Settings are methods named after what they set**, taking and returning the value,
+//!   so that they chain: `.max_payload_len(n)`, `.lease(d)`, `.batch_size(n)`. They cannot
+//!   fail, with one exception, the same on every type: **another table is
+//!   `.in_table(name)?`**, checked where you write it ([`InvalidTableName`]).
+//! - **Getters are the bare noun**: `.table()`, `.consumer()`.
+//! - **Out-of-range values**: a setting that could cost a message is refused with a typed
+//!   error before anything runs — [`Prune`] checks its age against the redelivery window,
+//!   its batch size and its table at [`check`](Prune::check) / [`run`](Prune::run); the
+//!   tuning knobs of the long-running [`inbox::Worker`] and [`outbox::Relay`] (lease,
+//!   batch, poll interval…) are clamped into their documented range instead, so that a
+//!   configuration typo never stops a consumer.
+//! - **Errors** are an enum per concern ([`LedgerError`], [`PruneError`],
+//!   [`inbox::InboxError`], [`outbox::OutboxError`]), `#[non_exhaustive]`; each names the
+//!   table as a [`Table`], and the database's own error is its `source()`. What a
+//!   message was refused for before anything was written is `Refused` in the concern's
+//!   module ([`inbox::Refused`], [`outbox::Refused`]).
+//!
+//! The older spellings of 0.1's first drafts (`with_table`, `Prune::table`,
+//! `Batch::table`, `Outbox::prune`, `inbox::Batch`) still compile, deprecated, with a
+//! note that says what to write instead. `docs/public-api.txt` in the repository lists
+//! the whole public API; a test keeps it exact, so every change to it shows in review.
 //!
 //! [metrics]: https://github.com/dedup-rs/dedup#metrics
 //! [migrations]: https://github.com/dedup-rs/dedup/tree/main/dedup-runtime/migrations

@@ -713,12 +713,31 @@ impl Outbox {
         }
     }
 
-    /// The outbox in another table (`schema.name` allowed), created by [`migrate_table`].
-    pub fn with_table(table: &str) -> Result<Outbox, InvalidTableName> {
+    /// The same outbox in the table `table` (`schema.name` allowed), created by
+    /// [`migrate_table`]; the name is checked here.
+    ///
+    /// ```
+    /// use dedup_runtime::outbox::Outbox;
+    ///
+    /// let outbox = Outbox::new().in_table("audit.outbox")?;
+    /// assert_eq!(outbox.table().name(), "audit.outbox");
+    /// assert!(Outbox::new().in_table("t; DROP TABLE users").is_err());
+    /// # Ok::<(), dedup_runtime::InvalidTableName>(())
+    /// ```
+    pub fn in_table(self, table: &str) -> Result<Outbox, InvalidTableName> {
         Ok(Outbox {
             table: Table::new(table)?,
-            ..Outbox::new()
+            ..self
         })
+    }
+
+    /// The outbox in another table: `Outbox::new().in_table(table)`.
+    #[deprecated(
+        since = "0.1.0",
+        note = "renamed `in_table`, the one word for another table on every type of this crate: write `.in_table(name)?`"
+    )]
+    pub fn with_table(table: &str) -> Result<Outbox, InvalidTableName> {
+        Outbox::new().in_table(table)
     }
 
     /// The payload limit, at most [`MAX_PAYLOAD_LEN`].
@@ -907,6 +926,14 @@ impl Outbox {
     /// An age over [`MAX_PRUNE_AGE`](crate::MAX_PRUNE_AGE) (about 1,000 years, what every
     /// backend can subtract from its clock) counts as that age: nothing is that old, and
     /// nothing is deleted.
+    ///
+    /// Deprecated: it has no redelivery window to check the age against, and no rest
+    /// between batches; [`Prune::run_outbox`](crate::Prune::run_outbox) is the shape
+    /// every table's pruning takes.
+    #[deprecated(
+        since = "0.1.0",
+        note = "prune as every table is pruned: `Prune::new(older_than, redelivery_window).run_outbox(&outbox, &pool, |_| {})`"
+    )]
     pub async fn prune<DB: Backend>(
         &self,
         pool: &Pool<DB>,

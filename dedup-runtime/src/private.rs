@@ -98,7 +98,7 @@ where
         |error: Box<dyn ::std::error::Error + Send + Sync>| sqlx::Error::Configuration(error);
     let batch = Batch::new(consumer)
         .map_err(|error| configuration(Box::new(error)))?
-        .table(table)
+        .in_table(table)
         .map_err(|error| configuration(Box::new(error)))?
         .unique(unique);
     let mut handle = db.into_handle();

@@ -14,7 +14,7 @@ use std::fmt;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use sqlx::Pool;
+use sqlx::{Database, Pool};
 
 use crate::backend::Backend;
 use crate::retry;
@@ -163,10 +163,11 @@ impl Prune {
     /// let hour = Duration::from_secs(3600);
     /// let prune = dedup_runtime::Prune::new(72 * hour, 48 * hour)
     ///     .consumer("billing")
-    ///     .table("audit.processed_messages")
+    ///     .in_table("audit.processed_messages")?
     ///     .batch_size(5_000)
     ///     .pause(Duration::from_millis(20));
     /// assert!(prune.check().is_ok());
+    /// # Ok::<(), dedup_runtime::InvalidTableName>(())
     /// ```
     pub fn new(older_than: Duration, redelivery_window: Duration) -> Prune {
         Prune {
@@ -193,15 +194,37 @@ impl Prune {
         self
     }
 
-    /// The dedup table, as in `#[idempotent(table = "…")]`; `processed_messages` by
-    /// default. An invalid name is refused with [`PruneError::InvalidTable`].
+    /// Prunes the dedup table `table`, as in `#[idempotent(table = "…")]`, instead of
+    /// `processed_messages`; the name is checked here, as every type of this crate checks
+    /// a table name where it is given.
     ///
     /// ```
     /// # use std::time::Duration;
     /// let week = Duration::from_secs(7 * 24 * 3600);
+    /// let prune = dedup_runtime::Prune::new(week, week).in_table("audit.processed_messages")?;
+    /// assert!(prune.check().is_ok());
+    /// assert!(dedup_runtime::Prune::new(week, week).in_table("t; DROP TABLE users").is_err());
+    /// # Ok::<(), dedup_runtime::InvalidTableName>(())
+    /// ```
+    pub fn in_table(mut self, table: &str) -> Result<Prune, InvalidTableName> {
+        self.table = Table::new(table)?.name().to_owned();
+        Ok(self)
+    }
+
+    /// The dedup table, unchecked until [`run`](Prune::run) (which refuses an invalid name
+    /// with [`PruneError::InvalidTable`]): [`in_table`](Prune::in_table) checks it at once.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let week = Duration::from_secs(7 * 24 * 3600);
+    /// # #[allow(deprecated)]
     /// let bad = dedup_runtime::Prune::new(week, week).table("t; DROP TABLE users");
     /// assert!(matches!(bad.check(), Err(dedup_runtime::PruneError::InvalidTable(_))));
     /// ```
+    #[deprecated(
+        since = "0.1.0",
+        note = "renamed `in_table`, the one word for another table on every type of this crate: write `.in_table(name)?`"
+    )]
     pub fn table(mut self, table: impl Into<String>) -> Prune {
         self.table = table.into();
         self
@@ -331,11 +354,122 @@ impl Prune {
     pub async fn run<DB: PruneBackend>(
         &self,
         pool: &Pool<DB>,
-        mut progress: impl FnMut(&PruneProgress),
+        progress: impl FnMut(&PruneProgress),
     ) -> Result<PruneProgress, PruneError> {
         let table = self.validate()?;
         let consumer = self.consumer.as_deref();
         let cutoff = DB::cutoff(pool, self.cutoff_age()).await?;
+        // The oldest `processed_at` a batch may find: where the last one stopped. Without
+        // it each batch would walk the index again past the rows it must skip (other
+        // consumers' old ids, or deleted entries not yet purged).
+        let mut after: Option<String> = None;
+        let table = &table;
+        self.batches(cutoff, progress, async |cutoff| {
+            let (deleted, last) = self
+                .batch::<DB>(pool, table, consumer, cutoff, after.as_deref())
+                .await
+                .map_err(|error| PruneError::from_database::<DB>(table, error))?;
+            after = last.or(after.take());
+            Ok(deleted)
+        })
+        .await
+    }
+
+    /// Deletes the processed rows of `inbox`'s consumer, in its table, processed more
+    /// than the age ago, as [`run`](Prune::run) does the dedup table's: batch by batch,
+    /// with the same rest between batches and the same refusals before anything runs
+    /// (an age shorter than the redelivery window: a processed row is the dedup record
+    /// of its receipt). Pending, claimed and dead rows are never deleted. A consumer or
+    /// table set on this `Prune` plays no part: the inbox's are used.
+    ///
+    /// [`PruneProgress::cutoff`] is the cutoff when the run began; each batch computes
+    /// `now − age` on the database's clock again (never earlier).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// use dedup_runtime::{Prune, inbox::Inbox};
+    ///
+    /// dedup_runtime::inbox::migrate(&pool).await?;
+    /// let inbox = Inbox::new(&pool, "billing")?;
+    /// let day = Duration::from_secs(24 * 3600);
+    /// let done = Prune::new(7 * day, 4 * day).run_inbox(&inbox, |_| {}).await?;
+    /// assert_eq!((done.deleted, done.done), (0, true));
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_inbox<DB: Backend>(
+        &self,
+        inbox: &crate::inbox::Inbox<DB>,
+        progress: impl FnMut(&PruneProgress),
+    ) -> Result<PruneProgress, PruneError> {
+        self.validate()?;
+        let (pool, table, consumer) = (inbox.pool(), inbox.table(), inbox.consumer());
+        let cutoff = DB::cutoff(pool, self.cutoff_age()).await?;
+        let age_us = crate::queue::micros(self.cutoff_age());
+        let limit = i64::from(self.batch_size);
+        self.batches(cutoff, progress, async |_| {
+            self.retried::<DB, _>(|| DB::inbox_prune(pool, table, consumer, age_us, limit))
+                .await
+                .map_err(|error| PruneError::from_database::<DB>(table, error))
+        })
+        .await
+    }
+
+    /// Deletes `outbox`'s rows sent more than the age ago, as [`run`](Prune::run) does the
+    /// dedup table's: batch by batch, with the same rest and the same refusals. Unsent,
+    /// claimed and dead rows are never deleted. A sent row's only use left is to make a
+    /// handler that runs again for its cause find it (`Enqueued::Duplicate`): keep it as
+    /// long as the broker may redeliver that cause — the redelivery window; once pruned,
+    /// such a handler sends the message again with the same id, which the consumer
+    /// downstream dedups. A consumer or table set on this `Prune` plays no part.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// use dedup_runtime::{Prune, outbox::Outbox};
+    ///
+    /// dedup_runtime::outbox::migrate(&pool).await?;
+    /// let day = Duration::from_secs(24 * 3600);
+    /// let done = Prune::new(7 * day, 4 * day)
+    ///     .run_outbox(&Outbox::new(), &pool, |_| {})
+    ///     .await?;
+    /// assert_eq!((done.deleted, done.done), (0, true));
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_outbox<DB: Backend>(
+        &self,
+        outbox: &crate::outbox::Outbox,
+        pool: &Pool<DB>,
+        progress: impl FnMut(&PruneProgress),
+    ) -> Result<PruneProgress, PruneError> {
+        self.validate()?;
+        let table = outbox.table();
+        // `sent_at` is written by the relay's mark, a statement of its own: the age needs
+        // no margin for a long transaction.
+        let cutoff = DB::cutoff(pool, self.older_than).await?;
+        let age_us = crate::queue::micros(self.older_than);
+        let limit = i64::from(self.batch_size);
+        self.batches(cutoff, progress, async |_| {
+            self.retried::<DB, _>(|| DB::outbox_prune(pool, table, age_us, limit))
+                .await
+                .map_err(|error| PruneError::from_database::<DB>(table, error))
+        })
+        .await
+    }
+
+    /// The loop of every run: `batch` until one deletes fewer than the batch size, a
+    /// rest after each ([`pause`](Prune::pause), or as long as the batch took), and the
+    /// progress after each.
+    async fn batches(
+        &self,
+        cutoff: String,
+        mut progress: impl FnMut(&PruneProgress),
+        mut batch: impl AsyncFnMut(&str) -> Result<u64, PruneError>,
+    ) -> Result<PruneProgress, PruneError> {
         let started = Instant::now();
         let mut state = PruneProgress {
             deleted: 0,
@@ -345,18 +479,10 @@ impl Prune {
             done: false,
             cutoff,
         };
-        // The oldest `processed_at` a batch may find: where the last one stopped. Without
-        // it each batch would walk the index again past the rows it must skip (other
-        // consumers' old ids, or deleted entries not yet purged).
-        let mut after: Option<String> = None;
         loop {
             let batch_started = Instant::now();
-            let (deleted, last) = self
-                .batch::<DB>(pool, &table, consumer, &state.cutoff, after.as_deref())
-                .await
-                .map_err(|error| PruneError::from_database::<DB>(&table, error))?;
+            let deleted = batch(&state.cutoff).await?;
             let batch_time = batch_started.elapsed();
-            after = last.or(after);
             state.deleted += deleted;
             state.last_batch = deleted;
             state.batches += 1;
@@ -376,7 +502,7 @@ impl Prune {
         }
     }
 
-    /// One batch, run again after a transient failure.
+    /// One batch of the dedup table.
     async fn batch<DB: PruneBackend>(
         &self,
         pool: &Pool<DB>,
@@ -385,10 +511,20 @@ impl Prune {
         cutoff: &str,
         after: Option<&str>,
     ) -> Result<(u64, Option<String>), sqlx::Error> {
+        self.retried::<DB, _>(|| {
+            DB::delete_batch(pool, table, consumer, cutoff, after, self.batch_size)
+        })
+        .await
+    }
+
+    /// `statement`, run again after a transient failure.
+    async fn retried<DB: PruneBackend, T>(
+        &self,
+        statement: impl AsyncFn() -> Result<T, sqlx::Error>,
+    ) -> Result<T, sqlx::Error> {
         let mut attempt = 1;
         loop {
-            let batch = DB::delete_batch(pool, table, consumer, cutoff, after, self.batch_size);
-            match batch.await {
+            match statement().await {
                 Ok(deleted) => return Ok(deleted),
                 Err(error)
                     if attempt < retry::MAX_ATTEMPTS
@@ -631,8 +767,8 @@ pub enum PruneError {
     /// PostgreSQL `42P01`, MySQL/MariaDB 1146, SQLite's `SQLITE_ERROR` with its fixed
     /// `no such table: <name>` for this table's name.
     MissingTable {
-        /// The table, as given to [`Prune::table`] (`processed_messages` by default).
-        table: String,
+        /// The table, as given to [`Prune::in_table`] (`processed_messages` by default).
+        table: Table,
         /// The database's error.
         error: sqlx::Error,
     },
@@ -647,7 +783,7 @@ impl PruneError {
     fn from_database<DB: PruneBackend>(table: &Table, error: sqlx::Error) -> PruneError {
         if DB::is_missing_table(&error, table) {
             PruneError::MissingTable {
-                table: table.name().to_owned(),
+                table: table.clone(),
                 error,
             }
         } else {
@@ -735,7 +871,14 @@ impl From<InvalidTableName> for PruneError {
 /// assert_eq!(nightly(&pool).await?, 0);
 /// # Ok(()) }
 /// ```
-pub trait PruneBackend: Backend {
+pub trait PruneBackend: Backend {}
+
+impl<DB: Backend> PruneBackend for DB {}
+
+/// The pruning concern of [`Backend`]: each backend's pruning SQL, in `prune/<db>.rs`.
+/// (Public under the name [`PruneBackend`], a name for `Backend` that code written
+/// against 0.1's first drafts uses.)
+pub trait PruneSql: Database {
     /// The cutoff `now - age` on the database's clock, as text its comparisons accept on
     /// every session (see [`PruneProgress::cutoff`] for the formats).
     #[doc(hidden)]
@@ -825,10 +968,13 @@ mod tests {
                 .check(),
             Err(PruneError::InvalidBatchSize { .. })
         ));
+        #[allow(deprecated)] // the unchecked setter: refused at `check`
+        let unchecked = Prune::new(hour, hour).table("a.b.c");
         assert!(matches!(
-            Prune::new(hour, hour).table("a.b.c").check(),
+            unchecked.check(),
             Err(PruneError::InvalidTable(_))
         ));
+        assert!(Prune::new(hour, hour).in_table("a.b.c").is_err());
         let error = Prune::new(hour, 2 * hour).check().unwrap_err();
         assert!(error.to_string().contains("redelivery window"), "{error}");
     }

@@ -129,6 +129,32 @@ pub struct InvalidTableName {
     name: String,
 }
 
+/// The name, as given.
+impl fmt::Display for Table {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+/// Compares the name: `table == "audit.processed_messages"`.
+impl PartialEq<str> for Table {
+    fn eq(&self, other: &str) -> bool {
+        self.name == other
+    }
+}
+
+impl PartialEq<&str> for Table {
+    fn eq(&self, other: &&str) -> bool {
+        self.name == *other
+    }
+}
+
+impl PartialEq<String> for Table {
+    fn eq(&self, other: &String) -> bool {
+        &self.name == other
+    }
+}
+
 impl fmt::Display for InvalidTableName {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(

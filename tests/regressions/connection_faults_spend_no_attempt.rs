@@ -187,7 +187,7 @@ macro_rules! backend {
                 dedup_runtime::outbox::migrate_table(direct, &table)
                     .await
                     .unwrap();
-                let outbox = Outbox::with_table(&table).unwrap();
+                let outbox = Outbox::new().in_table(&table).unwrap();
                 let cause = Cause::new("regress-lost-claim", "evt").unwrap();
                 let marker = format!("lost-reply:{table}");
                 let mut tx = direct.begin().await.unwrap();

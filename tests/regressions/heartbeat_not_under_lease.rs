@@ -80,7 +80,7 @@ macro_rules! backend {
                 let pool: &sqlx::Pool<$db> = &db;
                 let table = unique_table("regress_heartbeat");
                 dedup_runtime::outbox::migrate_table(pool, &table).await.unwrap();
-                let outbox = Outbox::with_table(&table).unwrap();
+                let outbox = Outbox::new().in_table(&table).unwrap();
                 let cause = Cause::new("regress-heartbeat", "evt_1").unwrap();
                 let message = cause.nth_outgoing(0, "events", b"p");
                 let mut tx = pool.begin().await.unwrap();

@@ -46,7 +46,7 @@ macro_rules! backend {
                 let consumer = unique("regress-claim-order");
                 let inbox = Inbox::new(pool, &consumer)
                     .unwrap()
-                    .with_table(&table)
+                    .in_table(&table)
                     .unwrap();
                 let ids: Vec<String> = (0..ROWS).map(|n| format!("m{n:02}")).collect();
                 for id in &ids {

@@ -67,7 +67,7 @@ macro_rules! backend {
                 assert!(Inbox::new(pool, &named(&unique("lim"), MAX_CONSUMER_LEN + 1)).is_err());
                 let inbox = Inbox::new(pool, &consumer)
                     .unwrap()
-                    .with_table(&table)
+                    .in_table(&table)
                     .unwrap()
                     .max_payload_len(inbox::MAX_PAYLOAD_LEN);
                 let id = text(MAX_MESSAGE_ID_LEN);
@@ -132,7 +132,8 @@ macro_rules! backend {
                 let pool: &sqlx::Pool<$db> = &db;
                 let table = unique_table("regress_limits_outbox");
                 outbox::migrate_table(pool, &table).await.unwrap();
-                let outbox = Outbox::with_table(&table)
+                let outbox = Outbox::new()
+                    .in_table(&table)
                     .unwrap()
                     .max_payload_len(outbox::MAX_PAYLOAD_LEN);
                 let consumer = named(&unique("lim"), MAX_CONSUMER_LEN);

@@ -84,7 +84,7 @@ macro_rules! backend {
                     let pool: &sqlx::Pool<$db> = &db;
                     for (table, messages) in [(&first, 2u32), (&second, 3)] {
                         dedup_runtime::outbox::migrate_table(pool, table).await.unwrap();
-                        let outbox = Outbox::with_table(table).unwrap();
+                        let outbox = Outbox::new().in_table(table).unwrap();
                         let cause = Cause::new("regress-metrics", "evt").unwrap();
                         let mut tx = pool.begin().await.unwrap();
                         for n in 0..messages {

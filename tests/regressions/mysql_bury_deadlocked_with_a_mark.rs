@@ -47,7 +47,7 @@ async fn inbox_claims_renewals_and_releases_never_wait_for_another_worker_s_row(
         .unwrap();
     let inbox = Inbox::new(&pool, "regress-bury")
         .unwrap()
-        .with_table(&table)
+        .in_table(&table)
         .unwrap();
     inbox
         .receive_batch(&[
@@ -139,7 +139,9 @@ async fn a_relay_s_claim_never_waits_for_another_relay_s_row() {
     dedup_runtime::outbox::migrate_table(&pool, &table)
         .await
         .unwrap();
-    let outbox = dedup_runtime::outbox::Outbox::with_table(&table).unwrap();
+    let outbox = dedup_runtime::outbox::Outbox::new()
+        .in_table(&table)
+        .unwrap();
     let cause = Cause::new("regress-bury", "evt_1").unwrap();
     let mut tx = pool.begin().await.unwrap();
     for slot in ["sent", "next"] {

@@ -65,7 +65,8 @@ async fn a_consumer_in_another_zone_writes_utc_and_its_ids_survive_pruning() {
     let hour = Duration::from_secs(3600);
     Prune::new(hour, hour)
         .consumer("regress-my-tz")
-        .table(TABLE)
+        .in_table(TABLE)
+        .unwrap()
         .run(&pruner, |_| {})
         .await
         .unwrap();

@@ -60,7 +60,7 @@ async fn inbox_headers_at_the_limit_are_stored_whole() {
         let consumer = unique("regress-headers");
         let inbox = Inbox::new(pool, &consumer)
             .unwrap()
-            .with_table(&table)
+            .in_table(&table)
             .unwrap();
         inbox
             .receive(Incoming::new("at", b"p").headers(&at))
@@ -96,7 +96,7 @@ async fn outbox_headers_at_the_limit_are_stored_whole() {
     let lenient = dedup_suite::mysql_lenient().await;
     let at = vec![b'h'; MAX_HEADERS_LEN];
     let over = vec![b'h'; MAX_HEADERS_LEN + 1];
-    let outbox = Outbox::with_table(&table).unwrap();
+    let outbox = Outbox::new().in_table(&table).unwrap();
     for (mode, pool) in [("strict", &strict), ("sql_mode=''", &lenient)] {
         let consumer = unique("regress-headers");
         let cause = Cause::new(&consumer, "evt_1").unwrap();

@@ -63,7 +63,7 @@ macro_rules! backend {
                     .await
                     .unwrap();
                 dedup_runtime::inbox::migrate(pool).await.unwrap();
-                let outbox = Outbox::with_table(&outbox_table).unwrap();
+                let outbox = Outbox::new().in_table(&outbox_table).unwrap();
                 let cause = Cause::new("regress-one-conn", "evt_1").unwrap();
                 let mut tx = pool.begin().await.unwrap();
                 for n in 0..MESSAGES {

@@ -47,7 +47,7 @@ macro_rules! backend {
                 dedup_runtime::outbox::migrate_table(pool, &table)
                     .await
                     .unwrap();
-                let outbox = Outbox::with_table(&table).unwrap();
+                let outbox = Outbox::new().in_table(&table).unwrap();
                 let sent = Sent::default();
                 let producing = AtomicBool::new(true);
                 let producers = (0..PRODUCERS).map(|producer| {
@@ -138,7 +138,7 @@ macro_rules! open_transactions {
                 dedup_runtime::outbox::migrate_table(pool, &table)
                     .await
                     .unwrap();
-                let outbox = Outbox::with_table(&table).unwrap();
+                let outbox = Outbox::new().in_table(&table).unwrap();
                 let cause = Cause::new("regress-open", "evt").unwrap();
                 let x = cause.nth_outgoing(0, "events", b"X").ordering_key("k");
                 let y = cause.nth_outgoing(1, "events", b"Y").ordering_key("k");

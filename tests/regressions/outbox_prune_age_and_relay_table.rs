@@ -46,7 +46,7 @@ macro_rules! backend {
                 dedup_runtime::outbox::migrate_table(pool, &table)
                     .await
                     .unwrap();
-                let outbox = Outbox::with_table(&table).unwrap();
+                let outbox = Outbox::new().in_table(&table).unwrap();
                 let cause = Cause::new("regress-outbox-prune", "evt_1").unwrap();
                 let message = cause.nth_outgoing(0, "events", b"");
                 let mut conn = pool.acquire().await.unwrap();
@@ -89,7 +89,9 @@ macro_rules! backend {
             async fn a_relay_on_a_missing_table_is_a_typed_error() {
                 let db = $pool;
                 let pool: &sqlx::Pool<$db> = &db;
-                let outbox = Outbox::with_table("outbox_regress_never_created").unwrap();
+                let outbox = Outbox::new()
+                    .in_table("outbox_regress_never_created")
+                    .unwrap();
                 match outbox.relay(pool).relay_batch(&Payloads::default()).await {
                     Err(error @ OutboxError::MissingTable { .. }) => assert!(
                         error.to_string().contains("outbox_regress_never_created"),

@@ -73,7 +73,7 @@ async fn prunes_on_utc_with_sessions_in(zone: &str) {
     .await
     .unwrap();
 
-    let prune = Prune::new(HOUR, HOUR).table(table.as_str());
+    let prune = Prune::new(HOUR, HOUR).in_table(table.as_str()).unwrap();
     let stats = prune.stats(&pool).await.unwrap();
     assert_eq!(stats.len(), 1, "{stats:?}");
     let tz = &stats[0];

@@ -56,7 +56,7 @@ async fn ids(pool: &PgPool, table: &str) -> BTreeSet<String> {
 
 /// `stats` agrees with what `run` then deletes: the three old ids, batch by batch.
 async fn prune_keeps_the_young(pool: &PgPool, table: &str) {
-    let prune = Prune::new(19 * DAY, 19 * DAY).table(table);
+    let prune = Prune::new(19 * DAY, 19 * DAY).in_table(table).unwrap();
     let stats = prune.stats(pool).await.unwrap();
     assert_eq!(stats.len(), 1, "{stats:?}");
     assert_eq!((stats[0].ids, stats[0].prunable), (5, 3), "{stats:?}");

@@ -47,7 +47,7 @@ macro_rules! backend {
                 dedup_runtime::outbox::migrate_table(pool, &table)
                     .await
                     .unwrap();
-                let outbox = Outbox::with_table(&table).unwrap();
+                let outbox = Outbox::new().in_table(&table).unwrap();
                 let cause = Cause::new("regress-stopper", "evt").unwrap();
                 let payloads: [&[u8]; 4] = [b"a", b"b", b"stop", b"c"];
                 let mut tx = pool.begin().await.unwrap();

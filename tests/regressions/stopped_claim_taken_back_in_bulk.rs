@@ -61,7 +61,7 @@ macro_rules! backend {
                     .unwrap()
             }
 
-            async fn receive(inbox: &Inbox<'_, $db>, ids: &[&str]) {
+            async fn receive(inbox: &Inbox<$db>, ids: &[&str]) {
                 let messages: Vec<Incoming<'_>> =
                     ids.iter().map(|id| Incoming::new(id, b"p")).collect();
                 for answer in inbox.receive_batch(&messages).await.unwrap() {
@@ -131,7 +131,7 @@ macro_rules! backend {
                 let pool: &sqlx::Pool<$db> = &db;
                 let table = unique_table("regress_takeback");
                 dedup_runtime::outbox::migrate_table(pool, &table).await.unwrap();
-                let outbox = Outbox::with_table(&table).unwrap();
+                let outbox = Outbox::new().in_table(&table).unwrap();
                 let cause = Cause::new("regress-takeback", "evt").unwrap();
                 let payloads: [&[u8]; 4] = [b"hold", b"a", b"b", b"c"];
                 let mut tx = pool.begin().await.unwrap();

@@ -105,7 +105,7 @@ pub trait InboxHandler<DB: Backend>: Send + Sync {
 /// What one [`Worker::process_batch`] did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct Batch {
+pub struct BatchReport {
     /// Rows claimed.
     pub claimed: usize,
     /// Processed and committed, with their mark.
@@ -127,8 +127,8 @@ pub struct Batch {
 /// Claims and processes an inbox's pending rows. Build it with [`Inbox::worker`]; run
 /// [`process_batch`](Self::process_batch) in your own loop or [`run`](Self::run) until a
 /// shutdown signal.
-pub struct Worker<'p, DB: Backend> {
-    inbox: Inbox<'p, DB>,
+pub struct Worker<DB: Backend> {
+    inbox: Inbox<DB>,
     lease: Duration,
     /// `None`: a third of the lease.
     heartbeat: Option<Duration>,
@@ -180,11 +180,11 @@ pub struct ClaimedMany<'a> {
     pub(crate) renew: Option<i64>,
 }
 
-impl<'p, DB: Backend> Inbox<'p, DB> {
+impl<DB: Backend> Inbox<DB> {
     /// A worker for this inbox: a 30 s lease renewed every 10 s, 5 attempts, 16 rows per
     /// claim, a backoff from 1 s doubling to 5 min with full jitter, a 1 s poll when idle,
     /// and 30 s at shutdown for the message in hand.
-    pub fn worker(&self) -> Worker<'p, DB> {
+    pub fn worker(&self) -> Worker<DB> {
         Worker {
             inbox: self.clone(),
             lease: Duration::from_secs(30),
@@ -200,7 +200,7 @@ impl<'p, DB: Backend> Inbox<'p, DB> {
     }
 }
 
-impl<'p, DB: Backend> Worker<'p, DB> {
+impl<DB: Backend> Worker<DB> {
     /// How long a claim holds its rows past the last heartbeat before another worker may
     /// take them (at least 1 ms). While [`process_batch`](Self::process_batch) or
     /// [`run`](Self::run) works through a claim, a heartbeat renews the lease of the rows
@@ -330,7 +330,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     pub async fn process_batch<H: InboxHandler<DB>>(
         &self,
         handler: &H,
-    ) -> Result<Batch, InboxError> {
+    ) -> Result<BatchReport, InboxError> {
         self.process_until(handler, None).await
     }
 
@@ -342,13 +342,13 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         &self,
         handler: &H,
         mut stop: Option<&mut Shutdown<'_>>,
-    ) -> Result<Batch, InboxError> {
+    ) -> Result<BatchReport, InboxError> {
         self.check()?;
         let claims = self.claim().await?;
-        let mut batch = Batch {
+        let mut batch = BatchReport {
             claimed: claims.messages.len(),
             dead: claims.buried,
-            ..Batch::default()
+            ..BatchReport::default()
         };
         // What was processed before an error ended the batch is counted all the same.
         let mut ended = Ok(());
@@ -425,7 +425,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     }
 
     /// `dedup_inbox_processed_total` of one batch.
-    fn count(&self, batch: &Batch) {
+    fn count(&self, batch: &BatchReport) {
         let consumer = &self.inbox.consumer;
         for (outcome, count) in [
             ("processed", batch.processed),
@@ -466,7 +466,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         &self,
     ) -> Result<(Claims, Option<PoolConnection<DB>>), InboxError> {
         let inbox = &self.inbox;
-        let (pool, table, consumer) = (inbox.pool, &inbox.table, inbox.consumer.as_str());
+        let (pool, table, consumer) = (&inbox.pool, &inbox.table, inbox.consumer.as_str());
         let owner = new_token();
         // The claim also says whether some claim's lease had ended (in the same statement
         // on PostgreSQL): only then the take-back, and a second claim for the room left,
@@ -507,7 +507,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         limit: u32,
     ) -> Result<(Vec<InboxMessage>, bool, Option<PoolConnection<DB>>), InboxError> {
         let inbox = &self.inbox;
-        let (pool, table, consumer) = (inbox.pool, &inbox.table, inbox.consumer.as_str());
+        let (pool, table, consumer) = (&inbox.pool, &inbox.table, inbox.consumer.as_str());
         let tried = AtomicBool::new(false);
         retry_reachable::<DB, _, _>(|| {
             let again = tried.swap(true, std::sync::atomic::Ordering::Relaxed);
@@ -554,7 +554,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     pub async fn renew(&self, claims: &Claims) -> Result<usize, InboxError> {
         let inbox = &self.inbox;
         let renewed = DB::inbox_renew(
-            inbox.pool,
+            &inbox.pool,
             &inbox.table,
             &inbox.consumer,
             &claims.owner,
@@ -575,7 +575,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     ) -> T {
         let inbox = &self.inbox;
         let lease = micros(self.lease);
-        let renew = || DB::inbox_renew(inbox.pool, &inbox.table, &inbox.consumer, owner, lease);
+        let renew = || DB::inbox_renew(&inbox.pool, &inbox.table, &inbox.consumer, owner, lease);
         with_heartbeat::<DB, _, _>(self.heartbeat_interval(), granted, renew, work).await
     }
 
@@ -584,7 +584,13 @@ impl<'p, DB: Backend> Worker<'p, DB> {
     pub async fn release(&self, claims: &Claims) -> Result<usize, InboxError> {
         let inbox = &self.inbox;
         let released = retry_reachable::<DB, _, _>(|| {
-            DB::inbox_release(inbox.pool, &inbox.table, &inbox.consumer, &claims.owner, "")
+            DB::inbox_release(
+                &inbox.pool,
+                &inbox.table,
+                &inbox.consumer,
+                &claims.owner,
+                "",
+            )
         })
         .await
         .map_err(|error| self.classify(error))?;
@@ -666,7 +672,7 @@ impl<'p, DB: Backend> Worker<'p, DB> {
                     // once, while the message in hand finishes (it keeps its row).
                     let release = || {
                         DB::inbox_release(
-                            inbox.pool,
+                            &inbox.pool,
                             &inbox.table,
                             &inbox.consumer,
                             owner,
@@ -759,10 +765,11 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         let inbox = &self.inbox;
         let dead = message.attempt >= self.max_attempts;
         let delay = micros(self.delay(message.attempt));
-        let failed =
-            retry_reachable::<DB, _, _>(move || DB::inbox_fail(inbox.pool, row, text, delay, dead))
-                .await
-                .map_err(|error| self.classify(error))?;
+        let failed = retry_reachable::<DB, _, _>(move || {
+            DB::inbox_fail(&inbox.pool, row, text, delay, dead)
+        })
+        .await
+        .map_err(|error| self.classify(error))?;
         if !failed {
             return Ok(Processed::Lost);
         }
@@ -817,8 +824,13 @@ impl<'p, DB: Backend> Worker<'p, DB> {
         let signal = std::pin::pin!(shutdown);
         let mut shutdown = Shutdown::new(signal, self.shutdown_deadline);
         // PostgreSQL: a LISTEN connection for the receivers' hints (`notify_workers`).
-        let mut idle =
-            Idle::new(self.inbox.pool, &self.inbox.table, self.poll, self.max_poll).await;
+        let mut idle = Idle::new(
+            &self.inbox.pool,
+            &self.inbox.table,
+            self.poll,
+            self.max_poll,
+        )
+        .await;
         loop {
             if shutdown.check() {
                 return Ok(());
@@ -845,9 +857,9 @@ impl<'p, DB: Backend> Worker<'p, DB> {
 trait Step<DB: Backend>: Sync {
     fn step<'s>(
         &'s self,
-        worker: &'s Worker<'_, DB>,
+        worker: &'s Worker<DB>,
         stop: &'s mut Shutdown<'_>,
-    ) -> impl Future<Output = Result<Batch, InboxError>> + Send + 's;
+    ) -> impl Future<Output = Result<BatchReport, InboxError>> + Send + 's;
 }
 
 /// One transaction per message.
@@ -856,14 +868,14 @@ struct PerMessage<'h, H>(&'h H);
 impl<DB: Backend, H: InboxHandler<DB>> Step<DB> for PerMessage<'_, H> {
     fn step<'s>(
         &'s self,
-        worker: &'s Worker<'_, DB>,
+        worker: &'s Worker<DB>,
         stop: &'s mut Shutdown<'_>,
-    ) -> impl Future<Output = Result<Batch, InboxError>> + Send + 's {
+    ) -> impl Future<Output = Result<BatchReport, InboxError>> + Send + 's {
         worker.process_until(self.0, Some(stop))
     }
 }
 
-impl<DB: Backend> Worker<'_, DB> {
+impl<DB: Backend> Worker<DB> {
     /// One transaction for `message`: the owner-checked mark, the handler, the check and
     /// the commit.
     async fn transaction<H: InboxHandler<DB>>(

@@ -204,8 +204,8 @@ pub struct Relayed {
 /// At least once to the broker: a relay that stops after a send and before its mark
 /// (a crash, a lease that ended during a broker stall) leaves the row to be sent again —
 /// a duplicate send, never a loss, with the same id.
-pub struct Relay<'p, DB: Backend> {
-    pool: &'p Pool<DB>,
+pub struct Relay<DB: Backend> {
+    pool: Pool<DB>,
     outbox: Outbox,
     lease: Duration,
     heartbeat: Option<Duration>,
@@ -224,12 +224,13 @@ pub struct Relay<'p, DB: Backend> {
 const SEEN_EVERY: Duration = Duration::from_secs(1);
 
 impl Outbox {
-    /// A relay for this outbox on `pool`: a 30 s lease renewed every 10 s, 10 attempts, 32
+    /// A relay for this outbox on `pool` (a clone of it: the relay owns its handle, and can
+    /// move into a task): a 30 s lease renewed every 10 s, 10 attempts, 500
     /// rows per claim, a backoff from 1 s doubling to 5 min with full jitter, a 1 s poll
     /// when idle (doubling up to 4 s while nothing comes).
-    pub fn relay<'p, DB: Backend>(&self, pool: &'p Pool<DB>) -> Relay<'p, DB> {
+    pub fn relay<DB: Backend>(&self, pool: &Pool<DB>) -> Relay<DB> {
         Relay {
-            pool,
+            pool: pool.clone(),
             outbox: self.clone(),
             lease: Duration::from_secs(30),
             heartbeat: None,
@@ -244,7 +245,7 @@ impl Outbox {
     }
 }
 
-impl<'p, DB: Backend> Relay<'p, DB> {
+impl<DB: Backend> Relay<DB> {
     /// How long a claim holds its rows past the last heartbeat before another relay may
     /// take them (at least 1 ms); a heartbeat renews it while the relay sends
     /// ([`heartbeat`](Self::heartbeat)). All on the database's clock.
@@ -354,7 +355,7 @@ impl<'p, DB: Backend> Relay<'p, DB> {
         mut stop: Option<&mut Shutdown<'_>>,
     ) -> Result<Relayed, OutboxError> {
         self.check()?;
-        let (pool, table) = (self.pool, &self.outbox.table);
+        let (pool, table) = (&self.pool, &self.outbox.table);
         let lease = micros(self.lease);
         let (batch, max_attempts) = (self.batch, self.max_attempts);
         let last_seen = *self.seen.lock().expect("not poisoned");
@@ -503,7 +504,7 @@ impl<'p, DB: Backend> Relay<'p, DB> {
         message: &OutboxMessage,
         text: &str,
     ) -> Result<Delivery, OutboxError> {
-        let (pool, table) = (self.pool, &self.outbox.table);
+        let (pool, table) = (&self.pool, &self.outbox.table);
         let dead = message.attempt >= self.max_attempts;
         let delay = micros(jittered(self.base_delay, self.max_delay, message.attempt));
         let failed = retry_reachable::<DB, _, _>(|| {
@@ -554,7 +555,7 @@ impl<'p, DB: Backend> Relay<'p, DB> {
         let signal = std::pin::pin!(shutdown);
         let mut shutdown = Shutdown::new(signal, Duration::MAX);
         // PostgreSQL: a LISTEN connection for the handlers' hints (`Outbox::hint`).
-        let mut idle = Idle::new(self.pool, &self.outbox.table, self.poll, self.max_poll).await;
+        let mut idle = Idle::new(&self.pool, &self.outbox.table, self.poll, self.max_poll).await;
         loop {
             if shutdown.check() {
                 return Ok(());

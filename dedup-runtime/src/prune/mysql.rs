@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, MySql, Pool, Row};
 
-use super::{ConsumerStats, PruneBackend, count, micros_up};
+use super::{ConsumerStats, PruneSql, count, micros_up};
 use crate::schema::Table;
 
 /// `READ COMMITTED` for this transaction only, so the pooled connection keeps its
@@ -23,7 +23,7 @@ use crate::schema::Table;
 const BEGIN_READ_COMMITTED: &str =
     "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 
-impl PruneBackend for MySql {
+impl PruneSql for MySql {
     async fn cutoff(pool: &Pool<Self>, age: Duration) -> Result<String, sqlx::Error> {
         // UTC, like `processed_at`, whatever this session's `time_zone` is.
         sqlx::query_scalar("SELECT CAST(UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND AS CHAR)")

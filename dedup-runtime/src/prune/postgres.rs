@@ -15,7 +15,7 @@ use std::time::Duration;
 use sqlx::postgres::types::PgInterval;
 use sqlx::{AssertSqlSafe, Pool, Postgres, Row};
 
-use super::{ConsumerStats, PruneBackend, age_from_secs, count, micros_up};
+use super::{ConsumerStats, PruneSql, age_from_secs, count, micros_up};
 use crate::schema::Table;
 
 /// Walk the `processed_at` index in order and stop after `limit` rows. Without it, a
@@ -36,7 +36,7 @@ macro_rules! utc_text {
     };
 }
 
-impl PruneBackend for Postgres {
+impl PruneSql for Postgres {
     async fn cutoff(pool: &Pool<Self>, age: Duration) -> Result<String, sqlx::Error> {
         // An interval of microseconds only is an absolute duration (no calendar days); the
         // text is ISO 8601 in UTC, whatever this session's DateStyle and TimeZone.

@@ -4,14 +4,14 @@ use std::time::Duration;
 
 use sqlx::{AssertSqlSafe, Pool, Row, Sqlite};
 
-use super::{ConsumerStats, PruneBackend, age_from_secs, count, micros_up};
+use super::{ConsumerStats, PruneSql, age_from_secs, count, micros_up};
 use crate::schema::Table;
 
 /// The format of the column's default: the cutoff must be written the same way for the
 /// text comparison to be a time comparison.
 const CUTOFF: &str = "SELECT strftime('%Y-%m-%dT%H:%M:%fZ', 'now', ?1)";
 
-impl PruneBackend for Sqlite {
+impl PruneSql for Sqlite {
     async fn cutoff(pool: &Pool<Self>, age: Duration) -> Result<String, sqlx::Error> {
         // SQLite's clock has millisecond resolution: round the age up to whole
         // milliseconds, so that the cutoff is never later than `now - age`.

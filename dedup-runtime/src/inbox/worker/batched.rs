@@ -1,11 +1,11 @@
-//! Batch mode: a claim's messages processed in one transaction through a
+//! BatchReport mode: a claim's messages processed in one transaction through a
 //! [`BatchHandler`], split in halves down to the message when the handler fails.
 
 use std::collections::HashSet;
 use std::sync::atomic::AtomicBool;
 use std::task::Poll;
 
-use super::{Batch, ClaimedMany, Claims, InboxMessage, Processed, Step, Worker};
+use super::{BatchReport, ClaimedMany, Claims, InboxMessage, Processed, Step, Worker};
 use tracing::Instrument as _;
 
 use crate::backend::Backend;
@@ -37,7 +37,7 @@ enum Ended {
     Error(sqlx::Error),
 }
 
-impl<DB: Backend> Worker<'_, DB> {
+impl<DB: Backend> Worker<DB> {
     /// [`process_batch`](Self::process_batch) in **batch mode**: claims up to
     /// [`batch`](Self::batch) rows, and processes them in **one transaction**: `handler`
     /// runs once over all of them (in the claim's order), then one statement marks them
@@ -66,7 +66,7 @@ impl<DB: Backend> Worker<'_, DB> {
     ///
     /// Claims lost meanwhile (a worker paused past its lease, its rows taken by another)
     /// are found by the mark: the transaction rolls back and runs again without them,
-    /// counted [`lost`](Batch::lost). Everything else is as
+    /// counted [`lost`](BatchReport::lost). Everything else is as
     /// [`process_batch`](Self::process_batch): the take-back of stopped claims first, the
     /// heartbeat, a lost connection of ours that ends the batch and releases its rows.
     ///
@@ -109,7 +109,7 @@ impl<DB: Backend> Worker<'_, DB> {
     pub async fn process_batched<H: BatchHandler<DB, InboxMessage>>(
         &self,
         handler: &H,
-    ) -> Result<Batch, InboxError> {
+    ) -> Result<BatchReport, InboxError> {
         self.batched_until(handler, None).await
     }
 
@@ -131,13 +131,13 @@ impl<DB: Backend> Worker<'_, DB> {
         &self,
         handler: &H,
         mut stop: Option<&mut Shutdown<'_>>,
-    ) -> Result<Batch, InboxError> {
+    ) -> Result<BatchReport, InboxError> {
         self.check()?;
         let (claims, mut kept) = self.claim_keeping().await?;
-        let mut batch = Batch {
+        let mut batch = BatchReport {
             claimed: claims.messages.len(),
             dead: claims.buried,
-            ..Batch::default()
+            ..BatchReport::default()
         };
         let mut ended = Ok(());
         if !claims.messages.is_empty() {
@@ -301,7 +301,7 @@ impl<DB: Backend> Worker<'_, DB> {
                 Ended::AllLost => return Ok(Some(PartEnd::Lost { kept: Vec::new() })),
                 Ended::Short => {
                     // Which of the part are still ours: the rest were taken.
-                    let (pool, table, consumer) = (inbox.pool, &inbox.table, &*inbox.consumer);
+                    let (pool, table, consumer) = (&inbox.pool, &inbox.table, &*inbox.consumer);
                     let held = retry_reachable::<DB, _, _>(|| {
                         DB::inbox_held(pool, table, consumer, &claims.owner)
                     })
@@ -429,9 +429,9 @@ struct Batched<'h, H>(&'h H);
 impl<DB: Backend, H: BatchHandler<DB, InboxMessage>> Step<DB> for Batched<'_, H> {
     fn step<'s>(
         &'s self,
-        worker: &'s Worker<'_, DB>,
+        worker: &'s Worker<DB>,
         stop: &'s mut Shutdown<'_>,
-    ) -> impl Future<Output = Result<Batch, InboxError>> + Send + 's {
+    ) -> impl Future<Output = Result<BatchReport, InboxError>> + Send + 's {
         worker.batched_until(self.0, Some(stop))
     }
 }

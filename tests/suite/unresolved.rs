@@ -107,7 +107,10 @@ macro_rules! unresolved_suite {
                 .into();
 
                 let day = Duration::from_secs(DAY as u64);
-                let prune = Prune::new(day, day).table(table.as_str()).batch_size(2);
+                let prune = Prune::new(day, day)
+                    .in_table(table.as_str())
+                    .unwrap()
+                    .batch_size(2);
                 let stats = prune.stats(&*pool).await.unwrap();
                 assert_eq!(stats.len(), 1, "{stats:?}");
                 let c = &stats[0];
@@ -123,7 +126,9 @@ macro_rules! unresolved_suite {
                 assert_eq!(ids(&pool, &table).await, left);
 
                 // Even at age zero (everything processed goes) they stay.
-                let zero = Prune::new(Duration::ZERO, Duration::ZERO).table(table.as_str());
+                let zero = Prune::new(Duration::ZERO, Duration::ZERO)
+                    .in_table(table.as_str())
+                    .unwrap();
                 let done = zero.run(&*pool, |_| {}).await.unwrap();
                 assert_eq!(done.deleted, 1, "only `fresh`: {done:?}");
                 assert_eq!(ids(&pool, &table).await, unresolved);
@@ -149,7 +154,7 @@ macro_rules! unresolved_suite {
                 insert(&pool, &table, "done", 60, None, None).await;
                 insert(&pool, &table, "in-progress", 60, Some(1), Some(60)).await;
                 insert(&pool, &table, "unknown", 60, Some(2), Some(-1)).await;
-                let ledger = Ledger::with_table(&*pool, &table).unwrap();
+                let ledger = Ledger::new(&*pool).in_table(&table).unwrap();
                 assert!(ledger.processed_at("c", "done").await.unwrap().is_some());
                 assert_eq!(ledger.processed_at("c", "in-progress").await.unwrap(), None);
                 assert_eq!(ledger.processed_at("c", "unknown").await.unwrap(), None);

@@ -69,7 +69,7 @@ macro_rules! trace_suite {
                 dedup_runtime::outbox::migrate_table(pool, &table)
                     .await
                     .unwrap();
-                let plain = Outbox::with_table(&table).unwrap();
+                let plain = Outbox::new().in_table(&table).unwrap();
                 let hooked = plain.clone().trace_context(hook);
                 let cause = Cause::new("outbox-trace", unique("in")).unwrap();
                 let mut tx = pool.begin().await.unwrap();
@@ -168,7 +168,7 @@ macro_rules! trace_suite {
                     .execute(pool)
                     .await
                     .unwrap();
-                let outbox = Outbox::with_table(&table).unwrap();
+                let outbox = Outbox::new().in_table(&table).unwrap();
                 let consumer = unique("outbox-trace-old");
                 let cause = Cause::new(&consumer, "in-1").unwrap();
                 dedup_runtime::outbox::migrate_table(pool, &table)

@@ -202,7 +202,7 @@ mod reexport {
     consumer = "accepted-custom",
     key = id,
     table = "custom_processed",
-    crate = "crate::reexport::dedup"
+    crate = "crate::accepted::reexport::dedup"
 )]
 async fn in_custom_table(
     tx: &mut sqlx::Transaction<'_, sqlx::Sqlite>,
@@ -372,7 +372,7 @@ mod batches {
         batch = deliveries,
         key = |delivery: &Delivery| delivery.seq.to_string(),
         table = "custom_batch_processed",
-        crate = "crate::reexport::dedup",
+        crate = "crate::accepted::reexport::dedup",
     )]
     pub async fn record_custom(
         tx: &mut SqliteConnection,

@@ -106,8 +106,8 @@ async fn a_shared_consumer_name_is_reported_once_naming_both_handlers() {
         assert_eq!(seen.len(), 1, "{seen:?}");
         let (level, message) = &seen[0];
         assert_eq!(*level, tracing::Level::WARN);
-        assert!(message.contains("`consumers::paid`"), "{message}");
-        assert!(message.contains("`consumers::shipped`"), "{message}");
+        assert!(message.contains("`suite::consumers::paid`"), "{message}");
+        assert!(message.contains("`suite::consumers::shipped`"), "{message}");
         assert!(message.contains("\"consumers-orders\""), "{message}");
         assert!(message.contains("processed_messages"), "{message}");
     }

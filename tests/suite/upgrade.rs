@@ -270,7 +270,7 @@ macro_rules! upgrade_suite {
                     let again = handle(&*pool, &format!("old-{i}")).await.unwrap();
                     assert!(again.is_duplicate(), "old-{i}");
                 }
-                let ledger = Ledger::with_table(&*pool, table).unwrap();
+                let ledger = Ledger::new(&*pool).in_table(table).unwrap();
                 assert!(
                     ledger
                         .processed_at("upgrade-live", "old-0")

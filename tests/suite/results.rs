@@ -378,7 +378,8 @@ macro_rules! backend_suite {
                 sqlx::query($backdate).bind(&old.id).execute(&*pool).await.unwrap();
                 let day = std::time::Duration::from_secs(86_400);
                 let done = Prune::new(2 * day, day)
-                    .table("dedup_results_prune")
+                    .in_table("dedup_results_prune")
+                    .unwrap()
                     .consumer("results-pruned")
                     .run(&*pool, |_| {})
                     .await

@@ -138,7 +138,8 @@ macro_rules! prune_suite {
                 // inserted: either outcome is right, so it is left out of the comparison.
                 let mut seen = Vec::new();
                 let done = Prune::new(older_than, secs(DAY))
-                    .table(table.as_str())
+                    .in_table(table.as_str())
+                    .unwrap()
                     .consumer("a")
                     .batch_size(7)
                     .run(&*pool, |progress| seen.push(progress.clone()))
@@ -152,7 +153,9 @@ macro_rules! prune_suite {
                 assert_eq!(ids(&pool, &table, "b").await, expected(&[("b-", 0..241)]));
 
                 // What a run over every consumer would do now.
-                let prune = Prune::new(older_than, secs(DAY)).table(table.as_str());
+                let prune = Prune::new(older_than, secs(DAY))
+                    .in_table(table.as_str())
+                    .unwrap();
                 let stats = prune.stats(&*pool).await.unwrap();
                 assert_eq!(stats.len(), 2, "{stats:?}");
                 let (a, b) = (&stats[0], &stats[1]);
@@ -204,7 +207,9 @@ macro_rules! prune_suite {
                 insert_aged(&pool, &table, "c", "old-", 50, 3 * DAY, 1).await;
                 let all = expected(&[("old-", 0..50)]);
 
-                let short = Prune::new(secs(DAY), secs(2 * DAY)).table(table.as_str());
+                let short = Prune::new(secs(DAY), secs(2 * DAY))
+                    .in_table(table.as_str())
+                    .unwrap();
                 match short.run(&*pool, |_| panic!("no batch may run")).await {
                     Err(PruneError::WindowTooShort {
                         older_than,
@@ -217,7 +222,8 @@ macro_rules! prune_suite {
                     Err(PruneError::WindowTooShort { .. })
                 ));
                 let barely = Prune::new(secs(DAY) - Duration::from_nanos(1), secs(DAY))
-                    .table(table.as_str());
+                    .in_table(table.as_str())
+                    .unwrap();
                 assert!(matches!(
                     barely.run(&*pool, |_| {}).await,
                     Err(PruneError::WindowTooShort { .. })
@@ -225,14 +231,17 @@ macro_rules! prune_suite {
 
                 let ok = || Prune::new(secs(DAY), secs(DAY));
                 for bad in ["x; DROP TABLE processed_messages", "a.b.c", ""] {
+                    #[allow(deprecated)] // the unchecked setter: refused at `run`
                     let refused = ok().table(bad).run(&*pool, |_| {}).await;
+                    assert!(ok().in_table(bad).is_err());
                     assert!(
                         matches!(refused, Err(PruneError::InvalidTable(_))),
                         "{refused:?}"
                     );
                 }
                 let refused = ok()
-                    .table(table.as_str())
+                    .in_table(table.as_str())
+                    .unwrap()
                     .batch_size(0)
                     .run(&*pool, |_| {})
                     .await;
@@ -244,11 +253,16 @@ macro_rules! prune_suite {
                 // by the backend's code, and the message says how to create it.
                 let absent = fresh_table();
                 let missing = [
-                    ok().table(absent.as_str())
+                    ok().in_table(absent.as_str())
+                        .unwrap()
                         .run(&*pool, |_| {})
                         .await
                         .unwrap_err(),
-                    ok().table(absent.as_str()).stats(&*pool).await.unwrap_err(),
+                    ok().in_table(absent.as_str())
+                        .unwrap()
+                        .stats(&*pool)
+                        .await
+                        .unwrap_err(),
                 ];
                 for missing in missing {
                     match &missing {
@@ -270,7 +284,8 @@ macro_rules! prune_suite {
 
                 // An age equal to the window is allowed.
                 let done = Prune::new(secs(2 * DAY), secs(2 * DAY))
-                    .table(table.as_str())
+                    .in_table(table.as_str())
+                    .unwrap()
                     .run(&*pool, |_| {})
                     .await
                     .unwrap();
@@ -343,7 +358,8 @@ macro_rules! prune_suite {
                 .expect("the consumers process messages");
                 let before = next.load(Ordering::SeqCst);
                 let done = Prune::new(secs(2 * DAY), secs(DAY))
-                    .table(table)
+                    .in_table(table)
+                    .unwrap()
                     .run(&*pool, |_| {})
                     .await
                     .unwrap();

@@ -139,7 +139,7 @@ macro_rules! batched_suite {
                     .unwrap()
             }
 
-            async fn receive_all(inbox: &Inbox<'_, $db>, count: usize) -> Vec<String> {
+            async fn receive_all(inbox: &Inbox<$db>, count: usize) -> Vec<String> {
                 let ids: Vec<String> = (0..count)
                     .map(|n| format!("{}/{n:04}", inbox.consumer()))
                     .collect();

@@ -366,9 +366,9 @@ macro_rules! operator_suite {
                 }
                 let schema: String =
                     sqlx::query_scalar($current_schema).fetch_one(&*pool).await.unwrap();
-                let plain = Ledger::with_table(&*pool, $custom_table).unwrap();
+                let plain = Ledger::new(&*pool).in_table($custom_table).unwrap();
                 let qualified_name = format!("{schema}.{}", $custom_table);
-                let qualified = Ledger::with_table(&*pool, &qualified_name).unwrap();
+                let qualified = Ledger::new(&*pool).in_table(&qualified_name).unwrap();
                 assert_eq!(qualified.table().name(), qualified_name);
                 let default = Ledger::new(&*pool);
                 let id = unique("custom");
@@ -396,7 +396,7 @@ macro_rules! operator_suite {
                 let missing = dedup_suite::unique_table("operator_missing");
                 let elsewhere = format!("{}.processed_messages", dedup_suite::unique_table("nowhere"));
                 for name in [missing.as_str(), elsewhere.as_str()] {
-                    let ledger = Ledger::with_table(&*pool, name).unwrap();
+                    let ledger = Ledger::new(&*pool).in_table(name).unwrap();
                     for error in [
                         ledger.processed_at(CONSUMER, "id").await.unwrap_err(),
                         ledger.forget(CONSUMER, "id").await.unwrap_err(),
@@ -414,7 +414,7 @@ macro_rules! operator_suite {
                         assert!(std::error::Error::source(&error).is_some());
                     }
                 }
-                let invalid = Ledger::with_table(&*pool, "processed_messages; DROP TABLE x");
+                let invalid = Ledger::new(&*pool).in_table("processed_messages; DROP TABLE x");
                 assert!(invalid.is_err());
                 // Through `?` into a `LedgerError`.
                 let converted: LedgerError = invalid.unwrap_err().into();
@@ -436,7 +436,7 @@ macro_rules! operator_suite {
                     let _one_at_a_time = dedup_suite::ddl_lock().await;
                     dedup_runtime::migrate_table(&*pool, &table).await.unwrap();
                 }
-                let ledger = Ledger::with_table(&*pool, &table).unwrap();
+                let ledger = Ledger::new(&*pool).in_table(&table).unwrap();
                 let id = unique("in-flight");
                 let timeout = Duration::from_secs(10);
 

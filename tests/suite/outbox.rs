@@ -291,7 +291,7 @@ macro_rules! outbox_suite {
             async fn own_outbox(pool: &sqlx::Pool<$db>) -> Outbox {
                 let table = unique_table("outbox");
                 dedup_runtime::outbox::migrate_table(pool, &table).await.unwrap();
-                Outbox::with_table(&table).unwrap()
+                Outbox::new().in_table(&table).unwrap()
             }
 
             /// Enqueues one message per payload, slots 0, 1, …, in one transaction.
@@ -560,9 +560,28 @@ macro_rules! outbox_suite {
                 assert!(after.relay_last_seen.unwrap() < minute);
                 assert_eq!(outbox.health(pool, minute).await.unwrap(), Health::Healthy);
 
-                assert_eq!(outbox.prune(pool, Duration::from_secs(3600)).await.unwrap(), 0);
+                let hour = Duration::from_secs(3600);
+                let prune = |age, window| dedup_runtime::Prune::new(age, window);
+                let early = prune(minute, hour).run_outbox(&outbox, pool, |_| {}).await;
+                assert!(
+                    matches!(early, Err(dedup_runtime::PruneError::WindowTooShort { .. })),
+                    "{early:?}"
+                );
+                let young = prune(hour, hour).run_outbox(&outbox, pool, |_| {}).await.unwrap();
+                assert_eq!((young.deleted, young.done), (0, true));
+                #[allow(deprecated)] // the old shape, kept working
+                let old_shape = outbox.prune(pool, hour).await.unwrap();
+                assert_eq!(old_shape, 0);
+                assert_eq!(outbox.stats(pool).await.unwrap().sent, 2, "nothing deleted yet");
                 tokio::time::sleep(Duration::from_millis(5)).await;
-                assert_eq!(outbox.prune(pool, Duration::ZERO).await.unwrap(), 2, "the sent rows");
+                let mut seen = Vec::new();
+                let done = prune(Duration::ZERO, Duration::ZERO)
+                    .batch_size(1)
+                    .run_outbox(&outbox, pool, |progress| seen.push(progress.deleted))
+                    .await
+                    .unwrap();
+                assert_eq!(done.deleted, 2, "the sent rows");
+                assert_eq!(seen, [1, 2, 2], "one row per batch, then the batch that found none");
                 let pruned = outbox.stats(pool).await.unwrap();
                 assert_eq!((pruned.sent, pruned.dead), (0, 1), "the dead row kept");
             }
@@ -1000,7 +1019,7 @@ macro_rules! outbox_suite {
             async fn a_missing_table_is_a_typed_error() {
                 let db = $pool;
                 let pool: &sqlx::Pool<$db> = &db;
-                let outbox = Outbox::with_table("outbox_never_created").unwrap();
+                let outbox = Outbox::new().in_table("outbox_never_created").unwrap();
                 let cause = Cause::new("outbox-missing", "evt_1").unwrap();
                 let mut conn = pool.acquire().await.unwrap();
                 match outbox
@@ -1170,7 +1189,7 @@ async fn postgres_relay_wakes_on_a_hint() {
     dedup_runtime::outbox::migrate_table(&pool, &table)
         .await
         .unwrap();
-    let outbox = Outbox::with_table(&table).unwrap().notify_relay(true);
+    let outbox = Outbox::new().in_table(&table).unwrap().notify_relay(true);
     let recorder = Arc::new(Recorder::default());
     let stop = Arc::new(Notify::new());
     let relay = tokio::spawn({

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use dedup_runtime::InvalidMessageId;
 use dedup_runtime::inbox::{
-    Batch, DEFAULT_MAX_PAYLOAD_LEN, HINT_GAP, Inbox, InboxError, InboxHandler, InboxMessage,
+    BatchReport, DEFAULT_MAX_PAYLOAD_LEN, HINT_GAP, Inbox, InboxError, InboxHandler, InboxMessage,
     Incoming, MAX_BATCH, Processed, Received, Refused, Worker,
 };
 use dedup_suite::unique;
@@ -140,7 +140,7 @@ macro_rules! inbox_suite {
                     .unwrap();
             }
 
-            async fn receive_all(inbox: &Inbox<'_, $db>, count: usize) -> Vec<String> {
+            async fn receive_all(inbox: &Inbox<$db>, count: usize) -> Vec<String> {
                 let ids: Vec<String> = (0..count)
                     .map(|n| format!("{}/{n}", inbox.consumer()))
                     .collect();
@@ -160,8 +160,8 @@ macro_rules! inbox_suite {
                 pool: &sqlx::Pool<$db>,
                 consumer: &str,
                 hold: &Arc<Hold>,
-                configure: fn(Worker<'_, $db>) -> Worker<'_, $db>,
-            ) -> tokio::task::JoinHandle<Result<Batch, InboxError>> {
+                configure: fn(Worker<$db>) -> Worker<$db>,
+            ) -> tokio::task::JoinHandle<Result<BatchReport, InboxError>> {
                 let (pool, consumer, hold) = (pool.clone(), consumer.to_owned(), hold.clone());
                 tokio::spawn(async move {
                     let inbox = Inbox::new(&pool, &consumer).unwrap();
@@ -181,7 +181,7 @@ macro_rules! inbox_suite {
                 consumer: &str,
                 hold: &Arc<Hold>,
                 stop: &Arc<Notify>,
-                configure: fn(Worker<'_, $db>) -> Worker<'_, $db>,
+                configure: fn(Worker<$db>) -> Worker<$db>,
             ) -> tokio::task::JoinHandle<u32> {
                 let (pool, consumer, hold, stop) =
                     (pool.clone(), consumer.to_owned(), hold.clone(), stop.clone());
@@ -307,7 +307,15 @@ macro_rules! inbox_suite {
                 );
                 assert_eq!(rows(pool, &consumer).await, 6, "nothing deleted");
                 worker.process_batch(&handler).await.unwrap(); // 4 processed, 5 dead
-                assert_eq!(inbox.prune(7 * DAY, 2 * DAY).await.unwrap(), 2);
+                let mut seen = Vec::new();
+                let done = dedup_runtime::Prune::new(7 * DAY, 2 * DAY)
+                    .batch_size(1)
+                    .pause(Duration::ZERO)
+                    .run_inbox(&inbox, |progress| seen.push(progress.deleted))
+                    .await
+                    .unwrap();
+                assert_eq!((done.deleted, done.batches), (2, 3));
+                assert_eq!(seen, [1, 2, 2], "one row per batch, then the batch that found none");
                 assert_eq!(rows(pool, &consumer).await, 4);
                 assert!(row(pool, &consumer, &ids[0]).await.is_none());
                 let stats = inbox.stats().await.unwrap();
@@ -1250,7 +1258,7 @@ macro_rules! inbox_suite {
                 let pool: &sqlx::Pool<$db> = &db;
                 let inbox = Inbox::new(pool, "inbox-missing")
                     .unwrap()
-                    .with_table("dedup_no_such_inbox")
+                    .in_table("dedup_no_such_inbox")
                     .unwrap();
                 let error = inbox.receive(Incoming::new("evt", b"p")).await.unwrap_err();
                 assert!(

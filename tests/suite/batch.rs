@@ -568,7 +568,7 @@ macro_rules! batch_suite {
                 let table = dedup_suite::unique_table("batch_table");
                 dedup_runtime::migrate_table(&*pool, &table).await.unwrap();
                 let consumer = unique("batch-table");
-                let batch = Batch::new(&consumer).unwrap().table(&table).unwrap();
+                let batch = Batch::new(&consumer).unwrap().in_table(&table).unwrap();
                 let ids = ids(&unique("table"), 5);
                 let seen = Apply::default();
                 assert_eq!(run(&pool, &batch, &messages(&ids), &seen).await.processed(), 5);
@@ -630,7 +630,7 @@ fn the_consumer_is_checked() {
     assert!(
         Batch::new("billing")
             .unwrap()
-            .table("no such; table")
+            .in_table("no such; table")
             .is_err()
     );
 }

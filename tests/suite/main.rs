@@ -1,0 +1,30 @@
+//! The plain suites, one module per concern, in one test binary: one link and one
+//! monomorphisation of sqlx for all of them instead of one per file (the CI's cold build
+//! time), and their tests share the binary's threads as the tests of one file always have.
+//! Each module keeps the tables and consumers of its own, so that they can run side by
+//! side. The suites that need a broker or the HTTP stack, the crash harnesses and the
+//! regression fixtures are binaries of their own (`tests/*.rs`).
+
+mod accepted;
+mod batch;
+mod business_keys;
+mod consumers;
+mod core;
+mod effects;
+mod failures;
+mod fingerprints;
+mod idempotency_keys;
+mod inbox;
+mod inbox_batched;
+mod metrics;
+mod observability;
+mod operator;
+mod outbox;
+mod outbox_trace;
+mod prune;
+mod public_api;
+mod results;
+mod schema;
+mod tables;
+mod unresolved;
+mod upgrade;
