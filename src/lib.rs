@@ -321,7 +321,8 @@ pub async fn ddl<DB: TestDatabase>(pool: &Pool<DB>, sql: &str) {
 
 /// The path of the example binary `name`, after building `examples` (the package's
 /// examples) once per test process and set of examples, with the test's own profile and
-/// `feature` (none when empty; a no-op when `cargo test` has just built them). For crash
+/// features plus `feature` (none when empty; a no-op when `cargo test` has just built
+/// them). For crash
 /// harnesses that run an example as a child process.
 ///
 /// # Panics
@@ -370,8 +371,22 @@ pub fn example_binary(feature: &str, examples: &[&str], name: &str) -> std::path
         cargo
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .args(["build", "--profile", &profile]);
-        if !feature.is_empty() {
-            cargo.args(["--features", feature]);
+        // The features this suite was built with, and `feature`: the same set as the
+        // `cargo test` that built the examples, so that this build finds them fresh. With
+        // another set, cargo rebuilt the suite's library and the examples (minutes, in a
+        // cold CI run), each test binary asking for its own set in turn.
+        let mut features = vec![feature];
+        if cfg!(feature = "brokers") {
+            features.push("brokers");
+        }
+        if cfg!(feature = "http") {
+            features.push("http");
+        }
+        features.retain(|feature| !feature.is_empty());
+        features.sort_unstable();
+        features.dedup();
+        if !features.is_empty() {
+            cargo.args(["--features", &features.join(",")]);
         }
         for example in examples {
             cargo.args(["--example", example]);

@@ -12,6 +12,8 @@ use syn::parse::{Parse, ParseStream};
 use syn::spanned::Spanned;
 use syn::{Expr, Ident, Lit, LitStr, Path, Token};
 
+use crate::tokens::ungrouped_expr;
+
 /// Every argument the attribute knows, in the order the messages list them.
 const KNOWN: &str = "`consumer`, `key`, `batch`, `unique`, `table`, `effect`, `lease`, `result`, \
                      `result_version`, `max_result_len`, `fingerprint`, `crate`";
@@ -251,7 +253,7 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
             "key" => key.set(name, value, &mut errors),
             "batch" => {
                 batch_name.get_or_insert_with(|| name.clone());
-                match ungrouped(&value) {
+                match ungrouped_expr(&value) {
                     Expr::Path(path) if path.qself.is_none() && path.path.get_ident().is_some() => {
                         let ident = path.path.get_ident().cloned();
                         if let Some(ident) = ident {
@@ -565,7 +567,7 @@ fn remembered(given: RememberedArgs<'_>, errors: &mut Errors) -> Option<StoredRe
 /// `fingerprint = |order| order.body` of a batch handler: a closure over one message, that
 /// does not await.
 fn batch_fingerprint(value: &Expr, errors: &mut Errors) {
-    let Expr::Closure(closure) = ungrouped(value) else {
+    let Expr::Closure(closure) = ungrouped_expr(value) else {
         errors.add_spanned(
             value,
             "in a batch handler `fingerprint` says what each message's payload is: write a \
@@ -604,7 +606,7 @@ fn integer(
     max: u64,
     errors: &mut Errors,
 ) -> Option<u64> {
-    if let Expr::Lit(lit) = ungrouped(value)
+    if let Expr::Lit(lit) = ungrouped_expr(value)
         && let Lit::Int(int) = &lit.lit
     {
         match int.base10_parse::<u64>() {
@@ -639,7 +641,7 @@ fn check_batch(
     if unread {
         return;
     }
-    let closure = key.and_then(|(_, key)| match ungrouped(key) {
+    let closure = key.and_then(|(_, key)| match ungrouped_expr(key) {
         Expr::Closure(closure) => Some(closure),
         _ => None,
     });
@@ -687,7 +689,7 @@ fn check_batch(
 fn constraint_names(value: &Expr, errors: &mut Errors) -> Option<Vec<LitStr>> {
     const FORM: &str = "`unique` takes the name of a unique constraint or index, or a list of \
                         them: `unique = \"shipments_order_id_key\"` or `unique = [\"a\", \"b\"]`";
-    let literals: Vec<&Expr> = match ungrouped(value) {
+    let literals: Vec<&Expr> = match ungrouped_expr(value) {
         Expr::Array(array) => {
             if array.elems.is_empty() {
                 errors.add_spanned(value, format_args!("{FORM}; the list is empty"));
@@ -700,7 +702,7 @@ fn constraint_names(value: &Expr, errors: &mut Errors) -> Option<Vec<LitStr>> {
     let mut names: Vec<LitStr> = Vec::new();
     let mut ok = true;
     for expr in literals {
-        let lit = match ungrouped(expr) {
+        let lit = match ungrouped_expr(expr) {
             Expr::Lit(lit) => match &lit.lit {
                 Lit::Str(s) => s.clone(),
                 _ => {
@@ -782,15 +784,6 @@ fn closest(unknown: &str) -> Option<&'static str> {
     .find(|known| distance(&lower, known) <= 2 && lower.len() + 2 > known.len())
 }
 
-/// `value` without the invisible group around a `$name:literal` or `$name:expr` that a
-/// `macro_rules!` macro forwards to the attribute.
-fn ungrouped(value: &Expr) -> &Expr {
-    match value {
-        Expr::Group(group) => ungrouped(&group.expr),
-        other => other,
-    }
-}
-
 /// The string literal behind `name = "…"`, or an error that shows the expected form.
 fn string_literal(
     name: &Ident,
@@ -798,7 +791,7 @@ fn string_literal(
     example: &str,
     errors: &mut Errors,
 ) -> Option<LitStr> {
-    if let Expr::Lit(lit) = ungrouped(value)
+    if let Expr::Lit(lit) = ungrouped_expr(value)
         && let Lit::Str(s) = &lit.lit
     {
         return Some(s.clone());
@@ -927,184 +920,4 @@ fn check_table(lit: &LitStr, errors: &mut Errors) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The messages of `parse(tokens)`, and whether the runtime's path is known.
-    fn parsed(tokens: &str) -> (Vec<String>, Args) {
-        let (args, errors) = parse(tokens.parse().unwrap());
-        let messages = match errors.finish() {
-            Ok(()) => Vec::new(),
-            Err(error) => error.into_iter().map(|error| error.to_string()).collect(),
-        };
-        (messages, args)
-    }
-
-    #[test]
-    fn an_unreadable_argument_is_the_only_error_and_the_others_count() {
-        let (messages, args) = parsed(r#"consumer = "billing", key, table = "t""#);
-        assert_eq!(messages, ["expected `key = …`"]);
-        assert_eq!(args.table.value(), "t");
-        assert!(args.krate_known);
-
-        let (messages, args) = parsed(r#"consumer = "billing" key = msg.id, table = "t""#);
-        assert_eq!(messages, ["expected `,`"]);
-        assert_eq!(
-            args.consumer.map(|lit| lit.value()).as_deref(),
-            Some("billing")
-        );
-        assert_eq!(args.table.value(), "t");
-
-        let (messages, _) = parsed(r#"= 1, consumer = "billing", key = id"#);
-        assert_eq!(messages.len(), 1, "{messages:?}");
-    }
-
-    #[test]
-    fn effects() {
-        let (messages, args) = parsed(r#"consumer = "c", key = id, effect = "send-first""#);
-        assert!(messages.is_empty(), "{messages:?}");
-        assert_eq!(args.effect, Some(Effect::SendFirst));
-        assert!(args.effect_named);
-
-        // Mark-first runs under a lease, a minute unless given.
-        let (messages, args) = parsed(r#"consumer = "c", key = id, effect = "mark-first""#);
-        assert!(messages.is_empty(), "{messages:?}");
-        assert_eq!(args.effect, Some(Effect::MarkFirst));
-        assert_eq!(args.lease_ms, Some(60_000));
-        let (messages, args) =
-            parsed(r#"consumer = "c", key = id, effect = "send-first", lease = "1500ms""#);
-        assert!(messages.is_empty(), "{messages:?}");
-        assert_eq!(args.lease_ms, Some(1500));
-        let (_, args) = parsed(r#"consumer = "c", key = id, effect = "send-first""#);
-        assert_eq!(args.lease_ms, None);
-        for (lease, ms) in [
-            ("30s", 30_000),
-            ("2m", 120_000),
-            ("1h", 3_600_000),
-            ("24h", 86_400_000),
-        ] {
-            let (messages, args) = parsed(&format!(
-                r#"consumer = "c", key = id, effect = "mark-first", lease = "{lease}""#
-            ));
-            assert!(messages.is_empty(), "{lease}: {messages:?}");
-            assert_eq!(args.lease_ms, Some(ms), "{lease}");
-        }
-        for (lease, says) in [
-            ("0s", "a lease of zero"),
-            ("25h", "longer than a day"),
-            ("-5s", "is not a duration"),
-            ("1.5s", "is not a duration"),
-            ("30", "is not a duration"),
-            ("30 seconds", "is not a duration"),
-        ] {
-            let (messages, _) = parsed(&format!(
-                r#"consumer = "c", key = id, effect = "mark-first", lease = "{lease}""#
-            ));
-            assert_eq!(messages.len(), 1, "{lease}: {messages:?}");
-            assert!(messages[0].contains(says), "{lease}: {messages:?}");
-        }
-        let (messages, _) = parsed(r#"consumer = "c", key = id, lease = "30s""#);
-        assert_eq!(messages.len(), 1, "{messages:?}");
-        assert!(
-            messages[0].starts_with("`lease` is for a handler"),
-            "{messages:?}"
-        );
-        let (messages, _) =
-            parsed(r#"consumer = "c", key = id, unique = "u", effect = "mark-first""#);
-        assert_eq!(messages.len(), 1, "{messages:?}");
-        assert!(
-            messages[0].starts_with("`unique = …` catches"),
-            "{messages:?}"
-        );
-
-        for (spelling, hint) in [
-            ("send_first", Some("send-first")),
-            ("SendFirst", Some("send-first")),
-            ("mark first", Some("mark-first")),
-            ("at-most-once", None),
-        ] {
-            let (messages, _) = parsed(&format!(
-                r#"consumer = "c", key = id, effect = "{spelling}""#
-            ));
-            assert_eq!(messages.len(), 1, "{messages:?}");
-            let expected = hint.map(|hint| format!("did you mean `\"{hint}\"`?"));
-            assert_eq!(
-                expected.is_some_and(|expected| messages[0].contains(&expected)),
-                hint.is_some(),
-                "{spelling}: {messages:?}"
-            );
-        }
-
-        // Without `key`, the one message says to add it (not also "nothing to deduplicate on").
-        for tokens in [
-            r#"effect = "send-first""#,
-            r#"unique = "u", effect = "send-first""#,
-        ] {
-            let (messages, _) = parsed(tokens);
-            assert_eq!(messages.len(), 1, "{tokens}: {messages:?}");
-            assert!(
-                messages[0].starts_with("`effect` needs the message id"),
-                "{messages:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn batches() {
-        let (messages, args) = parsed(r#"consumer = "c", batch = orders, key = |o| o.id"#);
-        assert!(messages.is_empty(), "{messages:?}");
-        assert_eq!(args.batch.map(|b| b.to_string()).as_deref(), Some("orders"));
-        assert!(args.batch_named);
-        for (tokens, says) in [
-            (r#"consumer = "c", batch = orders"#, "`batch` needs the id"),
-            (
-                r#"consumer = "c", batch = orders, key = o.id"#,
-                "write a closure",
-            ),
-            (
-                r#"consumer = "c", batch = orders, key = |a, b| a.id"#,
-                "takes one message",
-            ),
-            (
-                r#"consumer = "c", batch = orders, key = async |o| o.id"#,
-                "cannot await",
-            ),
-            (r#"consumer = "c", key = |o| o.id"#, "add `batch = orders`"),
-            (
-                r#"consumer = "c", batch = "orders", key = |o| o.id"#,
-                "names the handler's",
-            ),
-            (
-                r#"consumer = "c", batch = orders, key = |o| o.id, effect = "send-first""#,
-                "remove `effect`",
-            ),
-        ] {
-            let (messages, _) = parsed(tokens);
-            assert_eq!(messages.len(), 1, "{tokens}: {messages:?}");
-            assert!(messages[0].contains(says), "{tokens}: {messages:?}");
-        }
-        let (messages, _) = parsed(r#"consumer = "c", batchh = orders, key = |o| o.id"#);
-        assert_eq!(messages.len(), 1, "{messages:?}");
-        assert!(
-            messages[0].contains("did you mean `batch`?"),
-            "{messages:?}"
-        );
-    }
-
-    #[test]
-    fn the_runtime_path_is_known_unless_crate_was_given_and_unreadable() {
-        for (tokens, known) in [
-            (r#"consumer = "", key = id"#, true),
-            (r#"consumer = "", key = id, crate = "my_app::dedup""#, true),
-            (r#"consumer = "b", key = id, crate = "not a path""#, false),
-            (r#"consumer = "b", key = id, crate = my_app::dedup"#, false),
-            (r#"consumer = "b", key = id, crate"#, false),
-            (r#"consumer = "b" crate = "my_app::dedup""#, false),
-        ] {
-            assert_eq!(parsed(tokens).1.krate_known, known, "{tokens}");
-        }
-        let (_, args) = parsed(r#"consumer = "", key = id, crate = "my_app::dedup""#);
-        let krate = args.krate;
-        assert_eq!(quote::quote!(#krate).to_string(), "my_app :: dedup");
-    }
-}
+mod tests;

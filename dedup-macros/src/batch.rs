@@ -12,8 +12,8 @@ use syn::spanned::Spanned;
 use syn::{AttrStyle, Expr, FnArg, Ident, ItemFn, LitStr, Pat, Type};
 
 use crate::args::{Args, Errors};
-use crate::expand::{key_call, local, respan};
 use crate::handler::{self, Handler};
+use crate::tokens::{key_call, local, respan, ungrouped_expr, ungrouped_type};
 use crate::unawaited;
 
 /// A batch handler the expansion can build on.
@@ -184,13 +184,13 @@ fn self_type(tokens: TokenStream) -> Option<Span> {
 /// `M` of `&[&M]`; otherwise what to show as `M` in the message.
 fn message_type(ty: &Type) -> Result<&Type, String> {
     let text = |ty: &Type| quote!(#ty).to_string().replace(" ", "");
-    let Type::Reference(outer) = ungrouped(ty) else {
+    let Type::Reference(outer) = ungrouped_type(ty) else {
         return Err(element_text(ty, &text));
     };
-    let Type::Slice(slice) = ungrouped(&outer.elem) else {
+    let Type::Slice(slice) = ungrouped_type(&outer.elem) else {
         return Err(element_text(ty, &text));
     };
-    match ungrouped(&slice.elem) {
+    match ungrouped_type(&slice.elem) {
         Type::Reference(inner) if inner.mutability.is_none() && outer.mutability.is_none() => {
             Ok(&inner.elem)
         }
@@ -201,7 +201,7 @@ fn message_type(ty: &Type) -> Result<&Type, String> {
 
 /// What `M` a wrong messages type probably meant: `Order` of `&[Order]`, `Vec<Order>`.
 fn element_text(ty: &Type, text: &dyn Fn(&Type) -> String) -> String {
-    match ungrouped(ty) {
+    match ungrouped_type(ty) {
         Type::Reference(reference) => element_text(&reference.elem, text),
         Type::Slice(slice) => element_text(&slice.elem, text),
         Type::Path(path) => {
@@ -217,14 +217,6 @@ fn element_text(ty: &Type, text: &dyn Fn(&Type) -> String) -> String {
             }
         }
         _ => "Order".to_owned(),
-    }
-}
-
-fn ungrouped(ty: &Type) -> &Type {
-    match ty {
-        Type::Group(group) => ungrouped(&group.elem),
-        Type::Paren(paren) => ungrouped(&paren.elem),
-        other => other,
     }
 }
 
@@ -369,13 +361,6 @@ fn closure_parts(closure: Option<&Expr>, message_ty: &Type) -> (Pat, Type, Expr)
         None => (syn::parse_quote!(_), syn::parse_quote!(&#message_ty)),
     };
     (pat, ty, *closure.body)
-}
-
-fn ungrouped_expr(expr: &Expr) -> &Expr {
-    match expr {
-        Expr::Group(group) => ungrouped_expr(&group.expr),
-        other => other,
-    }
 }
 
 // Output: `<PgConnection as __private::HandlerConnection<'static>>::Database`.

@@ -9,11 +9,16 @@ use syn::spanned::Spanned;
 use syn::visit::Visit;
 use syn::visit_mut::VisitMut;
 use syn::{
-    Attribute, Expr, FnArg, GenericArgument, Ident, ItemFn, Lifetime, Pat, PathArguments,
-    ReceiverKind, ReturnType, Type, TypePath,
+    Attribute, Expr, FnArg, GenericArgument, Ident, ItemFn, Pat, PathArguments, ReceiverKind,
+    ReturnType, Type, TypePath,
 };
 
 use crate::args::Errors;
+use crate::tokens::ungrouped_type;
+use crate::types::generic_types;
+pub use crate::types::{
+    backend, error_type, names_transaction, ok_type, replace_ok, with_static_lifetimes,
+};
 
 /// The connection parameter: `tx: &mut PgConnection`.
 pub struct Connection {
@@ -226,7 +231,7 @@ fn movable(sig: &syn::Signature, connection: &Connection) -> Vec<Movable> {
                 }),
             },
             FnArg::Typed(arg) => {
-                let ty = ungrouped(&arg.ty);
+                let ty = ungrouped_type(&arg.ty);
                 let by_reference = match ty {
                     Type::Reference(reference) if reference.mutability.is_none() => return None,
                     _ if is_known_copy(ty) => return None,
@@ -263,14 +268,6 @@ fn list(items: impl Iterator<Item = String>) -> String {
     }
 }
 
-fn ungrouped(ty: &Type) -> &Type {
-    match ty {
-        Type::Group(group) => ungrouped(&group.elem),
-        Type::Paren(paren) => ungrouped(&paren.elem),
-        other => other,
-    }
-}
-
 /// Primitives and `Uuid`: taken by value, a body copies them rather than moving them.
 fn is_known_copy(ty: &Type) -> bool {
     const COPY: &[&str] = &[
@@ -286,7 +283,7 @@ fn is_known_copy(ty: &Type) -> bool {
         Type::Tuple(tuple) => tuple
             .elems
             .iter()
-            .all(|elem| is_known_copy(ungrouped(elem))),
+            .all(|elem| is_known_copy(ungrouped_type(elem))),
         _ => false,
     }
 }
@@ -514,7 +511,7 @@ fn connection(
 
 /// Whether `ty` names the runtime's `Lease` (`Lease<'_, Postgres>`, `dedup_runtime::Lease<…>`).
 fn is_lease(ty: &Type) -> bool {
-    matches!(ungrouped(ty), Type::Path(TypePath { path, .. })
+    matches!(ungrouped_type(ty), Type::Path(TypePath { path, .. })
         if path.segments.last().is_some_and(|last| last.ident == "Lease"))
 }
 
@@ -565,10 +562,10 @@ fn not_a_connection(ty: &Type) -> Option<String> {
         Type::Paren(paren) => not_a_connection(&paren.elem),
         Type::Reference(reference) => {
             let mut inner = &*reference.elem;
-            while let Type::Reference(reference) = ungrouped(inner) {
+            while let Type::Reference(reference) = ungrouped_type(inner) {
                 inner = &reference.elem;
             }
-            Some(match ungrouped(inner) {
+            Some(match ungrouped_type(inner) {
                 Type::Path(_) => format!(
                     "the connection of an `#[idempotent]` handler is borrowed once: write \
                      `&mut {}`",
@@ -681,20 +678,6 @@ fn sqlx_pool(ty: &Type) -> Option<&Type> {
         }
         _ => None,
     }
-}
-
-fn generic_types(segment: &syn::PathSegment) -> impl Iterator<Item = &Type> {
-    let arguments = match &segment.arguments {
-        PathArguments::AngleBracketed(arguments) => Some(arguments.args.iter()),
-        _ => None,
-    };
-    arguments
-        .into_iter()
-        .flatten()
-        .filter_map(|argument| match argument {
-            GenericArgument::Type(ty) => Some(ty),
-            _ => None,
-        })
 }
 
 fn is_sqlx_database(ty: &Type) -> bool {
@@ -878,103 +861,6 @@ impl UnrawString for Ident {
     fn unraw_string(&self) -> String {
         syn::ext::IdentExt::unraw(self).to_string()
     }
-}
-
-/// The backend a connection type names, as the runtime's feature spells it:
-/// `PgConnection` and `Transaction<'_, Postgres>` → `postgres`. `None` for a type that
-/// names none (an alias, a type of the user's): the runtime's own errors then speak.
-pub fn backend(ty: &Type) -> Option<&'static str> {
-    let Type::Path(TypePath { path, .. }) = ungrouped(ty) else {
-        return None;
-    };
-    let last = path.segments.last()?;
-    let from_database = |name: &str| match name {
-        "Postgres" => Some("postgres"),
-        "Sqlite" => Some("sqlite"),
-        "MySql" => Some("mysql"),
-        _ => None,
-    };
-    match last.ident.to_string().as_str() {
-        "PgConnection" => Some("postgres"),
-        "SqliteConnection" => Some("sqlite"),
-        "MySqlConnection" => Some("mysql"),
-        "Transaction" | "Lease" => generic_types(last).find_map(|ty| match ungrouped(ty) {
-            Type::Path(TypePath { path, .. }) => path
-                .segments
-                .last()
-                .and_then(|last| from_database(&last.ident.to_string())),
-            _ => None,
-        }),
-        _ => None,
-    }
-}
-
-/// Whether `ty` names `Transaction<…>` (`sqlx::Transaction<'_, Postgres>`).
-pub fn names_transaction(ty: &Type) -> bool {
-    matches!(ungrouped(ty), Type::Path(TypePath { path, .. })
-        if path.segments.last().is_some_and(|last| last.ident == "Transaction"))
-}
-
-/// The type with every lifetime replaced by `'static`, for naming its associated
-/// `Database` in the generated signature, where `'_` is not allowed.
-pub fn with_static_lifetimes(ty: &Type) -> Type {
-    struct Static;
-    impl VisitMut for Static {
-        fn visit_lifetime_mut(&mut self, lifetime: &mut Lifetime) {
-            *lifetime = Lifetime::new("'static", lifetime.span());
-        }
-    }
-    let mut ty = ty.clone();
-    Static.visit_type_mut(&mut ty);
-    ty
-}
-
-/// Replaces the first type argument of the `Result` path `ty` with `with`.
-pub fn replace_ok(ty: &Type, with: Type) -> Type {
-    let mut ty = ty.clone();
-    if let Type::Path(TypePath { path, .. }) = &mut ty
-        && let Some(last) = path.segments.last_mut()
-        && let PathArguments::AngleBracketed(arguments) = &mut last.arguments
-        && let Some(first) = arguments
-            .args
-            .iter_mut()
-            .find(|arg| matches!(arg, GenericArgument::Type(_)))
-    {
-        *first = GenericArgument::Type(with);
-    }
-    ty
-}
-
-/// The first type argument of the `Result` path `ty`.
-pub fn ok_type(ty: &Type) -> Option<&Type> {
-    let Type::Path(TypePath { path, .. }) = ty else {
-        return None;
-    };
-    let PathArguments::AngleBracketed(arguments) = &path.segments.last()?.arguments else {
-        return None;
-    };
-    arguments.args.iter().find_map(|arg| match arg {
-        GenericArgument::Type(ty) => Some(ty),
-        _ => None,
-    })
-}
-
-/// The error type `E` of `Result<T, E>`, when it is written out.
-pub fn error_type(ty: &Type) -> Option<&Type> {
-    let Type::Path(TypePath { path, .. }) = ty else {
-        return None;
-    };
-    let PathArguments::AngleBracketed(arguments) = &path.segments.last()?.arguments else {
-        return None;
-    };
-    arguments
-        .args
-        .iter()
-        .filter_map(|arg| match arg {
-            GenericArgument::Type(ty) => Some(ty),
-            _ => None,
-        })
-        .nth(1)
 }
 
 #[cfg(test)]

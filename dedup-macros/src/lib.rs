@@ -8,6 +8,8 @@ mod args;
 mod batch;
 mod expand;
 mod handler;
+mod tokens;
+mod types;
 mod unawaited;
 
 use proc_macro::TokenStream;

@@ -34,7 +34,7 @@ use syn::spanned::Spanned;
 use syn::visit_mut::{self, VisitMut};
 use syn::{Expr, Item, Pat, Stmt};
 
-use crate::expand::respan;
+use crate::tokens::respan;
 
 /// The body's statements with every `let _ = <value>;` checked for a dropped future.
 pub fn check(private: &TokenStream, stmts: &[Stmt]) -> Vec<Stmt> {

@@ -21,7 +21,8 @@ use std::time::Duration;
 use crate::backend::Backend;
 use crate::classify;
 use crate::key::InvalidMessageId;
-use crate::lease::{InProgress, LeaseLost};
+use crate::lease::LeaseLost;
+use crate::outcome::InProgress;
 use crate::outcome::{LeaseOutcome, Outcome, StoredOutcome};
 
 /// A handler call's answer, as [`AckPolicy::decide`] maps it: [`Outcome`] (always

@@ -12,6 +12,7 @@
 //! | the inbox: receive, claim, process | [`InboxBackend`](crate::inbox::InboxBackend) | `inbox.rs`, `inbox/worker.rs`, `inbox/<db>.rs` |
 //! | the inbox's operator calls | [`InboxOperatorBackend`](crate::inbox::InboxOperatorBackend) | `inbox.rs`, `inbox/<db>.rs` |
 //! | leases: mark-first, send-first with a lease | [`LeaseBackend`](crate::lease::LeaseBackend) | `lease.rs`, `lease/<db>.rs` |
+//! | wake-ups of idle workers and relays (`LISTEN`/`NOTIFY`) | `WakeBackend` | `wake.rs`, `wake/<db>.rs` |
 //! | the outbox: enqueue | [`OutboxBackend`](crate::outbox::OutboxBackend) | `outbox.rs`, `outbox/<db>.rs` |
 //!
 //! A new backend implements each of them in a new file per concern, and gets one line
@@ -28,6 +29,7 @@ use crate::ledger::LedgerBackend;
 use crate::outbox::OutboxBackend;
 use crate::prune::PruneSql;
 use crate::schema::SchemaBackend;
+use crate::wake::WakeBackend;
 
 /// A database `dedup` supports: `sqlx::Postgres` (feature `postgres`), `sqlx::Sqlite`
 /// (feature `sqlite`) and `sqlx::MySql` (feature `mysql`, also for MariaDB).
@@ -60,6 +62,7 @@ pub trait Backend:
     + InboxOperatorBackend
     + OutboxBackend
     + PruneSql
+    + WakeBackend
     + Sealed
 {
 }

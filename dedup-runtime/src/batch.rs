@@ -112,15 +112,22 @@
 //! the database away) ends the call with the error: acknowledge nothing of the batch.
 //! What committed before it in this call comes back as duplicates.
 
+mod ends;
+mod handler;
 #[cfg(feature = "mysql")]
 mod mysql;
+mod outcome;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
+pub use handler::{BatchError, BatchHandler};
+pub use outcome::{BatchItem, BatchOutcome};
+
+use ends::{Ended, Ends, Failure, Stats, back_off, fails_at_commit, transient};
+
 use std::collections::{HashMap, HashSet};
-use std::error::Error as StdError;
 use std::future::Future;
 use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
@@ -128,16 +135,19 @@ use std::time::{Duration, Instant};
 use sqlx::{Connection, Database, Pool};
 
 use crate::backend::Backend;
+use crate::claim::Found;
 use crate::claim::Tx;
 use crate::classify;
+use crate::guarded::Guarded;
 use crate::input::{self, Handle};
-use crate::key::{InvalidMessageId, MessageId, MessageKey};
-use crate::lease::{Found, Guarded, InProgress, new_token};
-use crate::ledger::{InvalidConsumer, check_consumer};
+use crate::key::{MessageId, MessageKey};
+use crate::names::{InvalidConsumer, check_consumer};
 use crate::outcome::Duplicate;
+use crate::outcome::InProgress;
+use crate::random::new_token;
 use crate::rolled_back::RolledBack;
-use crate::schema::{DEFAULT_TABLE, InvalidTableName, Table};
 use crate::stored::{Fingerprint, FingerprintMismatch};
+use crate::table::{DEFAULT_TABLE, InvalidTableName, Table};
 
 /// How one backend claims and seals a batch's dedup rows.
 #[doc(hidden)]
@@ -212,49 +222,6 @@ impl Inspected {
             found: Found::PROCESSED,
             fingerprint: None,
         }
-    }
-}
-
-/// The body of a batch handler: runs once per transaction on the messages of the batch
-/// not processed before (in input order, each id once), on that transaction's
-/// connection. Its effects commit with their dedup rows, or not at all.
-pub trait BatchHandler<DB: Backend, M>: Send + Sync {
-    /// The handler's error. A transient database error inside it (seen through
-    /// `source()`) retries the batch; any other splits it (see the [module](self)).
-    type Error: BatchError;
-
-    /// Processes `fresh` on `tx`.
-    fn handle<'c>(
-        &'c self,
-        tx: &'c mut DB::Connection,
-        fresh: &'c [&'c M],
-    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'c;
-}
-
-/// What a batch handler's error implements: `std::error::Error + Send + 'static`, so that
-/// the batch can look through its `source()` chain for a transient database error or a
-/// business key, and hand it back in [`BatchItem::Failed`]. Implemented for every such
-/// type; `anyhow::Error` is not one (it does not implement `std::error::Error`).
-#[diagnostic::on_unimplemented(
-    message = "the error type `{Self}` of a batch handler must implement \
-               `std::error::Error + Send + 'static`",
-    label = "`{Self}` does not implement `std::error::Error + Send + 'static`",
-    note = "the batch looks through the error's `source()` chain for a transient database \
-            error (the batch is retried) or a business key (a duplicate), and hands it back \
-            in `BatchItem::Failed`: return `sqlx::Error`, or an error enum of your own \
-            (thiserror's `#[from] sqlx::Error` keeps the chain); `anyhow::Error` does not \
-            implement `std::error::Error`"
-)]
-pub trait BatchError: Send + 'static {
-    /// The error, for a look through its `source()` chain.
-    #[doc(hidden)]
-    fn as_std_error(&self) -> &(dyn StdError + 'static);
-}
-
-#[diagnostic::do_not_recommend]
-impl<E: StdError + Send + 'static> BatchError for E {
-    fn as_std_error(&self) -> &(dyn StdError + 'static) {
-        self
     }
 }
 
@@ -779,7 +746,7 @@ impl<P> Batch<P> {
         let ended = match ran {
             Ok(()) => {
                 let sealed: Vec<&str> = fresh.iter().map(|&k| ids[k].0.as_str()).collect();
-                let slow = claimed_at.elapsed() >= crate::run::STAMP_AFTER;
+                let slow = claimed_at.elapsed() >= crate::clock::STAMP_AFTER;
                 let committed = match DB::seal_many(
                     &mut *tx.tx,
                     &self.table,
@@ -1002,200 +969,4 @@ enum Step<E> {
 enum Source<'s, DB: Database> {
     Pool(&'s Pool<DB>),
     Conn(&'s mut DB::Connection),
-}
-
-/// How a sub-batch's transaction ends: a savepoint in the caller's transaction
-/// (`nested`), or a transaction of ours on a pooled connection or the caller's.
-#[derive(Clone, Copy)]
-struct Ends {
-    nested: bool,
-    pooled: bool,
-}
-
-impl Ends {
-    async fn commit<DB: Backend>(self, tx: Tx<'_, DB>) -> Result<(), sqlx::Error> {
-        if self.nested {
-            tx.tx.commit().await
-        } else {
-            DB::commit_owned(tx, None, self.pooled).await
-        }
-    }
-
-    /// Rolls back, the error that made us roll back being the one that matters.
-    async fn rollback<DB: Backend>(self, tx: Tx<'_, DB>, wrote: bool) {
-        let rolled_back = if self.nested {
-            tx.tx.rollback().await
-        } else {
-            DB::rollback_owned(tx, self.pooled, wrote).await
-        };
-        if let Err(error) = rolled_back {
-            tracing::debug!(%error, "batch: rollback failed; the transaction is discarded");
-        }
-    }
-}
-
-/// Whether a failed commit (or the seal before it) is the messages' own failure, to be
-/// split down to the message: not transient (that is retried), not the database away or
-/// out of resources, and not a caller's transaction the database rolled back.
-fn fails_at_commit<DB: Backend>(error: &sqlx::Error, ends: Ends) -> bool {
-    if classify::is_unavailable::<DB>(error) || transient::<DB>(error) {
-        return false;
-    }
-    if RolledBack::find(error).is_some() {
-        return !ends.nested;
-    }
-    matches!(error, sqlx::Error::Database(_))
-}
-
-fn transient<DB: Backend>(error: &sqlx::Error) -> bool {
-    classify::is_transient::<DB>(error)
-}
-
-async fn back_off(attempt: u32) {
-    tokio::time::sleep(crate::retry::backoff(attempt)).await;
-}
-
-#[derive(Default)]
-struct Stats {
-    transactions: usize,
-    splits: usize,
-}
-
-/// How one sub-batch's transaction ended.
-enum Ended<E> {
-    /// Committed (or nothing was fresh): `fresh` processed, `duplicates` were there
-    /// (processed, or in progress elsewhere).
-    Committed {
-        fresh: Vec<usize>,
-        duplicates: Vec<(usize, Seen)>,
-    },
-    /// The body failed on `fresh`, rolled back; `duplicates` were there before.
-    Failed {
-        fresh: Vec<usize>,
-        duplicates: Vec<(usize, Seen)>,
-        error: Failure<E>,
-    },
-}
-
-enum Failure<E> {
-    Body(E),
-    BusinessKey(&'static str),
-    /// The commit failed (see [`fails_at_commit`]).
-    Commit(sqlx::Error),
-}
-
-/// One message's outcome in a [`BatchOutcome`].
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum BatchItem<E> {
-    /// Its effects and its dedup row committed in this call: acknowledge.
-    Processed,
-    /// Processed before (or, with [`Batch::unique`], its business key was): acknowledge.
-    Duplicate(Duplicate),
-    /// The body failed on this message alone, with this error: rolled back, nothing of it
-    /// committed. Retry or dead-letter it as the single form's errors
-    /// ([`AckPolicy`](crate::AckPolicy) decides on the error).
-    Failed(E),
-    /// The body succeeded, but the transaction of this message alone failed at its
-    /// `COMMIT` (or the check before it) with this error: a deferred constraint
-    /// (PostgreSQL `23503` at `COMMIT`, SQLite `787`), or a statement error the body
-    /// swallowed (PostgreSQL then rolls the transaction back: [`RolledBack`]). Nothing of
-    /// it committed. A batch whose commit fails that way splits down to the message, as
-    /// for a failure of the body. Retry or dead-letter it as
-    /// [`AckPolicy`](crate::AckPolicy) decides on the error (the handler's error type
-    /// cannot hold the database's, hence a variant of its own).
-    CommitFailed(sqlx::Error),
-    /// The same id as the message at index `first`, earlier in this batch (a broker's
-    /// redelivery within one fetch): that message's outcome is this one's too.
-    SameAs {
-        /// The index of the first message with the id.
-        first: usize,
-    },
-    /// Its id is refused (empty, too long, a NUL byte): never claimed, never processed.
-    Invalid(InvalidMessageId),
-    /// Another delivery holds the message in progress under a lease (a leased handler of
-    /// the same consumer is running it): **retry** after
-    /// [`InProgress::remaining`], never acknowledge — the owner may still fail and
-    /// release it. Nothing of it was processed here.
-    InProgress(InProgress),
-    /// With [`Batch::fingerprint`]: its id was claimed with another payload (a row of it
-    /// processed, in progress or of unknown outcome; or an earlier copy in this batch) —
-    /// an id reused upstream. Nothing of it was processed; dead-letter it with the reason
-    /// (`AckPolicy::decide_error(&mismatch, delivery)` answers `Ack::DeadLetter`), never
-    /// acknowledge it as a duplicate.
-    FingerprintMismatch(FingerprintMismatch),
-}
-
-/// The outcome of [`Batch::run`]: one [`BatchItem`] per message, in input order.
-#[derive(Debug)]
-pub struct BatchOutcome<E> {
-    items: Vec<BatchItem<E>>,
-    splits: usize,
-}
-
-impl<E> BatchOutcome<E> {
-    /// The items, in input order.
-    pub fn items(&self) -> &[BatchItem<E>] {
-        &self.items
-    }
-
-    /// The items, in input order, by value.
-    pub fn into_items(self) -> Vec<BatchItem<E>> {
-        self.items
-    }
-
-    /// The item of message `index`, with a [`BatchItem::SameAs`] followed to the
-    /// message it refers to.
-    pub fn settled(&self, index: usize) -> &BatchItem<E> {
-        match &self.items[index] {
-            BatchItem::SameAs { first } => &self.items[*first],
-            item => item,
-        }
-    }
-
-    /// Whether message `index` can be acknowledged: processed or a duplicate (for a copy,
-    /// its first's outcome).
-    pub fn ack(&self, index: usize) -> bool {
-        matches!(
-            self.settled(index),
-            BatchItem::Processed | BatchItem::Duplicate(_)
-        )
-    }
-
-    /// Messages processed in this call (copies not counted).
-    pub fn processed(&self) -> usize {
-        self.count(|item| matches!(item, BatchItem::Processed))
-    }
-
-    /// Messages found processed before, or their business key (copies not counted).
-    pub fn duplicates(&self) -> usize {
-        self.count(|item| matches!(item, BatchItem::Duplicate(_)))
-    }
-
-    /// Messages found in progress under another delivery's lease
-    /// ([`BatchItem::InProgress`]; copies not counted).
-    pub fn in_progress(&self) -> usize {
-        self.count(|item| matches!(item, BatchItem::InProgress(_)))
-    }
-
-    /// Messages whose id came with another payload than its row's (or its first copy's
-    /// in the batch): [`BatchItem::FingerprintMismatch`].
-    pub fn mismatches(&self) -> usize {
-        self.count(|item| matches!(item, BatchItem::FingerprintMismatch(_)))
-    }
-
-    /// Messages that failed alone: in the body ([`BatchItem::Failed`]) or at the commit
-    /// ([`BatchItem::CommitFailed`]).
-    pub fn failed(&self) -> usize {
-        self.count(|item| matches!(item, BatchItem::Failed(_) | BatchItem::CommitFailed(_)))
-    }
-
-    /// How many times a failing transaction was split in two.
-    pub fn splits(&self) -> usize {
-        self.splits
-    }
-
-    fn count(&self, what: impl Fn(&BatchItem<E>) -> bool) -> usize {
-        self.items.iter().filter(|item| what(item)).count()
-    }
 }

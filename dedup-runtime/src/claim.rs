@@ -7,7 +7,6 @@ use std::sync::atomic::AtomicBool;
 
 use sqlx::{Database, Transaction};
 
-use crate::lease::Found;
 use crate::stored::{Recalled, Remembered};
 
 #[cfg(feature = "mysql")]
@@ -447,4 +446,75 @@ pub(crate) async fn rollback_logged<DB: Database>(tx: Transaction<'_, DB>) {
     if let Err(error) = tx.rollback().await {
         tracing::debug!(%error, "rollback failed; the transaction is discarded");
     }
+}
+
+/// What the row says when the claim found it there.
+#[doc(hidden)]
+pub struct Found {
+    /// `None`: processed; `Some(1)` a send-first lease; `Some(2)` a mark-first mark.
+    pub(crate) state: Option<i64>,
+    /// Microseconds left until `expires_at`, on the database's clock (0 once expired).
+    pub(crate) remaining_us: Option<i64>,
+}
+
+impl Found {
+    /// The `state` and microseconds-left columns at `at` and `at + 1` of a PostgreSQL row
+    /// (`state` is a `smallint`).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn from_postgres(
+        row: &sqlx::postgres::PgRow,
+        at: usize,
+    ) -> Result<Found, sqlx::Error> {
+        use sqlx::Row;
+        Ok(Found {
+            state: row.try_get::<Option<i16>, _>(at)?.map(i64::from),
+            remaining_us: row.try_get(at + 1)?,
+        })
+    }
+
+    /// The same of a MySQL or MariaDB row (`state` is a `TINYINT`).
+    #[cfg(feature = "mysql")]
+    pub(crate) fn from_mysql(row: &sqlx::mysql::MySqlRow, at: usize) -> Result<Found, sqlx::Error> {
+        use sqlx::Row;
+        Ok(Found {
+            state: row.try_get::<Option<i8>, _>(at)?.map(i64::from),
+            remaining_us: row.try_get(at + 1)?,
+        })
+    }
+
+    /// The same of an SQLite row.
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn from_sqlite(
+        row: &sqlx::sqlite::SqliteRow,
+        at: usize,
+    ) -> Result<Found, sqlx::Error> {
+        use sqlx::Row;
+        Ok(Found {
+            state: row.try_get(at)?,
+            remaining_us: row.try_get(at + 1)?,
+        })
+    }
+}
+
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+impl Found {
+    /// A processed row (also what every row of a 0.1 table, which has no `state`, is).
+    pub(crate) const PROCESSED: Found = Found {
+        state: None,
+        remaining_us: None,
+    };
+}
+
+/// Whether `error` says the dedup table has no `state` column: a table of 0.1 that
+/// `migrate` has not upgraded yet, whose rows are all processed. MySQL by its number
+/// (1054); SQLite has no code for it but its message, of a statement of ours.
+#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
+pub(crate) fn missing_state_column(error: &sqlx::Error) -> bool {
+    #[cfg(feature = "mysql")]
+    if crate::dialect::mysql::error_number(error) == Some(crate::dialect::mysql::ER_BAD_FIELD) {
+        return true;
+    }
+    error
+        .as_database_error()
+        .is_some_and(|error| error.message().starts_with("no such column"))
 }

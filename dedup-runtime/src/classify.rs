@@ -13,7 +13,7 @@ use sqlx::Database;
 use sqlx::error::DatabaseError;
 
 use crate::chain;
-use crate::schema::Table;
+use crate::table::Table;
 
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;

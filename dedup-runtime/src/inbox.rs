@@ -39,7 +39,7 @@
 //!
 //! The key is `(consumer, message_id)`: two consumers of one message each store and
 //! process it. Ids are refused exactly as `#[idempotent]` refuses them
-//! ([`InvalidMessageId`]); a payload over the inbox's limit
+//! ([`InvalidMessageId`](crate::InvalidMessageId)); a payload over the inbox's limit
 //! ([`DEFAULT_MAX_PAYLOAD_LEN`], up to [`MAX_PAYLOAD_LEN`]) is refused with a typed error
 //! that names the limit, never truncated.
 //!
@@ -82,12 +82,14 @@ use std::future::Future;
 use sqlx::{Database, Pool};
 
 use crate::backend::Backend;
-use crate::key::{InvalidMessageId, MessageId, MessageKey};
-use crate::ledger::{InvalidConsumer, check_consumer};
-use crate::queue::retry_transient;
-use crate::schema::{InvalidTableName, Table};
+use crate::key::{MessageId, MessageKey};
+use crate::names::{InvalidConsumer, check_consumer};
+use crate::retry::retry_transient;
 use crate::stored::{Fingerprint, FingerprintMismatch, fingerprint};
+use crate::table::{InvalidTableName, Table};
 
+mod backend;
+mod error;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
@@ -96,7 +98,12 @@ mod postgres;
 mod sqlite;
 mod worker;
 
-use crate::lease::Owner;
+#[doc(hidden)]
+pub use backend::StatsRow;
+pub use backend::{InboxBackend, InboxOperatorBackend};
+pub use error::{InboxError, Refused};
+
+use crate::random::Owner;
 pub use worker::{BatchReport, Claims, InboxHandler, InboxMessage, Processed, Worker};
 
 /// What one [`Worker::process_batch`] did: renamed [`BatchReport`], so that `Batch` names
@@ -204,127 +211,6 @@ pub enum Received {
     },
 }
 
-/// Why the inbox refused one message. Nothing of it was written; another delivery of the
-/// same message would be refused the same way: dead-letter it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Refused {
-    /// The message id is empty, too long or contains NUL, as `#[idempotent]` refuses it.
-    InvalidMessageId(InvalidMessageId),
-    /// The payload is longer than the inbox's limit.
-    PayloadTooLarge {
-        /// The payload's length in bytes.
-        len: usize,
-        /// The inbox's limit ([`Inbox::max_payload_len`]).
-        max: usize,
-    },
-    /// The ordering key is empty, too long or contains NUL (the message id's rules).
-    InvalidOrderingKey(InvalidMessageId),
-    /// The headers are longer than [`MAX_HEADERS_LEN`].
-    HeadersTooLarge {
-        /// The headers' length in bytes.
-        len: usize,
-        /// [`MAX_HEADERS_LEN`].
-        max: usize,
-    },
-    /// The id is stored already, with another payload: an id reused upstream, not a
-    /// redelivery (the inbox compares the payloads' SHA-256, [`Inbox::fingerprints`]).
-    /// Nothing was written, and the stored message stands.
-    FingerprintMismatch(FingerprintMismatch),
-}
-
-impl fmt::Display for Refused {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Refused::InvalidMessageId(error) => error.fmt(f),
-            Refused::InvalidOrderingKey(error) => write!(f, "invalid ordering key: {error}"),
-            Refused::PayloadTooLarge { len, max } => write!(
-                f,
-                "the payload is {len} bytes, over the inbox's limit of {max} bytes: it is \
-                 refused, never truncated"
-            ),
-            Refused::HeadersTooLarge { len, max } => write!(
-                f,
-                "the headers are {len} bytes, over the limit of {max} bytes: refused, never \
-                 truncated"
-            ),
-            Refused::FingerprintMismatch(mismatch) => mismatch.fmt(f),
-        }
-    }
-}
-
-impl std::error::Error for Refused {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Refused::InvalidMessageId(error) | Refused::InvalidOrderingKey(error) => Some(error),
-            Refused::FingerprintMismatch(mismatch) => Some(mismatch),
-            _ => None,
-        }
-    }
-}
-
-/// A failed inbox call.
-#[derive(Debug)]
-#[non_exhaustive]
-pub enum InboxError {
-    /// The message was refused before anything was written ([`Inbox::receive`]).
-    Refused(Refused),
-    /// The inbox table does not exist: run [`migrate`] (or [`migrate_table`]) first.
-    MissingTable {
-        /// The table the inbox uses.
-        table: Table,
-        /// The database's error.
-        error: sqlx::Error,
-    },
-    /// The database failed; nothing can be assumed stored: do not acknowledge.
-    Database(sqlx::Error),
-    /// The worker's heartbeat is not shorter than its lease: a claim would run out
-    /// between two renewals. Refused by [`Worker::process_batch`] and [`Worker::run`]
-    /// before they claim anything.
-    HeartbeatNotUnderLease {
-        /// [`Worker::heartbeat`].
-        heartbeat: std::time::Duration,
-        /// [`Worker::lease`].
-        lease: std::time::Duration,
-    },
-}
-
-impl fmt::Display for InboxError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            InboxError::Refused(refused) => write!(f, "message refused by the inbox: {refused}"),
-            InboxError::MissingTable { table, .. } => write!(
-                f,
-                "the inbox table `{}` does not exist: run `dedup_runtime::inbox::migrate` first",
-                table.name()
-            ),
-            InboxError::Database(error) => write!(f, "inbox: {error}"),
-            InboxError::HeartbeatNotUnderLease { heartbeat, lease } => write!(
-                f,
-                "the inbox worker's heartbeat ({heartbeat:?}) is not shorter than its lease \
-                 ({lease:?}): its claims would run out between renewals; set a heartbeat of \
-                 at most a third of the lease, or leave it unset"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for InboxError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            InboxError::Refused(refused) => Some(refused),
-            InboxError::MissingTable { error, .. } | InboxError::Database(error) => Some(error),
-            InboxError::HeartbeatNotUnderLease { .. } => None,
-        }
-    }
-}
-
-impl From<Refused> for InboxError {
-    fn from(refused: Refused) -> Self {
-        InboxError::Refused(refused)
-    }
-}
-
 /// A claimed inbox row whose claim's lease ended, by its id.
 #[doc(hidden)]
 pub type Expired = crate::queue::Expired<String>;
@@ -388,252 +274,6 @@ fn payload_dropped(drop_payload: bool) -> &'static str {
     }
 }
 
-/// How one backend stores inbox rows. Part of [`Backend`].
-pub trait InboxBackend: Database {
-    /// The statements that create the inbox table and its indexes.
-    #[doc(hidden)]
-    fn inbox_ddl(table: &Table) -> Vec<String>;
-
-    /// Runs [`InboxBackend::inbox_ddl`], serialised against concurrent migrations.
-    #[doc(hidden)]
-    fn inbox_create<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
-
-    /// Inserts `rows` (distinct ids, at most [`MAX_BATCH`]) in one statement; for each,
-    /// whether it was stored (`false`: the inbox held it already).
-    #[doc(hidden)]
-    fn inbox_insert<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        consumer: &'a str,
-        rows: &'a [Row<'a>],
-    ) -> impl Future<Output = Result<Vec<bool>, sqlx::Error>> + Send + 'a;
-
-    /// The stored fingerprint of each of `ids` that has a row (`None`: stored without).
-    #[doc(hidden)]
-    fn inbox_fingerprints<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        consumer: &'a str,
-        ids: &'a [&'a str],
-    ) -> impl Future<Output = Result<Vec<StoredFingerprint>, sqlx::Error>> + Send + 'a;
-
-    /// The claimed rows of every claim whose lease ended (at most [`MAX_BATCH`]), grouped
-    /// by owner, each owner's in the claim's order (due time, then receive order). A
-    /// claim's rows share its lease, but each row's end is its own reading of the clock:
-    /// one row's lease ended is the claim's.
-    #[doc(hidden)]
-    fn inbox_expired<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        consumer: &'a str,
-    ) -> impl Future<Output = Result<Vec<Expired>, sqlx::Error>> + Send + 'a;
-
-    /// Takes back the rows of `owner`'s claim, whose lease ended: `first`, the row it had
-    /// in hand, keeps its counted attempt, and is dead with [`STOPPED`] when `dead` (it was
-    /// the last), pending again otherwise; the others are pending again, their attempt
-    /// given back. In one transaction, each statement fenced by the owner token, so that
-    /// two workers taking back at once change each row once. Whether `first` was taken.
-    #[doc(hidden)]
-    fn inbox_reclaim<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        consumer: &'a str,
-        owner: &'a Owner,
-        first: &'a str,
-        dead: bool,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
-
-    /// Claims up to `limit` pending rows that are due (the head of each ordering key) for
-    /// `owner`, counting their attempt; in the claim's order (due time, then receive
-    /// order). Also whether a claim's lease had ended (a row claimed, its lease past):
-    /// rows for [`InboxBackend::inbox_expired`] to find — PostgreSQL in the claim's own
-    /// statement, the others in a look along the lease index first.
-    /// On `conn`, which the worker then keeps for the claim's first transaction (one
-    /// acquire, and the pool's ping, fewer per claim).
-    #[doc(hidden)]
-    fn inbox_claim<'a>(
-        conn: &'a mut Self::Connection,
-        table: &'a Table,
-        consumer: &'a str,
-        owner: &'a Owner,
-        lease_us: i64,
-        limit: u32,
-    ) -> impl Future<Output = Result<(Vec<InboxMessage>, bool), sqlx::Error>> + Send + 'a;
-
-    /// The rows `owner` holds claimed, in the claim's order: a claim tried again after its
-    /// reply was lost finds the rows it took (their attempt counted once).
-    #[doc(hidden)]
-    fn inbox_held<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        consumer: &'a str,
-        owner: &'a Owner,
-    ) -> impl Future<Output = Result<Vec<InboxMessage>, sqlx::Error>> + Send + 'a;
-
-    /// Begins the processing transaction, in the round trip of its `BEGIN`, with what
-    /// [`InboxBackend::inbox_finish`] checks the transaction by: PostgreSQL a
-    /// transaction-local setting, MySQL a savepoint. Neither checks the claim nor takes a
-    /// lock on the row, so that a worker paused mid-handler past its lease loses the row to
-    /// another (the finishing mark refuses it). SQLite, whose writer excludes every other,
-    /// marks the row here. The `bool`: whether the claim may still be ours (`false`: it
-    /// was lost, run nothing).
-    #[doc(hidden)]
-    fn inbox_begin<'c>(
-        conn: &'c mut Self::Connection,
-        row: &'c Claimed<'c>,
-    ) -> impl Future<Output = Result<(sqlx::Transaction<'c, Self>, bool), sqlx::Error>> + Send + 'c;
-
-    /// After the handler, before the commit: marks the row processed if it is still
-    /// `row.owner`'s (`false`: the claim was lost, roll back). Fails with
-    /// [`RolledBack`](crate::RolledBack) if the transaction that
-    /// [`InboxBackend::inbox_begin`] began is gone — a deadlock rollback the handler
-    /// swallowed, a `ROLLBACK` it sent — so that a mark never commits without the
-    /// handler's effects.
-    #[doc(hidden)]
-    fn inbox_finish<'c>(
-        conn: &'c mut Self::Connection,
-        row: &'c Claimed<'c>,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
-
-    /// [`InboxBackend::inbox_begin`] for a batch processed in one transaction, and the ids
-    /// the handler may run on: PostgreSQL and MySQL check nothing here (`None`: all of
-    /// `rows.ids`); SQLite marks the rows still `rows.owner`'s, and returns those.
-    #[doc(hidden)]
-    fn inbox_begin_many<'c>(
-        conn: &'c mut Self::Connection,
-        rows: &'c ClaimedMany<'c>,
-    ) -> impl Future<
-        Output = Result<(sqlx::Transaction<'c, Self>, Option<Vec<String>>), sqlx::Error>,
-    > + Send
-    + 'c;
-
-    /// [`InboxBackend::inbox_finish`] for a batch: marks `rows.ids` processed where they
-    /// are still `rows.owner`'s, in one statement; how many were (fewer than all: a claim
-    /// was lost, roll back). [`RolledBack`](crate::RolledBack) if the transaction is gone.
-    #[doc(hidden)]
-    fn inbox_finish_many<'c>(
-        conn: &'c mut Self::Connection,
-        rows: &'c ClaimedMany<'c>,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c;
-
-    /// The heartbeat: `owner`'s claimed rows get a lease of `lease_us` from now; how many.
-    #[doc(hidden)]
-    fn inbox_renew<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        consumer: &'a str,
-        owner: &'a Owner,
-        lease_us: i64,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
-
-    /// After a failed attempt: the row back to pending after `delay_us` (or dead), with
-    /// `error` as its last error, if it is still `row.owner`'s; whether it was.
-    #[doc(hidden)]
-    fn inbox_fail<'a>(
-        pool: &'a Pool<Self>,
-        row: &'a Claimed<'a>,
-        error: &'a str,
-        delay_us: i64,
-        dead: bool,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
-
-    /// What a worker listens on between polls for a hint that rows arrived: PostgreSQL's
-    /// `LISTEN`; nothing on the other backends (`()`: they poll).
-    #[doc(hidden)]
-    type Wakeup: Send;
-
-    /// Starts listening for [`InboxBackend::inbox_notify`]'s hints; `None` when the
-    /// backend has none, or listening failed (the worker polls meanwhile).
-    #[doc(hidden)]
-    fn inbox_listen<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-    ) -> impl Future<Output = Option<Self::Wakeup>> + Send + 'a;
-
-    /// Waits for the next hint; `false` when the listening connection failed (it is
-    /// listened on again at the next idle wait).
-    #[doc(hidden)]
-    fn inbox_wait(wakeup: &mut Self::Wakeup) -> impl Future<Output = bool> + Send + '_;
-
-    /// Sends the hint that rows arrived (PostgreSQL: `pg_notify`); nothing elsewhere.
-    #[doc(hidden)]
-    fn inbox_notify<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
-
-    /// Releases `owner`'s claimed rows unstarted, all but `except` (the message in hand;
-    /// `""`, which no message id is, for none): pending again, their attempt not counted;
-    /// how many.
-    #[doc(hidden)]
-    fn inbox_release<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        consumer: &'a str,
-        owner: &'a Owner,
-        except: &'a str,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
-}
-
-/// What [`InboxBackend::inbox_stats`] reads: pending, claimed, processed, dead, and the
-/// microseconds since the oldest pending row was received.
-#[doc(hidden)]
-pub type StatsRow = (i64, i64, i64, i64, Option<i64>);
-
-/// The operator's side of the inbox, per backend.
-pub trait InboxOperatorBackend: Database {
-    /// Dead rows, oldest first: id, attempts, last error.
-    #[doc(hidden)]
-    fn inbox_dead<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        consumer: &'a str,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<(String, i64, Option<String>)>, sqlx::Error>> + Send + 'a;
-
-    /// A dead row back to pending (`requeue`), or recorded processed without running
-    /// (`!requeue`); whether there was such a dead row.
-    #[doc(hidden)]
-    fn inbox_resolve<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        consumer: &'a str,
-        id: &'a str,
-        requeue: bool,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
-
-    /// Deletes up to `batch` processed rows of `consumer` processed more than `age_us`
-    /// ago (the database's clock); how many.
-    #[doc(hidden)]
-    fn inbox_prune<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        consumer: &'a str,
-        age_us: i64,
-        batch: i64,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
-
-    /// Pending and claimed rows of `consumer`, counted up to `limit`.
-    #[doc(hidden)]
-    fn inbox_backlog<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        consumer: &'a str,
-        limit: i64,
-    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + 'a;
-
-    /// The counts by state, and the age of the oldest pending row.
-    #[doc(hidden)]
-    fn inbox_stats<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        consumer: &'a str,
-    ) -> impl Future<Output = Result<StatsRow, sqlx::Error>> + Send + 'a;
-}
-
 /// A dead inbox row, as [`Inbox::dead`] lists it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadMessage {
@@ -670,6 +310,53 @@ const STOPPED: &str = ": the worker stopped during this attempt, before the end 
                        lease (it crashed, was killed, lost the database, or was paused past \
                        the lease)";
 
+/// Pruning an inbox: [`Prune`](crate::Prune)'s loop on the inbox's processed rows.
+impl crate::Prune {
+    /// Deletes the processed rows of `inbox`'s consumer, in its table, processed more
+    /// than the age ago, as [`run`](crate::Prune::run) does the dedup table's: batch by batch,
+    /// with the same rest between batches and the same refusals before anything runs
+    /// (an age shorter than the redelivery window: a processed row is the dedup record
+    /// of its receipt). Pending, claimed and dead rows are never deleted. A consumer or
+    /// table set on this `Prune` plays no part: the inbox's are used.
+    ///
+    /// [`PruneProgress::cutoff`](crate::PruneProgress::cutoff) is the cutoff when the run began; each batch computes
+    /// `now − age` on the database's clock again (never earlier).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// use dedup_runtime::{Prune, inbox::Inbox};
+    ///
+    /// dedup_runtime::inbox::migrate(&pool).await?;
+    /// let inbox = Inbox::new(&pool, "billing")?;
+    /// let day = Duration::from_secs(24 * 3600);
+    /// let done = Prune::new(7 * day, 4 * day).run_inbox(&inbox, |_| {}).await?;
+    /// assert_eq!((done.deleted, done.done), (0, true));
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_inbox<DB: Backend>(
+        &self,
+        inbox: &Inbox<DB>,
+        progress: impl FnMut(&crate::PruneProgress),
+    ) -> Result<crate::PruneProgress, crate::PruneError> {
+        self.validate()?;
+        let (pool, table, consumer) = (inbox.pool(), inbox.table(), inbox.consumer());
+        let cutoff = DB::cutoff(pool, self.cutoff_age()).await?;
+        let age_us = crate::clock::micros(self.cutoff_age());
+        let limit = i64::from(self.batch_size);
+        self.batches(cutoff, progress, async |_| {
+            crate::retry::retry_transient::<DB, _, _>(|| {
+                DB::inbox_prune(pool, table, consumer, age_us, limit)
+            })
+            .await
+            .map_err(|error| crate::PruneError::from_database::<DB>(table, error))
+        })
+        .await
+    }
+}
+
 /// One consumer's inbox: receive messages into it (and, with a worker, process them).
 pub struct Inbox<DB: Database> {
     pool: Pool<DB>,
@@ -686,7 +373,7 @@ pub struct Inbox<DB: Database> {
 /// The shortest time between two hints from one inbox (and its clones): a burst of
 /// receipts costs one `NOTIFY`, not one per message (a `NOTIFY` takes a lock that
 /// serialises the commits of every session that sends one).
-pub const HINT_GAP: std::time::Duration = std::time::Duration::from_millis(20);
+pub const HINT_GAP: std::time::Duration = crate::queue::HINT_GAP;
 
 impl<DB: Database> Clone for Inbox<DB> {
     fn clone(&self) -> Self {
@@ -786,7 +473,7 @@ impl<DB: Backend> Inbox<DB> {
         if !hints.take(HINT_GAP) {
             return; // one went out less than HINT_GAP ago, or another receiver sends it
         }
-        if let Err(error) = DB::inbox_notify(&self.pool, &self.table).await {
+        if let Err(error) = DB::wake_notify(&self.pool, &self.table).await {
             tracing::debug!(%error, "inbox: the hint to the workers failed; they poll");
         }
     }

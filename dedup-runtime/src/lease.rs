@@ -21,20 +21,21 @@
 use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use sqlx::pool::PoolConnection;
 use sqlx::{Database, Pool};
 use tracing::Span;
 
 use crate::backend::Backend;
+use crate::claim::Found;
 use crate::classify;
+use crate::clock::micros;
+use crate::guarded::Guarded;
 use crate::key::MessageId;
 use crate::metrics::{self, Class, End, HandlerMetrics};
 use crate::outcome::StoredOutcome;
-use crate::outcome::{Duplicate, LeaseOutcome};
+use crate::outcome::{Duplicate, InProgress, LeaseOutcome};
+use crate::random::{Owner, new_token};
 use crate::retry;
 use crate::stored::{Codec, Fingerprint, Memory, Recalled, Stored, StoredResultError};
 
@@ -44,6 +45,9 @@ mod mysql;
 mod postgres;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod statements;
+
+pub use statements::{LeaseSql, LeaseStatements};
 
 /// The shortest lease `lease = "…"` accepts.
 pub const MIN_LEASE: Duration = Duration::from_millis(1);
@@ -53,313 +57,6 @@ pub const MIN_LEASE: Duration = Duration::from_millis(1);
 pub const MAX_LEASE: Duration = Duration::from_secs(24 * 60 * 60);
 /// The lease of `effect = "mark-first"` without `lease = "…"`: a minute.
 pub const DEFAULT_MARK_LEASE: Duration = Duration::from_secs(60);
-
-/// The statements of one dedup table's leases, fixed at compile time.
-#[doc(hidden)]
-#[derive(Debug)]
-pub struct LeaseStatements {
-    pub postgres: LeaseSql,
-    pub sqlite: LeaseSql,
-    pub mysql: LeaseSql,
-}
-
-/// One backend's lease statements.
-#[doc(hidden)]
-#[derive(Debug)]
-pub struct LeaseSql {
-    /// Inserts the row in progress, or does nothing (MySQL: fails with 1062).
-    pub claim: &'static str,
-    /// Takes over an expired send-first lease (`state = 1`) with a new token.
-    pub take_over: &'static str,
-    /// The row's `state` and the microseconds left until `expires_at`.
-    pub inspect: &'static str,
-    /// Moves `expires_at`, owner-checked.
-    pub extend: &'static str,
-    /// Deletes the row, owner-checked and only while it is not processed.
-    pub release: &'static str,
-    /// Marks the row processed, owner-checked.
-    pub complete: &'static str,
-    /// MySQL: fails (1242) unless the row is processed by this owner, before `COMMIT`.
-    pub check: &'static str,
-    /// `claim` with the payload's fingerprint (`fingerprint = …`), the last parameter.
-    pub claim_printed: &'static str,
-    /// What the row remembers: its result, the result's version, its fingerprint.
-    pub recall: &'static str,
-    /// Writes the result and its version, owner-checked, in the completion transaction.
-    pub remember: &'static str,
-}
-
-/// The lease statements for a table name literal, as a `&'static LeaseStatements`.
-#[doc(hidden)]
-#[macro_export]
-macro_rules! __lease_statements {
-    ($table:literal) => {{
-        const STATEMENTS: &$crate::__private::LeaseStatements =
-            &$crate::__private::LeaseStatements {
-                postgres: $crate::__private::LeaseSql {
-                    claim: ::core::concat!(
-                        "INSERT INTO ", $table,
-                        " (consumer, message_id, processed_at, state, owner, expires_at) \
-                         VALUES ($1, $2, clock_timestamp(), $3, $4, \
-                         clock_timestamp() + $5::float8 * interval '1 microsecond') \
-                         ON CONFLICT DO NOTHING"
-                    ),
-                    take_over: ::core::concat!(
-                        "UPDATE ", $table,
-                        " SET owner = $4, state = $3, processed_at = clock_timestamp(), \
-                         expires_at = clock_timestamp() + $5::float8 * interval '1 microsecond' \
-                         WHERE consumer = $1 AND message_id = $2 AND state = 1 \
-                         AND expires_at <= clock_timestamp()"
-                    ),
-                    inspect: ::core::concat!(
-                        "SELECT state, GREATEST(0, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) \
-                         * 1000000)::int8) FROM ", $table,
-                        " WHERE consumer = $1 AND message_id = $2"
-                    ),
-                    extend: ::core::concat!(
-                        "UPDATE ", $table,
-                        " SET expires_at = clock_timestamp() + $4::float8 * interval '1 microsecond' \
-                         WHERE consumer = $1 AND message_id = $2 AND owner = $3 AND state IS NOT NULL"
-                    ),
-                    release: ::core::concat!(
-                        "DELETE FROM ", $table,
-                        " WHERE consumer = $1 AND message_id = $2 AND owner = $3 AND state IS NOT NULL"
-                    ),
-                    complete: ::core::concat!(
-                        "UPDATE ", $table,
-                        " SET state = NULL, expires_at = NULL, processed_at = clock_timestamp() \
-                         WHERE consumer = $1 AND message_id = $2 AND owner = $3 AND state IS NOT NULL"
-                    ),
-                    check: "",
-                    claim_printed: ::core::concat!(
-                        "INSERT INTO ", $table,
-                        " (consumer, message_id, processed_at, state, owner, expires_at, fingerprint) \
-                         VALUES ($1, $2, clock_timestamp(), $3, $4, \
-                         clock_timestamp() + $5::float8 * interval '1 microsecond', $6) \
-                         ON CONFLICT DO NOTHING"
-                    ),
-                    recall: ::core::concat!(
-                        "SELECT result, result_version, fingerprint FROM ", $table,
-                        " WHERE consumer = $1 AND message_id = $2"
-                    ),
-                    remember: ::core::concat!(
-                        "UPDATE ", $table,
-                        " SET result = $4, result_version = $5 \
-                         WHERE consumer = $1 AND message_id = $2 AND owner = $3"
-                    ),
-                },
-                sqlite: $crate::__private::LeaseSql {
-                    claim: ::core::concat!(
-                        "INSERT INTO ", $table,
-                        " (consumer, message_id, state, owner, expires_at) \
-                         VALUES (?1, ?2, ?3, ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
-                         printf('%+.6f seconds', ?5 / 1000000.0))) ON CONFLICT DO NOTHING"
-                    ),
-                    take_over: ::core::concat!(
-                        "UPDATE ", $table,
-                        " SET owner = ?4, state = ?3, \
-                         processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), \
-                         expires_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
-                         printf('%+.6f seconds', ?5 / 1000000.0)) \
-                         WHERE consumer = ?1 AND message_id = ?2 AND state = 1 \
-                         AND expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
-                    ),
-                    inspect: ::core::concat!(
-                        "SELECT state, CAST(max(0, (julianday(expires_at) - julianday('now')) \
-                         * 86400000000.0) AS INTEGER) FROM ", $table,
-                        " WHERE consumer = ?1 AND message_id = ?2"
-                    ),
-                    extend: ::core::concat!(
-                        "UPDATE ", $table,
-                        " SET expires_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
-                         printf('%+.6f seconds', ?4 / 1000000.0)) \
-                         WHERE consumer = ?1 AND message_id = ?2 AND owner = ?3 AND state IS NOT NULL"
-                    ),
-                    release: ::core::concat!(
-                        "DELETE FROM ", $table,
-                        " WHERE consumer = ?1 AND message_id = ?2 AND owner = ?3 AND state IS NOT NULL"
-                    ),
-                    complete: ::core::concat!(
-                        "UPDATE ", $table,
-                        " SET state = NULL, expires_at = NULL, \
-                         processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
-                         WHERE consumer = ?1 AND message_id = ?2 AND owner = ?3 AND state IS NOT NULL"
-                    ),
-                    check: "",
-                    claim_printed: ::core::concat!(
-                        "INSERT INTO ", $table,
-                        " (consumer, message_id, state, owner, expires_at, fingerprint) \
-                         VALUES (?1, ?2, ?3, ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
-                         printf('%+.6f seconds', ?5 / 1000000.0)), ?6) ON CONFLICT DO NOTHING"
-                    ),
-                    recall: ::core::concat!(
-                        "SELECT result, result_version, fingerprint FROM ", $table,
-                        " WHERE consumer = ?1 AND message_id = ?2"
-                    ),
-                    remember: ::core::concat!(
-                        "UPDATE ", $table,
-                        " SET result = ?4, result_version = ?5 \
-                         WHERE consumer = ?1 AND message_id = ?2 AND owner = ?3"
-                    ),
-                },
-                mysql: $crate::__private::LeaseSql {
-                    claim: ::core::concat!(
-                        "INSERT INTO ", $table,
-                        " (consumer, message_id, processed_at, state, owner, expires_at) \
-                         VALUES (?, ?, UTC_TIMESTAMP(6), ?, ?, \
-                         UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND)"
-                    ),
-                    take_over: ::core::concat!(
-                        "UPDATE ", $table,
-                        " SET owner = ?, state = ?, processed_at = UTC_TIMESTAMP(6), \
-                         expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-                         WHERE consumer = ? AND message_id = ? AND state = 1 \
-                         AND expires_at <= UTC_TIMESTAMP(6)"
-                    ),
-                    inspect: ::core::concat!(
-                        "SELECT state, GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), \
-                         expires_at)) FROM ", $table,
-                        " WHERE consumer = ? AND message_id = ?"
-                    ),
-                    extend: ::core::concat!(
-                        "UPDATE ", $table,
-                        " SET expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
-                         WHERE consumer = ? AND message_id = ? AND owner = ? AND state IS NOT NULL"
-                    ),
-                    release: ::core::concat!(
-                        "DELETE FROM ", $table,
-                        " WHERE consumer = ? AND message_id = ? AND owner = ? AND state IS NOT NULL"
-                    ),
-                    complete: ::core::concat!(
-                        "UPDATE ", $table,
-                        " SET state = NULL, expires_at = NULL, processed_at = UTC_TIMESTAMP(6) \
-                         WHERE consumer = ? AND message_id = ? AND owner = ? AND state IS NOT NULL"
-                    ),
-                    check: ::core::concat!(
-                        "SELECT (SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE NOT EXISTS \
-                         (SELECT 1 FROM ", $table,
-                        " WHERE consumer = ? AND message_id = ? AND owner = ? AND state IS NULL))"
-                    ),
-                    claim_printed: ::core::concat!(
-                        "INSERT INTO ", $table,
-                        " (consumer, message_id, processed_at, state, owner, expires_at, fingerprint) \
-                         VALUES (?, ?, UTC_TIMESTAMP(6), ?, ?, \
-                         UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?)"
-                    ),
-                    recall: ::core::concat!(
-                        "SELECT result, result_version, fingerprint FROM ", $table,
-                        " WHERE consumer = ? AND message_id = ?"
-                    ),
-                    remember: ::core::concat!(
-                        "UPDATE ", $table,
-                        " SET result = ?, result_version = ? \
-                         WHERE consumer = ? AND message_id = ? AND owner = ?"
-                    ),
-                },
-            };
-        STATEMENTS
-    }};
-}
-
-/// The 16-byte token that names one owner of one lease.
-#[doc(hidden)]
-pub type Owner = [u8; 16];
-
-/// A fresh owner token: two words from the standard library's randomly keyed hasher
-/// (its keys come from the operating system's randomness, once per thread), over a
-/// counter that no two tokens of one process share. Fencing needs tokens that never
-/// repeat, not secrecy.
-pub(crate) fn new_token() -> Owner {
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let count = NEXT.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.as_nanos() as u64);
-    let state = std::collections::hash_map::RandomState::new();
-    let word = |salt: u64| {
-        let mut hasher = state.build_hasher();
-        hasher.write_u64(salt);
-        hasher.write_u64(count);
-        hasher.write_u64(nanos);
-        hasher.write_u32(std::process::id());
-        hasher.finish()
-    };
-    let mut owner = [0; 16];
-    owner[..8].copy_from_slice(&word(0).to_le_bytes());
-    owner[8..].copy_from_slice(&word(1).to_le_bytes());
-    owner
-}
-
-/// What the row says when the claim found it there.
-#[doc(hidden)]
-pub struct Found {
-    /// `None`: processed; `Some(1)` a send-first lease; `Some(2)` a mark-first mark.
-    pub(crate) state: Option<i64>,
-    /// Microseconds left until `expires_at`, on the database's clock (0 once expired).
-    pub(crate) remaining_us: Option<i64>,
-}
-
-impl Found {
-    /// The `state` and microseconds-left columns at `at` and `at + 1` of a PostgreSQL row
-    /// (`state` is a `smallint`).
-    #[cfg(feature = "postgres")]
-    pub(crate) fn from_postgres(
-        row: &sqlx::postgres::PgRow,
-        at: usize,
-    ) -> Result<Found, sqlx::Error> {
-        use sqlx::Row;
-        Ok(Found {
-            state: row.try_get::<Option<i16>, _>(at)?.map(i64::from),
-            remaining_us: row.try_get(at + 1)?,
-        })
-    }
-
-    /// The same of a MySQL or MariaDB row (`state` is a `TINYINT`).
-    #[cfg(feature = "mysql")]
-    pub(crate) fn from_mysql(row: &sqlx::mysql::MySqlRow, at: usize) -> Result<Found, sqlx::Error> {
-        use sqlx::Row;
-        Ok(Found {
-            state: row.try_get::<Option<i8>, _>(at)?.map(i64::from),
-            remaining_us: row.try_get(at + 1)?,
-        })
-    }
-
-    /// The same of an SQLite row.
-    #[cfg(feature = "sqlite")]
-    pub(crate) fn from_sqlite(
-        row: &sqlx::sqlite::SqliteRow,
-        at: usize,
-    ) -> Result<Found, sqlx::Error> {
-        use sqlx::Row;
-        Ok(Found {
-            state: row.try_get(at)?,
-            remaining_us: row.try_get(at + 1)?,
-        })
-    }
-}
-
-#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
-impl Found {
-    /// A processed row (also what every row of a 0.1 table, which has no `state`, is).
-    pub(crate) const PROCESSED: Found = Found {
-        state: None,
-        remaining_us: None,
-    };
-}
-
-/// Whether `error` says the dedup table has no `state` column: a table of 0.1 that
-/// `migrate` has not upgraded yet, whose rows are all processed. MySQL by its number
-/// (1054); SQLite has no code for it but its message, of a statement of ours.
-#[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
-pub(crate) fn missing_state_column(error: &sqlx::Error) -> bool {
-    #[cfg(feature = "mysql")]
-    if crate::classify::mysql::error_number(error) == Some(crate::classify::mysql::ER_BAD_FIELD) {
-        return true;
-    }
-    error
-        .as_database_error()
-        .is_some_and(|error| error.message().starts_with("no such column"))
-}
 
 /// How one backend runs a lease. Every statement runs on its own (autocommit) but the
 /// completion, which runs in the transaction [`LeaseBackend::begin`] opens.
@@ -537,89 +234,6 @@ impl<'k> LeaseClaim<'k> {
             policy,
             lease: Duration::from_millis(lease_ms).clamp(MIN_LEASE, MAX_LEASE),
         }
-    }
-}
-
-/// A copy of the message is being processed elsewhere, under a lease that has not
-/// expired: **retry later** — neither acknowledge it (the owner may still fail and
-/// release it) nor dead-letter it. [`AckPolicy`](crate::AckPolicy) answers
-/// `Ack::Retry { after: remaining }`.
-///
-/// ```
-/// use std::time::Duration;
-/// use dedup_runtime::{Ack, AckPolicy, InProgress, LeaseOutcome};
-///
-/// let busy: Result<LeaseOutcome<()>, sqlx::Error> =
-///     Ok(LeaseOutcome::InProgress(InProgress::new(Duration::from_secs(20))));
-/// let policy = AckPolicy::<sqlx::Sqlite>::new();
-/// assert_eq!(policy.decide(&busy, 1), Ack::Retry { after: Duration::from_secs(20) });
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct InProgress {
-    remaining: Duration,
-}
-
-impl InProgress {
-    /// A lease with `remaining` left.
-    pub fn new(remaining: Duration) -> Self {
-        InProgress { remaining }
-    }
-
-    /// How long the lease had left when the copy looked, on the database's clock: after
-    /// that, the next delivery takes over (send-first) or finds the outcome unknown
-    /// (mark-first), unless the owner finished or renewed it.
-    pub fn remaining(&self) -> Duration {
-        self.remaining
-    }
-}
-
-impl InProgress {
-    /// The error a handler without a lease (a plain `#[idempotent]` handler) ends with
-    /// when its claim finds the row in progress under another delivery's lease: inside
-    /// [`sqlx::Error::AnyDriverError`], so that it reaches the caller through the
-    /// handler's `From<sqlx::Error>`.
-    pub(crate) fn error(remaining: Duration) -> sqlx::Error {
-        sqlx::Error::AnyDriverError(Box::new(InProgress { remaining }))
-    }
-
-    /// Finds an `InProgress` in `error` or its chain of [`source`](StdError::source)s: the
-    /// error of a handler without a lease whose claim found the message in progress under
-    /// another delivery's lease. Retry it after [`remaining`](Self::remaining) (what
-    /// [`AckPolicy`](crate::AckPolicy) answers); never acknowledge it, the owner may still
-    /// fail and release the message.
-    ///
-    /// ```
-    /// use dedup_runtime::InProgress;
-    ///
-    /// fn explain(error: &sqlx::Error) -> String {
-    ///     match InProgress::find(error) {
-    ///         Some(busy) => format!("another delivery holds it; retry in {:?}", busy.remaining()),
-    ///         None => "another failure".to_owned(),
-    ///     }
-    /// }
-    /// # assert_eq!(explain(&sqlx::Error::RowNotFound), "another failure");
-    /// ```
-    pub fn find<'a>(error: &'a (dyn StdError + 'static)) -> Option<&'a InProgress> {
-        let mut link = Some(error);
-        while let Some(error) = link {
-            if let Some(found) = error.downcast_ref::<InProgress>() {
-                return Some(found);
-            }
-            link = error.source();
-        }
-        None
-    }
-}
-
-impl StdError for InProgress {}
-
-impl fmt::Display for InProgress {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "in progress under another delivery's lease, {:.3} s left",
-            self.remaining.as_secs_f64()
-        )
     }
 }
 
@@ -820,47 +434,6 @@ impl<DB: Backend> Lease<'_, DB> {
     }
 }
 
-/// A pooled connection that may be left in a transaction sqlx does not track (begun with
-/// plain SQL) or with a changed session (MySQL's `autocommit`): closed, never pooled, when
-/// it is dropped before [`set_clean`](Self::set_clean) — a cancelled call, a panic.
-pub(crate) struct Guarded<DB: Database> {
-    conn: PoolConnection<DB>,
-    clean: bool,
-}
-
-impl<DB: Database> Guarded<DB> {
-    pub(crate) fn new(conn: PoolConnection<DB>) -> Self {
-        Guarded { conn, clean: false }
-    }
-
-    /// The transaction ended and the session is as the pool gave it: pool it again.
-    pub(crate) fn set_clean(&mut self) {
-        self.clean = true;
-    }
-}
-
-impl<DB: Database> std::ops::Deref for Guarded<DB> {
-    type Target = DB::Connection;
-
-    fn deref(&self) -> &DB::Connection {
-        &self.conn
-    }
-}
-
-impl<DB: Database> std::ops::DerefMut for Guarded<DB> {
-    fn deref_mut(&mut self) -> &mut DB::Connection {
-        &mut self.conn
-    }
-}
-
-impl<DB: Database> Drop for Guarded<DB> {
-    fn drop(&mut self) {
-        if !self.clean {
-            self.conn.close_on_drop();
-        }
-    }
-}
-
 /// The database a leased handler's `Lease<'_, DB>` parameter names, for the generated
 /// signature (`&Pool<DB>`).
 #[doc(hidden)]
@@ -877,10 +450,6 @@ async fn rollback_logged<DB: Backend>(conn: &mut DB::Connection) {
     if let Err(error) = DB::lease_rollback(conn).await {
         tracing::debug!(%error, "rollback failed; the connection is discarded");
     }
-}
-
-fn micros(duration: Duration) -> i64 {
-    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
 }
 
 /// What [`LeaseRun::begin`] leads to.
@@ -1128,12 +697,12 @@ impl<'k> LeaseRun<'k> {
             Duration::from_micros(u64::try_from(found.remaining_us.unwrap_or(0)).unwrap_or(0));
         let outcome = match found.state {
             None => LeaseOutcome::Duplicate(Duplicate::AlreadyProcessed),
-            Some(_) if !remaining.is_zero() => LeaseOutcome::InProgress(InProgress { remaining }),
+            Some(_) if !remaining.is_zero() => LeaseOutcome::InProgress(InProgress::new(remaining)),
             // A mark-first mark whose owner never completed it: the effect may or may not
             // have happened, and it is never attempted again.
             Some(2) => LeaseOutcome::Duplicate(Duplicate::OutcomeUnknown),
             // An expired send-first lease that another copy took over in between.
-            Some(_) => LeaseOutcome::InProgress(InProgress { remaining }),
+            Some(_) => LeaseOutcome::InProgress(InProgress::new(remaining)),
         };
         match &outcome {
             LeaseOutcome::Duplicate(duplicate) => {

@@ -15,8 +15,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use sqlx::{Database, Pool};
 
 use crate::backend::Backend;
-use crate::key::{InvalidMessageId, MAX_CONSUMER_LEN, MessageKey};
-use crate::schema::{DEFAULT_TABLE, InvalidTableName, Table};
+use crate::key::{InvalidMessageId, MessageKey};
+use crate::names::{InvalidConsumer, check_consumer};
+use crate::table::{DEFAULT_TABLE, InvalidTableName, Table};
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -397,24 +398,6 @@ impl<DB: Backend> Ledger<DB> {
     }
 }
 
-/// Refuses a consumer name that `#[idempotent(consumer = "…")]` would refuse at compile
-/// time (the rule is `dedup_limits::consumer_problem`): no handler can have recorded an id
-/// under it.
-pub(crate) fn check_consumer(consumer: &str) -> Result<(), InvalidConsumer> {
-    use dedup_limits::ConsumerProblem;
-    match dedup_limits::consumer_problem(consumer) {
-        None => Ok(()),
-        Some(ConsumerProblem::Empty) => Err(InvalidConsumer::Empty),
-        Some(ConsumerProblem::ContainsNul { position }) => {
-            Err(InvalidConsumer::ContainsNul { position })
-        }
-        Some(ConsumerProblem::TooLong { len }) => Err(InvalidConsumer::TooLong {
-            len,
-            max: MAX_CONSUMER_LEN,
-        }),
-    }
-}
-
 /// Microseconds since the Unix epoch (negative before it) as a `SystemTime`.
 fn from_epoch_micros(micros: i64) -> SystemTime {
     let offset = Duration::from_micros(micros.unsigned_abs());
@@ -427,46 +410,6 @@ fn from_epoch_micros(micros: i64) -> SystemTime {
     time.unwrap_or(UNIX_EPOCH)
 }
 
-/// A consumer name that `#[idempotent(consumer = "…")]` refuses, so that no id can have
-/// been recorded under it. Nothing was read or deleted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum InvalidConsumer {
-    /// The name is the empty string.
-    Empty,
-    /// The name is longer than [`MAX_CONSUMER_LEN`] bytes.
-    TooLong {
-        /// The name's length in bytes.
-        len: usize,
-        /// The limit, [`MAX_CONSUMER_LEN`].
-        max: usize,
-    },
-    /// The name contains a NUL byte.
-    ContainsNul {
-        /// Byte offset of the first NUL.
-        position: usize,
-    },
-}
-
-impl fmt::Display for InvalidConsumer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            InvalidConsumer::Empty => f.write_str(
-                "invalid consumer: it is empty; give the `consumer = \"…\"` of the handler",
-            ),
-            InvalidConsumer::TooLong { len, max } => write!(
-                f,
-                "invalid consumer: it is {len} bytes long, the limit is {max}"
-            ),
-            InvalidConsumer::ContainsNul { position } => {
-                write!(f, "invalid consumer: it contains a NUL byte at {position}")
-            }
-        }
-    }
-}
-
-impl StdError for InvalidConsumer {}
-
 /// Why a [`Ledger`] lookup or forget failed.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -475,7 +418,7 @@ pub enum LedgerError {
     /// [`MAX_MESSAGE_ID_LEN`](crate::MAX_MESSAGE_ID_LEN) bytes, containing NUL). Nothing
     /// was read or deleted.
     InvalidMessageId(InvalidMessageId),
-    /// The consumer name is one no handler can have (empty, over [`MAX_CONSUMER_LEN`]
+    /// The consumer name is one no handler can have (empty, over [`MAX_CONSUMER_LEN`](crate::MAX_CONSUMER_LEN)
     /// bytes, containing NUL). Nothing was read or deleted.
     InvalidConsumer(InvalidConsumer),
     /// The table name is not a plain SQL identifier (from [`Ledger::in_table`], for
@@ -658,24 +601,6 @@ mod tests {
         assert_eq!(
             from_epoch_micros(-14_182_939_500_000),
             UNIX_EPOCH - Duration::from_micros(14_182_939_500_000)
-        );
-    }
-
-    #[test]
-    fn consumers_refused_like_the_attribute_refuses_them() {
-        assert_eq!(check_consumer("billing"), Ok(()));
-        assert_eq!(check_consumer(&"c".repeat(MAX_CONSUMER_LEN)), Ok(()));
-        assert_eq!(check_consumer(""), Err(InvalidConsumer::Empty));
-        assert_eq!(
-            check_consumer("a\0b"),
-            Err(InvalidConsumer::ContainsNul { position: 1 })
-        );
-        assert_eq!(
-            check_consumer(&"c".repeat(MAX_CONSUMER_LEN + 1)),
-            Err(InvalidConsumer::TooLong {
-                len: MAX_CONSUMER_LEN + 1,
-                max: MAX_CONSUMER_LEN
-            })
         );
     }
 }

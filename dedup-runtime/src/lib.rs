@@ -237,8 +237,11 @@ pub mod batch;
 mod chain;
 mod claim;
 mod classify;
+mod clock;
 mod consumers;
+mod dialect;
 mod features;
+mod guarded;
 mod idempotency;
 pub mod inbox;
 mod input;
@@ -249,11 +252,13 @@ mod lease;
 mod ledger;
 mod metrics;
 mod migrate;
+mod names;
 pub mod outbox;
 mod outcome;
 mod probe;
 mod prune;
 mod queue;
+mod random;
 #[cfg(feature = "rdkafka")]
 pub mod rdkafka;
 #[cfg(feature = "redis")]
@@ -265,6 +270,8 @@ pub mod rumqttc;
 mod run;
 mod schema;
 mod stored;
+mod table;
+mod wake;
 
 #[doc(hidden)]
 #[path = "private.rs"]
@@ -277,25 +284,26 @@ struct ReadmeDoctests;
 
 pub use ack::{Ack, AckOutcome, AckPolicy, DecideError, Failure, is_transient};
 pub use backend::Backend;
+pub use clock::STAMP_AFTER;
 pub use idempotency::{IdempotencyKey, MAX_IDEMPOTENCY_KEY_LEN};
 pub use input::{Db, HandlerConnection};
 pub use key::{InvalidMessageId, MAX_CONSUMER_LEN, MAX_MESSAGE_ID_LEN, MessageId, MessageKey};
-pub use lease::{DEFAULT_MARK_LEASE, InProgress, Lease, LeaseLost, MAX_LEASE, MIN_LEASE};
-pub use ledger::{InvalidConsumer, Ledger, LedgerError, Resolution, Unresolved, UnresolvedStatus};
+pub use lease::{DEFAULT_MARK_LEASE, Lease, LeaseLost, MAX_LEASE, MIN_LEASE};
+pub use ledger::{Ledger, LedgerError, Resolution, Unresolved, UnresolvedStatus};
 pub use migrate::{migrate, migrate_table, schema_sql, upgrade_sql};
-pub use outcome::{Duplicate, LeaseOutcome, Outcome, StoredOutcome};
+pub use names::InvalidConsumer;
+pub use outcome::{Duplicate, InProgress, LeaseOutcome, Outcome, StoredOutcome};
 pub use prune::{
     ConsumerStats, DEFAULT_PRUNE_BATCH, MAX_PRUNE_AGE, MAX_PRUNE_BATCH, Prune, PruneBackend,
     PruneError, PruneProgress,
 };
 pub use retry::{BASE_DELAY, MAX_ATTEMPTS, MAX_DELAY};
 pub use rolled_back::RolledBack;
-pub use run::STAMP_AFTER;
-pub use schema::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 pub use stored::{
     DEFAULT_MAX_RESULT_LEN, Fingerprint, FingerprintMismatch, FingerprintSource, MAX_RESULT_LEN,
     MAX_RESULT_VERSION, StoredResultError, fingerprint,
 };
+pub use table::{DEFAULT_TABLE, InvalidTableName, MAX_TABLE_NAME_LEN, Table};
 
 /// Makes an `async fn` message handler effectively-once.
 ///

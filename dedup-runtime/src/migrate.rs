@@ -5,7 +5,7 @@
 use sqlx::Pool;
 
 use crate::backend::Backend;
-use crate::schema::{DEFAULT_TABLE, InvalidTableName, Table};
+use crate::table::{DEFAULT_TABLE, InvalidTableName, Table};
 
 /// Creates the default dedup table, `processed_messages`, and its indexes, if they do not
 /// exist yet, and upgrades a table that dedup 0.1 created to the current columns. Safe to

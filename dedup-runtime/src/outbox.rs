@@ -51,10 +51,10 @@ use sqlx::{Database, Pool};
 use uuid::Uuid;
 
 use crate::backend::Backend;
-use crate::key::{InvalidMessageId, MessageId, MessageKey};
-use crate::ledger::{InvalidConsumer, check_consumer};
-use crate::schema::{InvalidTableName, Table};
+use crate::table::{InvalidTableName, Table};
 
+mod backend;
+mod ids;
 #[cfg(feature = "mysql")]
 mod mysql;
 #[cfg(feature = "postgres")]
@@ -63,7 +63,9 @@ mod relay;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 
-use crate::lease::Owner;
+use crate::random::Owner;
+pub use backend::OutboxBackend;
+pub use ids::{Cause, InvalidCause, OutgoingId};
 pub use relay::{OutboxMessage, Publisher, Relay, Relayed};
 
 /// A claimed outbox row whose claim's lease ended, by its id.
@@ -136,257 +138,6 @@ pub fn schema_sql<DB: Backend>(table: &str) -> Result<String, InvalidTableName> 
         .into_iter()
         .map(|statement| statement + ";\n")
         .collect())
-}
-
-/// An outgoing message's id: a UUIDv5 in [`NAMESPACE`] of its cause — the consumer, the
-/// incoming message's id and the slot, joined by NUL bytes (none of them may contain one):
-/// `uuid5(NAMESPACE, consumer + "\0" + incoming id + "\0" + slot)`. The incoming id is
-/// the text [`MessageKey`] gives, as `#[idempotent]` keys on it (an integer's decimal
-/// digits, a UUID's hyphenated form). The scheme never changes between versions; any
-/// language's UUID library computes the same id — Python's, for a producer without this
-/// library:
-///
-/// ```text
-/// >>> uuid.uuid5(uuid.UUID("f05ab860-2a3e-578c-897a-484e8894600b"),
-/// ...            "billing\0evt_91c2\0invoice-created")
-/// UUID('d52783e3-eaa0-5242-b33a-713ba7314074')
-/// ```
-///
-/// Its text is the hyphenated lowercase form, which the relay sends as the broker's
-/// message id (AMQP `message-id`, JetStream `Nats-Msg-Id`). Downstream it is a
-/// [`MessageKey`]: `#[idempotent(key = …)]` dedups on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct OutgoingId(Uuid);
-
-impl OutgoingId {
-    /// The id of the outgoing message in `slot` of the cause (`consumer`, `incoming`):
-    /// [`Cause::id`] without the [`Cause`].
-    pub fn derive(
-        consumer: &str,
-        incoming: impl MessageKey,
-        slot: &str,
-    ) -> Result<OutgoingId, InvalidCause> {
-        Cause::new(consumer, incoming)?.id(slot)
-    }
-
-    /// The id as a UUID.
-    pub fn as_uuid(&self) -> Uuid {
-        self.0
-    }
-
-    /// The id of a UUID read back (from a broker's message id, say).
-    pub fn from_uuid(uuid: Uuid) -> OutgoingId {
-        OutgoingId(uuid)
-    }
-
-    /// The id a row holds as 16 bytes (MySQL, SQLite).
-    #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
-    pub(crate) fn decode_bytes(bytes: &[u8]) -> Result<OutgoingId, sqlx::Error> {
-        Uuid::from_slice(bytes)
-            .map(OutgoingId)
-            .map_err(|error| sqlx::Error::Decode(error.into()))
-    }
-
-    /// The id a row holds as `uuid`, read as text (PostgreSQL).
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
-    pub(crate) fn decode_text(text: &str) -> Result<OutgoingId, sqlx::Error> {
-        Uuid::parse_str(text)
-            .map(OutgoingId)
-            .map_err(|error| sqlx::Error::Decode(error.into()))
-    }
-}
-
-impl fmt::Display for OutgoingId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.hyphenated().fmt(f)
-    }
-}
-
-impl MessageKey for OutgoingId {
-    fn message_id(&self) -> MessageId<'_> {
-        MessageId::owned(self.to_string())
-    }
-}
-
-/// What an outgoing id is derived from: the consumer and the incoming message's id.
-///
-/// ```
-/// use dedup_runtime::outbox::{Cause, OutgoingId};
-///
-/// let cause = Cause::new("billing", "evt_91c2")?;
-/// let id = cause.id("invoice-created")?;
-/// assert_eq!(id, OutgoingId::derive("billing", "evt_91c2", "invoice-created")?);
-/// // By index: the n-th message the handler sends is the slot named n.
-/// assert_eq!(cause.nth_id(0), cause.id("0")?);
-/// // Another consumer of the same message derives other ids.
-/// assert_ne!(Cause::new("audit", "evt_91c2")?.id("invoice-created")?, id);
-/// # Ok::<(), dedup_runtime::outbox::InvalidCause>(())
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Cause {
-    consumer: String,
-    incoming: String,
-}
-
-impl Cause {
-    /// The cause of a handler's outgoing messages: its consumer (as in `#[idempotent]`)
-    /// and the incoming message's id, checked as `#[idempotent]` checks them.
-    pub fn new(consumer: &str, incoming: impl MessageKey) -> Result<Cause, InvalidCause> {
-        check_consumer(consumer).map_err(InvalidCause::Consumer)?;
-        let id = incoming.message_id();
-        let incoming = id.validate().map_err(InvalidCause::MessageId)?.to_owned();
-        Ok(Cause {
-            consumer: consumer.to_owned(),
-            incoming,
-        })
-    }
-
-    /// The consumer.
-    pub fn consumer(&self) -> &str {
-        &self.consumer
-    }
-
-    /// The incoming message's id.
-    pub fn incoming(&self) -> &str {
-        &self.incoming
-    }
-
-    /// The id of the outgoing message in `slot`: a name the handler gives it (1 to 255
-    /// bytes, no NUL), the same on every run.
-    pub fn id(&self, slot: &str) -> Result<OutgoingId, InvalidCause> {
-        check_slot(slot)?;
-        Ok(self.derive(slot))
-    }
-
-    /// The id of the handler's `index`-th outgoing message (from 0): the slot named by the
-    /// index's decimal digits. Only as stable as the order in which the handler sends:
-    /// prefer named slots where that order may change between versions.
-    pub fn nth_id(&self, index: u32) -> OutgoingId {
-        self.derive(&index.to_string())
-    }
-
-    /// The outgoing message in `slot` ([`id`](Self::id)), to `destination`, with
-    /// `payload`; headers and an ordering key are added with [`Outgoing::headers`] and
-    /// [`Outgoing::ordering_key`].
-    pub fn outgoing<'a>(
-        &'a self,
-        slot: &'a str,
-        destination: &'a str,
-        payload: &'a [u8],
-    ) -> Result<Outgoing<'a>, InvalidCause> {
-        let id = self.id(slot)?;
-        Ok(Outgoing::new(
-            self,
-            id,
-            Cow::Borrowed(slot),
-            destination,
-            payload,
-        ))
-    }
-
-    /// The handler's `index`-th outgoing message ([`nth_id`](Self::nth_id)).
-    pub fn nth_outgoing<'a>(
-        &'a self,
-        index: u32,
-        destination: &'a str,
-        payload: &'a [u8],
-    ) -> Outgoing<'a> {
-        let id = self.nth_id(index);
-        Outgoing::new(
-            self,
-            id,
-            Cow::Owned(index.to_string()),
-            destination,
-            payload,
-        )
-    }
-
-    fn derive(&self, slot: &str) -> OutgoingId {
-        let mut name =
-            Vec::with_capacity(self.consumer.len() + self.incoming.len() + slot.len() + 2);
-        name.extend_from_slice(self.consumer.as_bytes());
-        name.push(0);
-        name.extend_from_slice(self.incoming.as_bytes());
-        name.push(0);
-        name.extend_from_slice(slot.as_bytes());
-        OutgoingId(Uuid::new_v5(&NAMESPACE, &name))
-    }
-}
-
-fn check_slot(slot: &str) -> Result<(), InvalidCause> {
-    if slot.is_empty() {
-        return Err(InvalidCause::EmptySlot);
-    }
-    if slot.len() > MAX_NAME_LEN {
-        return Err(InvalidCause::SlotTooLong {
-            len: slot.len(),
-            max: MAX_NAME_LEN,
-        });
-    }
-    if let Some(position) = slot.bytes().position(|byte| byte == 0) {
-        return Err(InvalidCause::SlotContainsNul { position });
-    }
-    Ok(())
-}
-
-/// Why a [`Cause`] or an outgoing id could not be made.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum InvalidCause {
-    /// The consumer is empty, too long or contains NUL.
-    Consumer(InvalidConsumer),
-    /// The incoming message id is empty, too long or contains NUL.
-    MessageId(InvalidMessageId),
-    /// The slot is empty.
-    EmptySlot,
-    /// The slot is longer than [`MAX_NAME_LEN`] bytes.
-    SlotTooLong {
-        /// Its length in bytes.
-        len: usize,
-        /// [`MAX_NAME_LEN`].
-        max: usize,
-    },
-    /// The slot contains a NUL byte (the separator of the id's name).
-    SlotContainsNul {
-        /// The byte offset of the first NUL.
-        position: usize,
-    },
-}
-
-impl fmt::Display for InvalidCause {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            InvalidCause::Consumer(error) => error.fmt(f),
-            InvalidCause::MessageId(error) => error.fmt(f),
-            InvalidCause::EmptySlot => f.write_str("invalid outgoing slot: it is empty"),
-            InvalidCause::SlotTooLong { len, max } => write!(
-                f,
-                "invalid outgoing slot: it is {len} bytes, over the limit of {max}"
-            ),
-            InvalidCause::SlotContainsNul { position } => write!(
-                f,
-                "invalid outgoing slot: it contains a NUL byte at {position}"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for InvalidCause {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            InvalidCause::Consumer(error) => Some(error),
-            InvalidCause::MessageId(error) => Some(error),
-            _ => None,
-        }
-    }
-}
-
-/// For a handler whose error type is built `From<sqlx::Error>`: a
-/// `sqlx::Error::InvalidArgument` with this error's text, as an invalid message id is.
-impl From<InvalidCause> for sqlx::Error {
-    fn from(error: InvalidCause) -> sqlx::Error {
-        sqlx::Error::InvalidArgument(error.to_string())
-    }
 }
 
 /// One outgoing message, made by [`Cause::outgoing`] or [`Cause::nth_outgoing`].
@@ -649,7 +400,7 @@ pub struct DeadOutgoing {
 
 /// The shortest time between two of [`Outbox::hint`]'s `NOTIFY`s from one outbox (and its
 /// clones), as the inbox's ([`inbox::HINT_GAP`](crate::inbox::HINT_GAP)).
-pub const HINT_GAP: Duration = crate::inbox::HINT_GAP;
+pub const HINT_GAP: Duration = crate::queue::HINT_GAP;
 
 /// Rows one statement of [`Outbox::prune`] deletes at most.
 pub const PRUNE_BATCH: usize = 1_000;
@@ -694,6 +445,55 @@ pub struct Outbox {
     hints: Option<std::sync::Arc<crate::queue::Hints>>,
     /// [`Outbox::trace_context`].
     trace_context: Option<fn() -> Option<String>>,
+}
+
+/// Pruning an outbox: [`Prune`](crate::Prune)'s loop on the outbox's sent rows.
+impl crate::Prune {
+    /// Deletes `outbox`'s rows sent more than the age ago, as [`run`](crate::Prune::run) does the
+    /// dedup table's: batch by batch, with the same rest and the same refusals. Unsent,
+    /// claimed and dead rows are never deleted. A sent row's only use left is to make a
+    /// handler that runs again for its cause find it (`Enqueued::Duplicate`): keep it as
+    /// long as the broker may redeliver that cause — the redelivery window; once pruned,
+    /// such a handler sends the message again with the same id, which the consumer
+    /// downstream dedups. A consumer or table set on this `Prune` plays no part.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+    /// use dedup_runtime::{Prune, outbox::Outbox};
+    ///
+    /// dedup_runtime::outbox::migrate(&pool).await?;
+    /// let day = Duration::from_secs(24 * 3600);
+    /// let done = Prune::new(7 * day, 4 * day)
+    ///     .run_outbox(&Outbox::new(), &pool, |_| {})
+    ///     .await?;
+    /// assert_eq!((done.deleted, done.done), (0, true));
+    /// # Ok(()) }
+    /// ```
+    pub async fn run_outbox<DB: Backend>(
+        &self,
+        outbox: &Outbox,
+        pool: &Pool<DB>,
+        progress: impl FnMut(&crate::PruneProgress),
+    ) -> Result<crate::PruneProgress, crate::PruneError> {
+        self.validate()?;
+        let table = outbox.table();
+        // `sent_at` is written by the relay's mark, a statement of its own: the age needs
+        // no margin for a long transaction.
+        let cutoff = DB::cutoff(pool, self.older_than).await?;
+        let age_us = crate::clock::micros(self.older_than);
+        let limit = i64::from(self.batch_size);
+        self.batches(cutoff, progress, async |_| {
+            crate::retry::retry_transient::<DB, _, _>(|| {
+                DB::outbox_prune(pool, table, age_us, limit)
+            })
+            .await
+            .map_err(|error| crate::PruneError::from_database::<DB>(table, error))
+        })
+        .await
+    }
 }
 
 impl Default for Outbox {
@@ -800,7 +600,7 @@ impl Outbox {
         if !hints.take(HINT_GAP) {
             return;
         }
-        if let Err(error) = DB::inbox_notify(pool, &self.table).await {
+        if let Err(error) = DB::wake_notify(pool, &self.table).await {
             tracing::debug!(%error, "outbox: the hint to the relay failed; it polls");
         }
     }
@@ -939,7 +739,7 @@ impl Outbox {
         pool: &Pool<DB>,
         older_than: Duration,
     ) -> Result<u64, OutboxError> {
-        let older_than_us = crate::queue::micros(older_than.min(crate::MAX_PRUNE_AGE));
+        let older_than_us = crate::clock::micros(older_than.min(crate::MAX_PRUNE_AGE));
         let mut deleted = 0;
         loop {
             let batch = DB::outbox_prune(pool, &self.table, older_than_us, PRUNE_BATCH as i64)
@@ -1170,154 +970,4 @@ pub enum Inserted {
         destination: Vec<u8>,
         payload: Vec<u8>,
     },
-}
-
-/// How one backend stores outgoing messages. Part of [`Backend`].
-pub trait OutboxBackend: Database {
-    /// The statements that create the outbox table and its indexes.
-    #[doc(hidden)]
-    fn outbox_ddl(table: &Table) -> Vec<String>;
-
-    /// Runs [`OutboxBackend::outbox_ddl`], serialised against concurrent migrations.
-    #[doc(hidden)]
-    fn outbox_create<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
-
-    /// Inserts `row` on the caller's connection, never aborting its transaction; when a
-    /// row with its id exists, reads that row's destination and payload instead.
-    #[doc(hidden)]
-    fn outbox_insert<'c>(
-        conn: &'c mut Self::Connection,
-        table: &'c Table,
-        row: &'c Row<'c>,
-    ) -> impl Future<Output = Result<Inserted, sqlx::Error>> + Send + 'c;
-
-    /// The claimed rows of every claim whose lease ended (at most 1,000), grouped by
-    /// owner, each owner's in the claim's order (`seq`). A claim's rows share its lease,
-    /// but each row's end is its own reading of the clock: one row's lease ended is the
-    /// claim's.
-    #[doc(hidden)]
-    fn outbox_expired<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-    ) -> impl Future<Output = Result<Vec<ExpiredOutgoing>, sqlx::Error>> + Send + 'a;
-
-    /// Takes back the rows of `owner`'s claim, whose lease ended: `first`, the row it had
-    /// in hand, keeps its counted attempt, and is dead with [`STOPPED`] when `dead`,
-    /// unsent again otherwise; the others are unsent again, their attempt given back. In
-    /// one transaction, each statement fenced by the owner token. Whether `first` was
-    /// taken.
-    #[doc(hidden)]
-    fn outbox_reclaim<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        owner: &'a Owner,
-        first: OutgoingId,
-        dead: bool,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
-
-    /// Claims up to `limit` unsent rows that are due, the head of each ordering key only,
-    /// for `owner`, counting their attempt, committed; in the claim's order (`seq`).
-    #[doc(hidden)]
-    fn outbox_claim<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        owner: &'a Owner,
-        lease_us: i64,
-        limit: u32,
-    ) -> impl Future<Output = Result<Vec<OutboxMessage>, sqlx::Error>> + Send + 'a;
-
-    /// The rows `owner` holds claimed, in the claim's order: a claim tried again after its
-    /// reply was lost finds the rows it took (their attempt counted once).
-    #[doc(hidden)]
-    fn outbox_held<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        owner: &'a Owner,
-    ) -> impl Future<Output = Result<Vec<OutboxMessage>, sqlx::Error>> + Send + 'a;
-
-    /// The heartbeat: `owner`'s claimed rows get a lease of `lease_us` from now; how many.
-    #[doc(hidden)]
-    fn outbox_renew<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        owner: &'a Owner,
-        lease_us: i64,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
-
-    /// Marks the rows `ids` (at most 1,000) sent, those still `owner`'s claim, in one
-    /// statement; how many.
-    #[doc(hidden)]
-    fn outbox_sent<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        ids: &'a [OutgoingId],
-        owner: &'a Owner,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
-
-    /// After a failed send: the row back to unsent after `delay_us` (or dead), with
-    /// `error` as its last error, if it is still `owner`'s claim; whether it was.
-    #[doc(hidden)]
-    fn outbox_fail<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        id: OutgoingId,
-        owner: &'a Owner,
-        error: &'a str,
-        delay_us: i64,
-        dead: bool,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
-
-    /// The relay's sign of life: the relay table's one row gets the database's now.
-    #[doc(hidden)]
-    fn outbox_seen<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-    ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
-
-    /// Unsent, claimed, sent and dead rows, the microseconds since the oldest unsent row
-    /// was enqueued, and since a relay last ran.
-    #[doc(hidden)]
-    fn outbox_stats<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-    ) -> impl Future<Output = Result<StatsRow, sqlx::Error>> + Send + 'a;
-
-    /// Deletes up to `limit` rows sent more than `older_than_us` ago; how many.
-    #[doc(hidden)]
-    fn outbox_prune<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        older_than_us: i64,
-        limit: i64,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
-
-    /// Dead rows, oldest first: id, destination, attempts, last error.
-    #[doc(hidden)]
-    fn outbox_dead<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        limit: i64,
-    ) -> impl Future<Output = Result<Vec<DeadOutgoing>, sqlx::Error>> + Send + 'a;
-
-    /// The dead row `id` unsent again, due now, its attempts back to 0 (`requeue`), or
-    /// recorded as sent without sending; whether it was dead.
-    #[doc(hidden)]
-    fn outbox_resolve<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        id: OutgoingId,
-        requeue: bool,
-    ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
-
-    /// Releases `owner`'s claimed rows unsent: unsent again, their attempt not counted;
-    /// how many.
-    #[doc(hidden)]
-    fn outbox_release<'a>(
-        pool: &'a Pool<Self>,
-        table: &'a Table,
-        owner: &'a Owner,
-    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 }

@@ -169,7 +169,7 @@ pub enum LeaseOutcome<T> {
     Duplicate(Duplicate),
     /// Another delivery holds an unexpired lease on the message: the body did not run.
     /// Retry after [`InProgress::remaining`](crate::InProgress::remaining).
-    InProgress(crate::lease::InProgress),
+    InProgress(InProgress),
 }
 
 impl<T> LeaseOutcome<T> {
@@ -205,7 +205,7 @@ impl<T> LeaseOutcome<T> {
     }
 
     /// The other delivery's lease, or `None`.
-    pub fn in_progress(&self) -> Option<crate::lease::InProgress> {
+    pub fn in_progress(&self) -> Option<InProgress> {
         match self {
             LeaseOutcome::InProgress(busy) => Some(*busy),
             _ => None,
@@ -276,7 +276,7 @@ pub enum StoredOutcome<T> {
     Duplicate(Duplicate),
     /// Leased handlers only: another delivery holds an unexpired lease on the message.
     /// Retry after [`InProgress::remaining`](crate::InProgress::remaining).
-    InProgress(crate::lease::InProgress),
+    InProgress(InProgress),
 }
 
 impl<T> StoredOutcome<T> {
@@ -339,7 +339,7 @@ impl<T> StoredOutcome<T> {
     }
 
     /// The other delivery's lease, or `None`.
-    pub fn in_progress(&self) -> Option<crate::lease::InProgress> {
+    pub fn in_progress(&self) -> Option<InProgress> {
         match self {
             StoredOutcome::InProgress(busy) => Some(*busy),
             _ => None,
@@ -354,5 +354,88 @@ impl<T> StoredOutcome<T> {
             StoredOutcome::Duplicate(duplicate) => StoredOutcome::Duplicate(duplicate),
             StoredOutcome::InProgress(busy) => StoredOutcome::InProgress(busy),
         }
+    }
+}
+
+/// A copy of the message is being processed elsewhere, under a lease that has not
+/// expired: **retry later** — neither acknowledge it (the owner may still fail and
+/// release it) nor dead-letter it. [`AckPolicy`](crate::AckPolicy) answers
+/// `Ack::Retry { after: remaining }`.
+///
+/// ```
+/// use std::time::Duration;
+/// use dedup_runtime::{Ack, AckPolicy, InProgress, LeaseOutcome};
+///
+/// let busy: Result<LeaseOutcome<()>, sqlx::Error> =
+///     Ok(LeaseOutcome::InProgress(InProgress::new(Duration::from_secs(20))));
+/// let policy = AckPolicy::<sqlx::Sqlite>::new();
+/// assert_eq!(policy.decide(&busy, 1), Ack::Retry { after: Duration::from_secs(20) });
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct InProgress {
+    remaining: std::time::Duration,
+}
+
+impl InProgress {
+    /// A lease with `remaining` left.
+    pub fn new(remaining: std::time::Duration) -> Self {
+        InProgress { remaining }
+    }
+
+    /// How long the lease had left when the copy looked, on the database's clock: after
+    /// that, the next delivery takes over (send-first) or finds the outcome unknown
+    /// (mark-first), unless the owner finished or renewed it.
+    pub fn remaining(&self) -> std::time::Duration {
+        self.remaining
+    }
+}
+
+impl InProgress {
+    /// The error a handler without a lease (a plain `#[idempotent]` handler) ends with
+    /// when its claim finds the row in progress under another delivery's lease: inside
+    /// [`sqlx::Error::AnyDriverError`], so that it reaches the caller through the
+    /// handler's `From<sqlx::Error>`.
+    pub(crate) fn error(remaining: std::time::Duration) -> sqlx::Error {
+        sqlx::Error::AnyDriverError(Box::new(InProgress { remaining }))
+    }
+
+    /// Finds an `InProgress` in `error` or its chain of [`source`](std::error::Error::source)s: the
+    /// error of a handler without a lease whose claim found the message in progress under
+    /// another delivery's lease. Retry it after [`remaining`](Self::remaining) (what
+    /// [`AckPolicy`](crate::AckPolicy) answers); never acknowledge it, the owner may still
+    /// fail and release the message.
+    ///
+    /// ```
+    /// use dedup_runtime::InProgress;
+    ///
+    /// fn explain(error: &sqlx::Error) -> String {
+    ///     match InProgress::find(error) {
+    ///         Some(busy) => format!("another delivery holds it; retry in {:?}", busy.remaining()),
+    ///         None => "another failure".to_owned(),
+    ///     }
+    /// }
+    /// # assert_eq!(explain(&sqlx::Error::RowNotFound), "another failure");
+    /// ```
+    pub fn find<'a>(error: &'a (dyn std::error::Error + 'static)) -> Option<&'a InProgress> {
+        let mut link = Some(error);
+        while let Some(error) = link {
+            if let Some(found) = error.downcast_ref::<InProgress>() {
+                return Some(found);
+            }
+            link = error.source();
+        }
+        None
+    }
+}
+
+impl std::error::Error for InProgress {}
+
+impl std::fmt::Display for InProgress {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "in progress under another delivery's lease, {:.3} s left",
+            self.remaining.as_secs_f64()
+        )
     }
 }

@@ -18,7 +18,7 @@ use sqlx::{Database, Pool};
 
 use crate::backend::Backend;
 use crate::retry;
-use crate::schema::{DEFAULT_TABLE, InvalidTableName, Table};
+use crate::table::{DEFAULT_TABLE, InvalidTableName, Table};
 
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -138,11 +138,11 @@ pub const MAX_PRUNE_AGE: Duration = Duration::from_secs(1_000 * 365 * 24 * 60 * 
 ///   column's default writes (UTC); rows you insert yourself must use that format.
 #[derive(Debug, Clone)]
 pub struct Prune {
-    older_than: Duration,
+    pub(crate) older_than: Duration,
     redelivery_window: Duration,
     consumer: Option<String>,
     table: String,
-    batch_size: u32,
+    pub(crate) batch_size: u32,
     pause: Option<Duration>,
 }
 
@@ -286,11 +286,11 @@ impl Prune {
 
     /// How far back the cutoff lies: the age, plus [`STAMP_AFTER`](crate::STAMP_AFTER),
     /// the most a `processed_at` may lie before its transaction's commit.
-    fn cutoff_age(&self) -> Duration {
+    pub(crate) fn cutoff_age(&self) -> Duration {
         self.older_than.saturating_add(crate::STAMP_AFTER)
     }
 
-    fn validate(&self) -> Result<Table, PruneError> {
+    pub(crate) fn validate(&self) -> Result<Table, PruneError> {
         if self.older_than < self.redelivery_window {
             return Err(PruneError::WindowTooShort {
                 older_than: self.older_than,
@@ -375,96 +375,10 @@ impl Prune {
         .await
     }
 
-    /// Deletes the processed rows of `inbox`'s consumer, in its table, processed more
-    /// than the age ago, as [`run`](Prune::run) does the dedup table's: batch by batch,
-    /// with the same rest between batches and the same refusals before anything runs
-    /// (an age shorter than the redelivery window: a processed row is the dedup record
-    /// of its receipt). Pending, claimed and dead rows are never deleted. A consumer or
-    /// table set on this `Prune` plays no part: the inbox's are used.
-    ///
-    /// [`PruneProgress::cutoff`] is the cutoff when the run began; each batch computes
-    /// `now − age` on the database's clock again (never earlier).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
-    /// use dedup_runtime::{Prune, inbox::Inbox};
-    ///
-    /// dedup_runtime::inbox::migrate(&pool).await?;
-    /// let inbox = Inbox::new(&pool, "billing")?;
-    /// let day = Duration::from_secs(24 * 3600);
-    /// let done = Prune::new(7 * day, 4 * day).run_inbox(&inbox, |_| {}).await?;
-    /// assert_eq!((done.deleted, done.done), (0, true));
-    /// # Ok(()) }
-    /// ```
-    pub async fn run_inbox<DB: Backend>(
-        &self,
-        inbox: &crate::inbox::Inbox<DB>,
-        progress: impl FnMut(&PruneProgress),
-    ) -> Result<PruneProgress, PruneError> {
-        self.validate()?;
-        let (pool, table, consumer) = (inbox.pool(), inbox.table(), inbox.consumer());
-        let cutoff = DB::cutoff(pool, self.cutoff_age()).await?;
-        let age_us = crate::queue::micros(self.cutoff_age());
-        let limit = i64::from(self.batch_size);
-        self.batches(cutoff, progress, async |_| {
-            self.retried::<DB, _>(|| DB::inbox_prune(pool, table, consumer, age_us, limit))
-                .await
-                .map_err(|error| PruneError::from_database::<DB>(table, error))
-        })
-        .await
-    }
-
-    /// Deletes `outbox`'s rows sent more than the age ago, as [`run`](Prune::run) does the
-    /// dedup table's: batch by batch, with the same rest and the same refusals. Unsent,
-    /// claimed and dead rows are never deleted. A sent row's only use left is to make a
-    /// handler that runs again for its cause find it (`Enqueued::Duplicate`): keep it as
-    /// long as the broker may redeliver that cause — the redelivery window; once pruned,
-    /// such a handler sends the message again with the same id, which the consumer
-    /// downstream dedups. A consumer or table set on this `Prune` plays no part.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// # let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
-    /// use dedup_runtime::{Prune, outbox::Outbox};
-    ///
-    /// dedup_runtime::outbox::migrate(&pool).await?;
-    /// let day = Duration::from_secs(24 * 3600);
-    /// let done = Prune::new(7 * day, 4 * day)
-    ///     .run_outbox(&Outbox::new(), &pool, |_| {})
-    ///     .await?;
-    /// assert_eq!((done.deleted, done.done), (0, true));
-    /// # Ok(()) }
-    /// ```
-    pub async fn run_outbox<DB: Backend>(
-        &self,
-        outbox: &crate::outbox::Outbox,
-        pool: &Pool<DB>,
-        progress: impl FnMut(&PruneProgress),
-    ) -> Result<PruneProgress, PruneError> {
-        self.validate()?;
-        let table = outbox.table();
-        // `sent_at` is written by the relay's mark, a statement of its own: the age needs
-        // no margin for a long transaction.
-        let cutoff = DB::cutoff(pool, self.older_than).await?;
-        let age_us = crate::queue::micros(self.older_than);
-        let limit = i64::from(self.batch_size);
-        self.batches(cutoff, progress, async |_| {
-            self.retried::<DB, _>(|| DB::outbox_prune(pool, table, age_us, limit))
-                .await
-                .map_err(|error| PruneError::from_database::<DB>(table, error))
-        })
-        .await
-    }
-
     /// The loop of every run: `batch` until one deletes fewer than the batch size, a
     /// rest after each ([`pause`](Prune::pause), or as long as the batch took), and the
     /// progress after each.
-    async fn batches(
+    pub(crate) async fn batches(
         &self,
         cutoff: String,
         mut progress: impl FnMut(&PruneProgress),
@@ -511,34 +425,10 @@ impl Prune {
         cutoff: &str,
         after: Option<&str>,
     ) -> Result<(u64, Option<String>), sqlx::Error> {
-        self.retried::<DB, _>(|| {
+        retry::retry_transient::<DB, _, _>(|| {
             DB::delete_batch(pool, table, consumer, cutoff, after, self.batch_size)
         })
         .await
-    }
-
-    /// `statement`, run again after a transient failure.
-    async fn retried<DB: PruneBackend, T>(
-        &self,
-        statement: impl AsyncFn() -> Result<T, sqlx::Error>,
-    ) -> Result<T, sqlx::Error> {
-        let mut attempt = 1;
-        loop {
-            match statement().await {
-                Ok(deleted) => return Ok(deleted),
-                Err(error)
-                    if attempt < retry::MAX_ATTEMPTS
-                        && crate::classify::is_transient::<DB>(
-                            &error as &(dyn StdError + 'static),
-                        ) =>
-                {
-                    tracing::debug!(attempt, %error, "prune batch failed transiently; retrying");
-                    tokio::time::sleep(retry::backoff(attempt)).await;
-                    attempt += 1;
-                }
-                Err(error) => return Err(error),
-            }
-        }
     }
 
     /// Per consumer (only this prune's consumer, if one is set): how many ids the table
@@ -780,7 +670,7 @@ pub enum PruneError {
 impl PruneError {
     /// `error` from a statement on `table`: [`PruneError::MissingTable`] when it says
     /// that the table does not exist.
-    fn from_database<DB: PruneBackend>(table: &Table, error: sqlx::Error) -> PruneError {
+    pub(crate) fn from_database<DB: PruneBackend>(table: &Table, error: sqlx::Error) -> PruneError {
         if DB::is_missing_table(&error, table) {
             PruneError::MissingTable {
                 table: table.clone(),

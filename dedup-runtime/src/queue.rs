@@ -10,8 +10,8 @@ use std::time::Duration;
 use sqlx::Pool;
 
 use crate::backend::Backend;
-use crate::lease::{Owner, new_token};
-use crate::schema::Table;
+use crate::random::Owner;
+use crate::table::Table;
 
 /// Runs `work` with a heartbeat: every `interval`, `renew` (a statement that gives the
 /// claim's unfinished rows a new lease), and `granted` marked when it succeeds. A renewal
@@ -70,16 +70,6 @@ pub(crate) fn heartbeat_not_under(
 /// `lease`; at least 1 ms.
 pub(crate) fn heartbeat_interval(heartbeat: Option<Duration>, lease: Duration) -> Duration {
     heartbeat.unwrap_or(lease / 3).max(Duration::from_millis(1))
-}
-
-/// The delay before attempt `attempt + 1`, after attempt `attempt` failed: `base`
-/// doubled per attempt, at most `max`, full jitter.
-pub(crate) fn jittered(base: Duration, max: Duration, attempt: u32) -> Duration {
-    let exponent = attempt.saturating_sub(1).min(30);
-    let bound = base.saturating_mul(1 << exponent).min(max);
-    let micros = u64::try_from(bound.as_micros()).unwrap_or(u64::MAX);
-    let random = u64::from_le_bytes(new_token()[..8].try_into().expect("8 bytes"));
-    Duration::from_micros(random % (micros + 1))
 }
 
 /// The shutdown signal of a worker's `run`, and the deadline it gives the message in hand.
@@ -181,28 +171,6 @@ fn log_renewal<DB: Backend>(result: Result<u64, sqlx::Error>) {
     }
 }
 
-/// Runs `operation` again after a jittered pause while it fails with a transient error
-/// (a deadlock, a serialization failure, a lock timeout), up to
-/// [`MAX_ATTEMPTS`](crate::MAX_ATTEMPTS) times: for statements that changed nothing when
-/// they failed.
-pub(crate) async fn retry_transient<DB: Backend, T, F: Future<Output = Result<T, sqlx::Error>>>(
-    mut operation: impl FnMut() -> F,
-) -> Result<T, sqlx::Error> {
-    let mut attempt = 0;
-    loop {
-        attempt += 1;
-        match operation().await {
-            Err(error)
-                if attempt < crate::retry::MAX_ATTEMPTS
-                    && crate::classify::is_transient::<DB>(&error) =>
-            {
-                tokio::time::sleep(crate::retry::backoff(attempt)).await;
-            }
-            result => return result,
-        }
-    }
-}
-
 /// A claimed row whose claim's lease ended (its worker or relay stopped: it crashed, was
 /// killed, lost the database, or was paused past the lease), by its key `K`.
 #[doc(hidden)]
@@ -241,7 +209,7 @@ where
     Ok(buried)
 }
 
-/// [`retry_transient`], and also after a lost connection (the reply of a statement that
+/// [`retry_transient`](crate::retry::retry_transient), and also after a lost connection (the reply of a statement that
 /// may have run, a server going away), for the queue's own statements that a second run
 /// makes no worse: claims (tried again under the same owner token, which finds the rows a
 /// lost reply took), take-backs, marks and failures fenced by the owner token, releases.
@@ -315,9 +283,9 @@ pub(crate) fn error_text(text: String) -> String {
     text
 }
 
-pub(crate) fn micros(duration: Duration) -> i64 {
-    i64::try_from(duration.as_micros()).unwrap_or(i64::MAX)
-}
+/// The shortest time between two `NOTIFY` hints from one inbox or outbox (and its
+/// clones): public as `inbox::HINT_GAP` and `outbox::HINT_GAP`.
+pub(crate) const HINT_GAP: Duration = Duration::from_millis(20);
 
 /// How a `run` loop waits when there was nothing to do: until a hint (PostgreSQL: a
 /// `LISTEN` on the table's channel), the poll interval, or the shutdown. It polls at its
@@ -351,7 +319,7 @@ impl<'p, DB: Backend> Idle<'p, DB> {
         Idle {
             pool,
             table: table.clone(),
-            wakeup: DB::inbox_listen(pool, table).await,
+            wakeup: DB::wake_listen(pool, table).await,
             streak: 0,
             poll,
             max_poll,
@@ -376,12 +344,12 @@ impl<'p, DB: Backend> Idle<'p, DB> {
         self.streak = self.streak.saturating_add(1);
         if self.wakeup.is_none() && self.streak.is_multiple_of(16) {
             // Listen again, now and then, after a failure.
-            self.wakeup = DB::inbox_listen(self.pool, &self.table).await;
+            self.wakeup = DB::wake_listen(self.pool, &self.table).await;
         }
         let mut sleep = std::pin::pin!(tokio::time::sleep(wait));
         let woken = {
             let mut hinted = match self.wakeup.as_mut() {
-                Some(wakeup) => Box::pin(async move { Some(DB::inbox_wait(wakeup).await) })
+                Some(wakeup) => Box::pin(async move { Some(DB::wake_wait(wakeup).await) })
                     as Pin<Box<dyn Future<Output = Option<bool>> + Send + '_>>,
                 None => Box::pin(std::future::pending()),
             };

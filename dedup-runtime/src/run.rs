@@ -107,12 +107,13 @@ use sqlx::Connection;
 use tracing::Span;
 
 use crate::backend::Backend;
+use crate::claim::Found;
 use crate::claim::{self, Claimed, Claiming, Statements, Tx};
 use crate::classify;
 use crate::input::{Handle, Source};
 use crate::key::{MessageId, MessageKey};
-use crate::lease::{Found, InProgress};
 use crate::metrics::{self, Class, End, HandlerMetrics};
+use crate::outcome::InProgress;
 use crate::outcome::{Duplicate, StoredOutcome};
 use crate::retry;
 use crate::rolled_back::RolledBack;
@@ -210,13 +211,6 @@ impl From<Next> for Commit {
         }
     }
 }
-
-/// A transaction that ran longer than this between its claim and its commit has its
-/// dedup row's `processed_at` moved to the commit (one more statement, on slow
-/// transactions only), so that the redelivery window counts from the commit; a faster
-/// one keeps the claim's time, at most this much early. [`Prune`](crate::Prune) keeps
-/// this margin in its cutoff. (MySQL and MariaDB always write the commit time.)
-pub const STAMP_AFTER: Duration = Duration::from_secs(1);
 
 /// The dedup row a handler with `key = …` claims: its table's statements, the consumer
 /// and the validated message id. (A handler with `unique = …` alone claims none: its
@@ -625,7 +619,7 @@ impl<'k> Run<'k> {
             id: claim.id,
             slow: self
                 .claimed_at
-                .is_some_and(|sent| sent.elapsed() >= STAMP_AFTER),
+                .is_some_and(|sent| sent.elapsed() >= crate::clock::STAMP_AFTER),
         });
         let committed = if self.owned {
             DB::commit_owned(tx, claimed, self.pooled).await

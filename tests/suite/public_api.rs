@@ -215,9 +215,16 @@ impl Crate {
                 if hidden(&block.attrs) {
                     continue;
                 }
+                // A name as the impl's module sees it, or for `impl crate::Prune` in
+                // another module, as the crate root does.
+                let rooted = matches!(&*block.self_ty, syn::Type::Path(ty)
+                    if ty.path.segments.first().is_some_and(|s| s.ident == "crate"));
                 let owner = impl_idents(block)
                     .into_iter()
-                    .filter_map(|name| self.resolve(&module.path, &name, 0))
+                    .filter_map(|name| {
+                        let root = rooted.then(|| self.resolve(&[], &name, 0)).flatten();
+                        root.or_else(|| self.resolve(&module.path, &name, 0))
+                    })
                     .find(|def| paths.contains_key(def));
                 if let Some(owner) = owner
                     && let Some(text) = render_impl(block)

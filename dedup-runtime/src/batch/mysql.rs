@@ -9,10 +9,10 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, MySql, Row};
 
 use super::{BatchBackend, Inspected};
-use crate::lease::Found;
+use crate::claim::Found;
+use crate::dialect::mysql::placeholders;
 use crate::rolled_back::RolledBack;
-use crate::schema::Table;
-use crate::schema::mysql::placeholders;
+use crate::table::Table;
 
 /// Rows per statement (a statement's parameters are limited to 65,535).
 const ROWS: usize = 10_000;
@@ -95,7 +95,7 @@ impl BatchBackend for MySql {
             let rows = match query.fetch_all(&mut *conn).await {
                 Ok(rows) => rows,
                 // A table of 0.1, not upgraded yet: no `state`, only processed rows.
-                Err(error) if !printed && crate::lease::missing_state_column(&error) => {
+                Err(error) if !printed && crate::claim::missing_state_column(&error) => {
                     return Ok(ids.iter().map(|id| Inspected::processed(id)).collect());
                 }
                 Err(error) => return Err(error),

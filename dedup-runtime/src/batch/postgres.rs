@@ -5,8 +5,8 @@ use sqlx::postgres::PgConnection;
 use sqlx::{AssertSqlSafe, Postgres, Row};
 
 use super::{BatchBackend, Inspected};
-use crate::lease::Found;
-use crate::schema::Table;
+use crate::claim::Found;
+use crate::table::Table;
 
 impl BatchBackend for Postgres {
     async fn claim_many<'c>(

@@ -5,8 +5,8 @@ use sqlx::sqlite::SqliteConnection;
 use sqlx::{AssertSqlSafe, Row, Sqlite};
 
 use super::{BatchBackend, Inspected};
-use crate::lease::Found;
-use crate::schema::Table;
+use crate::claim::Found;
+use crate::table::Table;
 
 /// Rows per statement: one parameter each, and the consumer.
 const ROWS: usize = 10_000;
@@ -94,7 +94,7 @@ impl BatchBackend for Sqlite {
             let rows = match query.fetch_all(&mut *conn).await {
                 Ok(rows) => rows,
                 // A table of 0.1, not upgraded yet: no `state`, only processed rows.
-                Err(error) if !printed && crate::lease::missing_state_column(&error) => {
+                Err(error) if !printed && crate::claim::missing_state_column(&error) => {
                     return Ok(ids.iter().map(|id| Inspected::processed(id)).collect());
                 }
                 Err(error) => return Err(error),

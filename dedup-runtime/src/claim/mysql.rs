@@ -5,8 +5,9 @@ use sqlx::mysql::MySqlConnection;
 use sqlx::{Connection, MySql, Transaction};
 
 use super::{ClaimBackend, Claimed, Claiming, Statements, Tx};
-use crate::classify::mysql::{ENGLISH, ER_BAD_FIELD, ER_DUP_ENTRY, error_number};
-use crate::lease::Found;
+use crate::claim::Found;
+use crate::classify::mysql::ENGLISH;
+use crate::dialect::mysql::{ER_BAD_FIELD, ER_DUP_ENTRY, error_number};
 use crate::rolled_back::RolledBack;
 use crate::stored::{Recalled, Remembered, fetch_recalled};
 

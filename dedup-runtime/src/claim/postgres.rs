@@ -5,7 +5,7 @@ use sqlx::postgres::{PgConnection, PgDatabaseError};
 use sqlx::{Connection, Postgres, Row, Transaction};
 
 use super::{ClaimBackend, Claimed, Claiming, Statements, Tx};
-use crate::lease::Found;
+use crate::claim::Found;
 use crate::rolled_back::RolledBack;
 use crate::stored::{Recalled, Remembered, fetch_recalled};
 

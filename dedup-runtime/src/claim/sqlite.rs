@@ -7,15 +7,12 @@ use sqlx::{Connection, Sqlite, Transaction};
 use sqlx_core::transaction::TransactionManager;
 
 use super::{ClaimBackend, Claimed, Claiming, Statements, Tx};
-use crate::lease::Found;
+use crate::claim::Found;
+use crate::dialect::sqlite::BEGIN;
 use crate::rolled_back::RolledBack;
 use crate::stored::{Recalled, Remembered, fetch_recalled};
 
 type Manager = <Sqlite as sqlx::Database>::TransactionManager;
-
-/// Takes the write lock at `BEGIN`: a deferred transaction that reads first and writes
-/// later can fail with `SQLITE_BUSY` without waiting, where this one waits.
-pub(crate) const BEGIN: &str = "BEGIN IMMEDIATE";
 
 /// After a failed `COMMIT` or `ROLLBACK` of a transaction the handler owns: whether SQLite
 /// had ended the transaction by itself (an automatic rollback: `SQLITE_FULL`, an I/O
@@ -68,7 +65,7 @@ impl ClaimBackend for Sqlite {
         {
             Ok(row) => row,
             // A table of 0.1, not upgraded yet: no `state`, only processed rows.
-            Err(error) if crate::lease::missing_state_column(&error) => {
+            Err(error) if crate::claim::missing_state_column(&error) => {
                 return Ok(Some(Found::PROCESSED));
             }
             Err(error) => return Err(error),

@@ -7,22 +7,8 @@ use sqlx::error::DatabaseError;
 use sqlx::mysql::{MySqlConnection, MySqlDatabaseError};
 
 use super::{ClassifyBackend, Violation};
-use crate::schema::Table;
-
-/// The MySQL/MariaDB error number of `error`, when it is the server's.
-pub(crate) fn error_number(error: &sqlx::Error) -> Option<u16> {
-    error
-        .as_database_error()
-        .and_then(|error| error.try_downcast_ref::<MySqlDatabaseError>())
-        .map(MySqlDatabaseError::number)
-}
-
-/// ER_BAD_FIELD_ERROR: an unknown column (a dedup table of 0.1, before `migrate`
-/// upgrades it, has no `state`).
-pub(crate) const ER_BAD_FIELD: u16 = 1054;
-
-/// ER_DUP_ENTRY: a unique key, or for the claim statement the dedup table's primary key.
-pub(crate) const ER_DUP_ENTRY: u16 = 1062;
+use crate::dialect::mysql::{ER_DUP_ENTRY, error_number};
+use crate::table::Table;
 
 /// The one message language whose 1062 format [`key_name`] parses. Only the session's
 /// message language changes; it is the library's to set on connections that run

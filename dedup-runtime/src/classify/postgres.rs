@@ -7,7 +7,7 @@ use sqlx::error::DatabaseError;
 use sqlx::postgres::{PgConnection, PgDatabaseError};
 
 use super::{ClassifyBackend, Violation};
-use crate::schema::Table;
+use crate::table::Table;
 
 /// serialization_failure, deadlock_detected, lock_not_available (lock_timeout).
 const TRANSIENT: [&str; 3] = ["40001", "40P01", "55P03"];

@@ -7,7 +7,7 @@ use sqlx::error::DatabaseError;
 use sqlx::sqlite::{SqliteConnection, SqliteError};
 
 use super::{ClassifyBackend, Violation};
-use crate::schema::Table;
+use crate::table::Table;
 
 const SQLITE_CONSTRAINT_UNIQUE: i64 = 2067;
 const SQLITE_CONSTRAINT_PRIMARYKEY: i64 = 1555;

@@ -26,9 +26,9 @@ const SAVEPOINT: &str = "dedup_inbox_claim";
 /// ER_SP_DOES_NOT_EXIST: the savepoint is gone with the transaction it was set in.
 const SAVEPOINT_GONE: u16 = 1305;
 
-use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
-use crate::schema::Table;
-use crate::schema::mysql::{Arg, READ_COMMITTED, placeholders, update_found, update_found_in};
+use crate::dialect::mysql::{Arg, READ_COMMITTED, placeholders, update_found, update_found_in};
+use crate::dialect::mysql::{ER_DUP_ENTRY, error_number};
+use crate::table::Table;
 
 /// What a batch may weigh, all its rows' bytes together, before its insert reads the
 /// server's `max_allowed_packet` to split it: far under any server's.
@@ -77,7 +77,7 @@ async fn insert_group(
     consumer: &str,
     rows: &[Row<'_>],
 ) -> Result<Vec<bool>, sqlx::Error> {
-    let receipt = crate::lease::new_token();
+    let receipt = crate::random::new_token();
     let mut sql = format!(
         "INSERT INTO {} (consumer, message_id, payload, headers, ordering_key, receipt, \
          fingerprint) VALUES ",
@@ -586,21 +586,6 @@ impl InboxBackend for MySql {
             .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)
-    }
-
-    /// No notifications: workers poll.
-    type Wakeup = ();
-
-    async fn inbox_listen<'a>(_: &'a Pool<Self>, _: &'a Table) -> Option<()> {
-        None
-    }
-
-    async fn inbox_wait(_: &mut ()) -> bool {
-        false
-    }
-
-    async fn inbox_notify<'a>(_: &'a Pool<Self>, _: &'a Table) -> Result<(), sqlx::Error> {
-        Ok(())
     }
 
     async fn inbox_release<'a>(

@@ -13,9 +13,9 @@ use super::{
     Claimed, ClaimedMany, Expired, InboxBackend, InboxMessage, InboxOperatorBackend, MAX_BATCH,
     Owner, Row, STOPPED, StatsRow,
 };
-use crate::claim::sqlite::BEGIN;
-use crate::schema::Table;
-use crate::schema::sqlite::{NOW, index_name, later};
+use crate::dialect::sqlite::BEGIN;
+use crate::dialect::sqlite::{NOW, index_name, later};
+use crate::table::Table;
 
 /// `owner`'s (`?2`) claimed rows get a lease of `?3` microseconds from now.
 fn renew_sql(table: &Table) -> String {
@@ -439,21 +439,6 @@ impl InboxBackend for Sqlite {
             .execute(pool)
             .await?;
         Ok(done.rows_affected() == 1)
-    }
-
-    /// No notifications: workers poll.
-    type Wakeup = ();
-
-    async fn inbox_listen<'a>(_: &'a Pool<Self>, _: &'a Table) -> Option<()> {
-        None
-    }
-
-    async fn inbox_wait(_: &mut ()) -> bool {
-        false
-    }
-
-    async fn inbox_notify<'a>(_: &'a Pool<Self>, _: &'a Table) -> Result<(), sqlx::Error> {
-        Ok(())
     }
 
     async fn inbox_release<'a>(

@@ -13,55 +13,21 @@ use tracing::Instrument as _;
 
 use crate::backend::Backend;
 use crate::claim::Tx;
-use crate::lease::{Guarded, Owner, new_token};
+use crate::clock::micros;
+use crate::guarded::Guarded;
 use crate::queue::{
-    Granted, Idle, Shutdown, again, heartbeat_interval, heartbeat_not_under, jittered, micros,
-    retry_reachable, with_heartbeat,
+    Granted, Idle, Shutdown, again, heartbeat_interval, heartbeat_not_under, retry_reachable,
+    with_heartbeat,
 };
+use crate::random::{Owner, new_token};
 use sqlx::pool::PoolConnection;
 
 use super::{Inbox, InboxError};
 
 mod batched;
+mod message;
 
-/// A message a worker claimed, as the handler sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InboxMessage {
-    pub(crate) id: String,
-    pub(crate) payload: Vec<u8>,
-    pub(crate) headers: Option<Vec<u8>>,
-    pub(crate) ordering_key: Option<String>,
-    pub(crate) attempt: u32,
-}
-
-impl InboxMessage {
-    /// The message id, as received.
-    pub fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// The payload, byte for byte as received.
-    pub fn payload(&self) -> &[u8] {
-        &self.payload
-    }
-
-    /// The headers, byte for byte as received, if any.
-    pub fn headers(&self) -> Option<&[u8]> {
-        self.headers.as_deref()
-    }
-
-    /// Its ordering key, if it was received with one.
-    pub fn ordering_key(&self) -> Option<&str> {
-        self.ordering_key.as_deref()
-    }
-
-    /// Which attempt this is, from 1: counted when the row was claimed, so an attempt
-    /// that killed its process counts too (a stopped worker's rows that never started get
-    /// theirs back).
-    pub fn attempt(&self) -> u32 {
-        self.attempt
-    }
-}
+pub use message::InboxMessage;
 
 /// What a worker runs for each message: its database effects go on `tx`, the transaction
 /// in which the message's row is marked processed — they commit together, or neither
@@ -148,7 +114,7 @@ pub struct Worker<DB: Backend> {
     allow(dead_code)
 )]
 pub struct Claimed<'a> {
-    pub(crate) table: &'a crate::schema::Table,
+    pub(crate) table: &'a crate::table::Table,
     pub(crate) consumer: &'a str,
     pub(crate) id: &'a str,
     pub(crate) owner: &'a Owner,
@@ -169,7 +135,7 @@ pub struct Claimed<'a> {
     allow(dead_code)
 )]
 pub struct ClaimedMany<'a> {
-    pub(crate) table: &'a crate::schema::Table,
+    pub(crate) table: &'a crate::table::Table,
     pub(crate) consumer: &'a str,
     pub(crate) ids: &'a [&'a str],
     pub(crate) owner: &'a Owner,
@@ -304,7 +270,7 @@ impl<DB: Backend> Worker<DB> {
 
     /// The delay before attempt `attempt + 1`, after attempt `attempt` failed.
     fn delay(&self, attempt: u32) -> Duration {
-        jittered(self.base_delay, self.max_delay, attempt)
+        crate::retry::jitter(self.base_delay, self.max_delay, attempt)
     }
 
     fn classify(&self, error: sqlx::Error) -> InboxError {

@@ -7,8 +7,9 @@
 use sqlx::MySql;
 use sqlx::mysql::MySqlConnection;
 
-use super::{Found, LeaseBackend, LeaseKey, LeaseSql, LeaseStatements};
-use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
+use super::{LeaseBackend, LeaseKey, LeaseSql, LeaseStatements};
+use crate::claim::Found;
+use crate::dialect::mysql::{ER_DUP_ENTRY, error_number};
 use crate::rolled_back::RolledBack;
 use crate::stored::{Recalled, fetch_recalled};
 

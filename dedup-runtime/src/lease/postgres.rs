@@ -5,7 +5,8 @@
 use sqlx::Postgres;
 use sqlx::postgres::{PgConnection, PgDatabaseError};
 
-use super::{Found, LeaseBackend, LeaseKey, LeaseSql, LeaseStatements, execute_numbered};
+use super::{LeaseBackend, LeaseKey, LeaseSql, LeaseStatements, execute_numbered};
+use crate::claim::Found;
 use crate::rolled_back::RolledBack;
 use crate::stored::{Recalled, fetch_recalled};
 

@@ -4,7 +4,8 @@
 use sqlx::Sqlite;
 use sqlx::sqlite::SqliteConnection;
 
-use super::{Found, LeaseBackend, LeaseKey, LeaseSql, LeaseStatements, execute_numbered};
+use super::{LeaseBackend, LeaseKey, LeaseSql, LeaseStatements, execute_numbered};
+use crate::claim::Found;
 use crate::rolled_back::RolledBack;
 use crate::stored::{Recalled, fetch_recalled};
 

@@ -5,7 +5,7 @@
 use sqlx::{AssertSqlSafe, MySql, Pool};
 
 use super::LedgerBackend;
-use crate::schema::Table;
+use crate::table::Table;
 
 impl LedgerBackend for MySql {
     async fn processed_at_micros<'a>(

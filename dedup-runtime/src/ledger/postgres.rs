@@ -5,7 +5,7 @@
 use sqlx::{AssertSqlSafe, Pool, Postgres};
 
 use super::LedgerBackend;
-use crate::schema::Table;
+use crate::table::Table;
 
 impl LedgerBackend for Postgres {
     async fn processed_at_micros<'a>(

@@ -5,8 +5,8 @@
 use sqlx::{AssertSqlSafe, Pool, Sqlite};
 
 use super::LedgerBackend;
-use crate::claim::sqlite::BEGIN;
-use crate::schema::Table;
+use crate::dialect::sqlite::BEGIN;
+use crate::table::Table;
 
 impl LedgerBackend for Sqlite {
     async fn processed_at_micros<'a>(

@@ -11,11 +11,11 @@ use super::{
     DeadOutgoing, ExpiredOutgoing, Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row,
     STOPPED, StatsRow, relay_table,
 };
-use crate::lease::Owner;
+use crate::random::Owner;
 
-use crate::classify::mysql::{ER_DUP_ENTRY, error_number};
-use crate::schema::Table;
-use crate::schema::mysql::{Arg, READ_COMMITTED, placeholders, update_found, update_found_in};
+use crate::dialect::mysql::{Arg, READ_COMMITTED, placeholders, update_found, update_found_in};
+use crate::dialect::mysql::{ER_DUP_ENTRY, error_number};
+use crate::table::Table;
 
 /// The columns of a claimed row, as [`message`] reads them.
 const MESSAGE: &str = "id, CAST(destination AS CHAR), payload, headers, \

@@ -10,9 +10,9 @@ use super::{
     DeadOutgoing, ExpiredOutgoing, Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row,
     STOPPED, StatsRow, relay_table,
 };
-use crate::lease::Owner;
-use crate::schema::Table;
-use crate::schema::postgres::{UNFLUSHED_CLAIM, index_name};
+use crate::dialect::postgres::{UNFLUSHED_CLAIM, index_name};
+use crate::random::Owner;
+use crate::table::Table;
 
 /// The columns of a claimed row, as [`message`] reads them.
 const MESSAGE: &str =

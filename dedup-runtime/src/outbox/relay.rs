@@ -11,11 +11,12 @@ use std::time::Duration;
 use sqlx::Pool;
 
 use crate::backend::Backend;
-use crate::lease::{Owner, new_token};
+use crate::clock::micros;
 use crate::queue::{
-    Granted, Idle, Shutdown, heartbeat_interval, heartbeat_not_under, jittered, micros,
-    retry_reachable, with_heartbeat,
+    Granted, Idle, Shutdown, heartbeat_interval, heartbeat_not_under, retry_reachable,
+    with_heartbeat,
 };
+use crate::random::{Owner, new_token};
 
 use tracing::Instrument as _;
 
@@ -506,7 +507,11 @@ impl<DB: Backend> Relay<DB> {
     ) -> Result<Delivery, OutboxError> {
         let (pool, table) = (&self.pool, &self.outbox.table);
         let dead = message.attempt >= self.max_attempts;
-        let delay = micros(jittered(self.base_delay, self.max_delay, message.attempt));
+        let delay = micros(crate::retry::jitter(
+            self.base_delay,
+            self.max_delay,
+            message.attempt,
+        ));
         let failed = retry_reachable::<DB, _, _>(|| {
             DB::outbox_fail(pool, table, message.id, owner, text, delay, dead)
         })

@@ -9,9 +9,9 @@ use super::{
     DeadOutgoing, ExpiredOutgoing, Inserted, OutboxBackend, OutboxMessage, OutgoingId, Row,
     STOPPED, StatsRow, relay_table,
 };
-use crate::lease::Owner;
-use crate::schema::Table;
-use crate::schema::sqlite::{NOW, index_name, later};
+use crate::dialect::sqlite::{NOW, index_name, later};
+use crate::random::Owner;
+use crate::table::Table;
 
 /// The columns of a claimed row, as [`message`] reads them.
 const MESSAGE: &str = "id, destination, payload, headers, ordering_key, attempts, seq, traceparent";
@@ -196,7 +196,7 @@ impl OutboxBackend for Sqlite {
         if dead {
             first_query = first_query.bind(STOPPED);
         }
-        let mut tx = pool.begin_with(crate::claim::sqlite::BEGIN).await?;
+        let mut tx = pool.begin_with(crate::dialect::sqlite::BEGIN).await?;
         let taken = first_query.execute(&mut *tx).await?.rows_affected() == 1;
         let rest = format!(
             "UPDATE {name} SET state = 0, owner = NULL, lease_until = NULL, \

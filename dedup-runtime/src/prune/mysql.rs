@@ -13,7 +13,7 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, MySql, Pool, Row};
 
 use super::{ConsumerStats, PruneSql, count, micros_up};
-use crate::schema::Table;
+use crate::table::Table;
 
 /// `READ COMMITTED` for this transaction only, so the pooled connection keeps its
 /// defaults: under `REPEATABLE READ` the range scan would take next-key locks, and with no

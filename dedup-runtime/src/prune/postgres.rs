@@ -16,7 +16,7 @@ use sqlx::postgres::types::PgInterval;
 use sqlx::{AssertSqlSafe, Pool, Postgres, Row};
 
 use super::{ConsumerStats, PruneSql, age_from_secs, count, micros_up};
-use crate::schema::Table;
+use crate::table::Table;
 
 /// Walk the `processed_at` index in order and stop after `limit` rows. Without it, a
 /// planner that underestimates the old rows (a table never analyzed, or grown since)

@@ -5,7 +5,7 @@ use std::time::Duration;
 use sqlx::{AssertSqlSafe, Pool, Row, Sqlite};
 
 use super::{ConsumerStats, PruneSql, age_from_secs, count, micros_up};
-use crate::schema::Table;
+use crate::table::Table;
 
 /// The format of the column's default: the cutoff must be written the same way for the
 /// text comparison to be a time comparison.

@@ -3,7 +3,8 @@
 use sqlx::mysql::MySqlConnection;
 use sqlx::{AssertSqlSafe, Connection, MySql, Pool};
 
-use super::{ADDED_COLUMNS, SchemaBackend, Table};
+use super::{ADDED_COLUMNS, SchemaBackend};
+use crate::table::Table;
 
 /// Serialises concurrent `migrate` calls (a named lock: `GET_LOCK`), so that two of them
 /// never both find a column missing and both add it.
@@ -243,7 +244,7 @@ pub(crate) async fn add_missing(
         let alter = add_columns(table, std::iter::once(added.as_str()), "");
         match create_locked(pool, vec![alter]).await {
             // Another process added it between the look and the change.
-            Err(error) if crate::classify::mysql::error_number(&error) == Some(DUP_FIELDNAME) => {}
+            Err(error) if crate::dialect::mysql::error_number(&error) == Some(DUP_FIELDNAME) => {}
             other => other?,
         }
     }
@@ -267,91 +268,3 @@ async fn columns_of<'e>(
 
 /// `ER_DUP_FIELDNAME`: the column is there already.
 const DUP_FIELDNAME: u16 = 1060;
-
-/// A worker's or a relay's claim transaction: READ COMMITTED, so no gap locks, and
-/// claiming processes skip each other's rows instead of deadlocking on the index ranges
-/// they scan.
-pub(crate) const READ_COMMITTED: &str =
-    "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
-
-/// A value bound to a [`update_found`] statement.
-#[derive(Clone, Copy)]
-pub(crate) enum Arg<'a> {
-    Text(&'a str),
-    Bytes(&'a [u8]),
-    I64(i64),
-}
-
-/// `lists` in order, as one statement's arguments.
-fn arguments(lists: &[&[Arg<'_>]]) -> Result<sqlx::mysql::MySqlArguments, sqlx::Error> {
-    use sqlx::Arguments as _;
-    let mut arguments = sqlx::mysql::MySqlArguments::default();
-    for arg in lists.iter().flat_map(|list| list.iter()) {
-        match *arg {
-            Arg::Text(text) => arguments.add(text.to_owned()),
-            Arg::Bytes(bytes) => arguments.add(bytes.to_vec()),
-            Arg::I64(number) => arguments.add(number),
-        }
-        .map_err(sqlx::Error::Encode)?;
-    }
-    Ok(arguments)
-}
-
-/// `UPDATE {table} SET {set} WHERE {filter}` for a filter on a secondary index (a state,
-/// an owner), without deadlocking against the updates by primary key (a worker's mark, a
-/// relay's sent). InnoDB's update through a secondary index locks the index entry, then
-/// the row: the reverse of an update by primary key, which locks the row, then moves its
-/// index entry — a cycle that a claim's bury and a mark closed under load. So the keys
-/// come from a plain read (a snapshot: no locks), and the `UPDATE` goes by primary key,
-/// `filter` checked again on each row under its lock, in one READ COMMITTED transaction
-/// (no gap locks). `key`: the primary key's last column, `filter` fixing the ones before
-/// it. How many rows it changed.
-pub(crate) async fn update_found(
-    pool: &Pool<MySql>,
-    table: &str,
-    key: &str,
-    set: (&str, &[Arg<'_>]),
-    filter: (&str, &[Arg<'_>]),
-) -> Result<u64, sqlx::Error> {
-    let mut tx = pool.begin_with(READ_COMMITTED).await?;
-    let done = update_found_in(&mut tx, table, key, set, filter).await?;
-    tx.commit().await?;
-    Ok(done)
-}
-
-/// [`update_found`] inside the caller's READ COMMITTED transaction `conn`.
-pub(crate) async fn update_found_in(
-    conn: &mut sqlx::MySqlConnection,
-    table: &str,
-    key: &str,
-    set: (&str, &[Arg<'_>]),
-    filter: (&str, &[Arg<'_>]),
-) -> Result<u64, sqlx::Error> {
-    let find = format!("SELECT {key} FROM {table} WHERE {}", filter.0);
-    let keys: Vec<Vec<u8>> = sqlx::query_scalar_with(AssertSqlSafe(find), arguments(&[filter.1])?)
-        .fetch_all(&mut *conn)
-        .await?;
-    if keys.is_empty() {
-        return Ok(0);
-    }
-    let keys: Vec<Arg<'_>> = keys.iter().map(|key| Arg::Bytes(key)).collect();
-    let sql = format!(
-        "UPDATE {table} FORCE INDEX (PRIMARY) SET {} WHERE ({}) AND {key} IN ({})",
-        set.0,
-        filter.0,
-        placeholders(keys.len())
-    );
-    let done = sqlx::query_with(AssertSqlSafe(sql), arguments(&[set.1, filter.1, &keys])?)
-        .execute(&mut *conn)
-        .await?;
-    Ok(done.rows_affected())
-}
-
-/// `count` parameters, `?, ?, …`, for an `IN (…)` list.
-pub(crate) fn placeholders(count: usize) -> String {
-    let mut list = String::with_capacity(3 * count);
-    for index in 0..count {
-        list.push_str(if index > 0 { ", ?" } else { "?" });
-    }
-    list
-}

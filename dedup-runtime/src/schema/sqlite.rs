@@ -2,8 +2,9 @@
 
 use sqlx::{AssertSqlSafe, Pool, Sqlite};
 
-use super::{ADDED_COLUMNS, SchemaBackend, Table};
-use crate::claim::sqlite::BEGIN;
+use super::{ADDED_COLUMNS, SchemaBackend};
+use crate::dialect::sqlite::BEGIN;
+use crate::table::Table;
 
 /// The 0.2 columns, as `CREATE TABLE` and `ADD COLUMN` both write them, in order.
 /// `expires_at` is text in `processed_at`'s format (`%Y-%m-%dT%H:%M:%fZ`, UTC), so that
@@ -186,25 +187,4 @@ pub(crate) async fn add_missing(
         .await?;
     }
     tx.commit().await
-}
-
-/// The database's now, as every time column of the inbox and the outbox holds it (UTC,
-/// `%Y-%m-%dT%H:%M:%fZ`): text that compares as the time it says.
-pub(crate) const NOW: &str = "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')";
-
-/// The time `parameter` (a statement's parameter, in microseconds) from now, in
-/// [`NOW`]'s format.
-pub(crate) fn later(parameter: &str) -> String {
-    format!(
-        "strftime('%Y-%m-%dT%H:%M:%fZ', 'now', printf('%+.6f seconds', {parameter} / 1000000.0))"
-    )
-}
-
-/// The name of a table's index `suffix` (the tables beside the dedup table: the inbox's,
-/// the outbox's), qualified by the table's schema as SQLite wants it.
-pub(crate) fn index_name(table: &Table, suffix: &str) -> String {
-    match table.schema() {
-        Some(schema) => format!("{schema}.{}_{suffix}", table.base()),
-        None => format!("{}_{suffix}", table.base()),
-    }
 }

@@ -11,8 +11,8 @@ use tracing::Instrument as _;
 use crate::backend::Backend;
 use crate::batch::{BatchError, BatchHandler};
 use crate::claim::Tx;
+use crate::guarded::Guarded;
 use crate::inbox::InboxError;
-use crate::lease::Guarded;
 use crate::queue::{Granted, Shutdown, again, retry_reachable};
 use sqlx::pool::PoolConnection;
 
@@ -329,7 +329,7 @@ impl<DB: Backend> Worker<DB> {
     async fn part_once<H: BatchHandler<DB, InboxMessage>>(
         &self,
         handler: &H,
-        owner: &crate::lease::Owner,
+        owner: &crate::random::Owner,
         messages: &[&InboxMessage],
         renew: Option<i64>,
         kept: Option<PoolConnection<DB>>,
