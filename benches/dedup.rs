@@ -62,7 +62,7 @@
 //! fresh messages. The figures are the prune's rate (ids per second, wall time of the
 //! whole run, its rests between batches included) and the consumers' calls per second
 //! before and during it: what retention costs the consumers. Printed, never asserted
-//! (tests/prune.rs checks that such a prune is correct, not how fast it goes).
+//! (tests/suite/prune.rs checks that such a prune is correct, not how fast it goes).
 //!
 //! Results in `target/dedup-bench/`: `results.csv` (every run), `summary.csv` (medians),
 //! `statements.csv`, `prune.csv`, and the plot `bench.svg`, copied to `docs/bench.svg` by a

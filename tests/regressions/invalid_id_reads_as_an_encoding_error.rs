@@ -5,7 +5,7 @@
 //! database). It is now a `sqlx::Error::InvalidArgument` carrying the id error's own text,
 //! which `InvalidMessageId::find` reads back into the typed error.
 //!
-//! On every backend, through each error type of the table in tests/failures.rs that can
+//! On every backend, through each error type of the table in tests/suite/failures.rs that can
 //! see a database error (not the opaque one, which keeps a string): the text the caller
 //! reads starts with the words naming the invalid message id (for a type with its own
 //! words, such as `#[error("database error")]`, its source's text does), `find` gives the

@@ -5,7 +5,7 @@
 //! a string literal: "`consumer` takes a string literal". The same for `table`, `crate`
 //! and `unique` (each name, and the list). The attribute now looks through the group.
 //!
-//! Checked under the lints of tests/accepted.rs, so that what the attribute generates from
+//! Checked under the lints of tests/suite/accepted.rs, so that what the attribute generates from
 //! forwarded arguments stays warning-free too.
 
 #![deny(

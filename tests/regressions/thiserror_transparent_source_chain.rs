@@ -15,7 +15,7 @@
 //! On every backend: the chain has that shape; the walker classifies the transient error
 //! in it; a business-key violation behind it is a `Duplicate::BusinessKey`. The handler's
 //! retry through this type, end to end, is the `ThiserrorTransparent` row of the error-type
-//! table in tests/failures.rs.
+//! table in tests/suite/failures.rs.
 
 use std::error::Error as _;
 

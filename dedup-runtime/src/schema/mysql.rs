@@ -15,7 +15,7 @@ const MIGRATE_LOCK_WAIT: i32 = 120;
 
 /// The 0.2 columns, as `CREATE TABLE` and `ADD COLUMN` both write them, in order. Nullable,
 /// no default: on MariaDB 10.11 adding them is `ALGORITHM=INSTANT` (no copy, no rebuild;
-/// checked by `tests/upgrade.rs`). `expires_at` is UTC, like `processed_at`.
+/// checked by `tests/suite/upgrade.rs`). `expires_at` is UTC, like `processed_at`.
 ///
 /// Then the 0.3 columns, what the row remembers of the delivery that processed it
 /// (`crate::stored`): `LONGBLOB` holds every result `MAX_RESULT_LEN` allows (a
