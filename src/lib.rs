@@ -322,14 +322,37 @@ pub async fn ddl<DB: TestDatabase>(pool: &Pool<DB>, sql: &str) {
 /// The path of the example binary `name`, after building `examples` (the package's
 /// examples) once per test process and set of examples, with the test's own profile and
 /// features plus `feature` (none when empty; a no-op when `cargo test` has just built
-/// them). For crash
-/// harnesses that run an example as a child process.
+/// them). For crash harnesses that run an example as a child process.
+///
+/// With `DEDUP_PREBUILT_EXAMPLES=1` in the environment it calls no cargo and takes the
+/// binaries in `target/<profile>/examples` as they are: for a run whose examples were
+/// built by the same `cargo test --workspace --all-features` that built the tests (cargo
+/// builds a package's examples with its tests), as `.ci/run` does before it runs them
+/// beside its lint steps. A cargo build here would wait on the build directory's lock
+/// for as long as one of those steps compiles.
 ///
 /// # Panics
 /// When cargo fails, or the binary is not where cargo puts it.
 pub fn example_binary(feature: &str, examples: &[&str], name: &str) -> std::path::PathBuf {
     use std::path::Path;
     use std::process::Command;
+
+    if std::env::var_os("DEDUP_PREBUILT_EXAMPLES").is_some_and(|on| on == "1") {
+        let exe = std::env::current_exe().expect("the test executable's path");
+        let path = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("the test executable is in target/<profile>/deps")
+            .join("examples")
+            .join(name);
+        assert!(
+            examples.contains(&name) && path.exists(),
+            "DEDUP_PREBUILT_EXAMPLES=1 but {} was not built: build the tests with \
+             `cargo test --workspace --all-features --no-run` first, or unset it",
+            path.display()
+        );
+        return path;
+    }
 
     // What was built, per feature and examples: the suites of one test binary ask for
     // different examples, and each must be built (a cache of the first call's alone left

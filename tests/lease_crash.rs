@@ -17,6 +17,10 @@
 //! Each prints its figures (`== <policy>: crash harness`, `kills:`, `in the window:`,
 //! `effects:`, `partner:`). `DEDUP_LEASE_CRASH_MESSAGES` and `DEDUP_LEASE_CRASH_KILLS`
 //! scale it (defaults 1,000 and 50); `DEDUP_CRASH_SEED` fixes the random choices.
+//!
+//! The two run side by side, on libtest's threads: each spends most of its time waiting
+//! out the 1 s leases its kills leave behind, and they share nothing but the servers
+//! (each has its own run, consumer, partner and worker processes).
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read};
@@ -29,9 +33,6 @@ use dedup_runtime::{Ledger, UnresolvedStatus};
 use dedup_suite::Shuffle;
 use dedup_suite::partner::{Keys, Partner};
 use sqlx::PgPool;
-
-/// Only one harness at a time: the machine is small.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn env_number(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -312,7 +313,6 @@ impl Harness {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_send_first_is_effectively_once_under_sigkill() {
-    let _one = ONE_AT_A_TIME.lock().await;
     let h = harness("send-first", Keys::Honoured).await;
     h.report();
     let consumer = "lease-crash-send-first";
@@ -361,7 +361,6 @@ async fn lease_send_first_is_effectively_once_under_sigkill() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_mark_first_is_at_most_once_and_never_silent_under_sigkill() {
-    let _one = ONE_AT_A_TIME.lock().await;
     let h = harness("mark-first", Keys::Ignored).await;
     h.report();
     let consumer = "lease-crash-mark-first";
