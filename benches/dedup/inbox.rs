@@ -21,14 +21,14 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
-use std::time::Instant;
 
 use dedup_runtime::batch::BatchHandler;
-use dedup_runtime::inbox::{Inbox, InboxHandler, InboxMessage, Incoming};
+use dedup_runtime::inbox::{Inbox, InboxHandler, InboxMessage};
 use sqlx::{AssertSqlSafe, PgConnection, Pool, Postgres};
 
-use super::Error;
+use crate::Error;
+use crate::inbox_round::store;
+use crate::timing::spawn;
 
 const TABLE: &str = "dedup_bench_inbox_w";
 const CONSUMER: &str = "bench-inbox-workers";
@@ -114,13 +114,7 @@ async fn fill(pool: &Pool<Postgres>, messages: usize, round: usize) -> Result<()
     .await?;
     let inbox = Inbox::new(pool, CONSUMER)?.in_table(TABLE)?;
     let ids: Vec<String> = (0..messages).map(|n| format!("r{round}-m{n:06}")).collect();
-    for chunk in ids.chunks(1_000) {
-        let batch: Vec<Incoming<'_>> = chunk
-            .iter()
-            .map(|id| Incoming::new(id.as_str(), b"payload"))
-            .collect();
-        inbox.receive_batch(&batch).await?;
-    }
+    store(&inbox, &ids).await?;
     for table in [TABLE, "dedup_bench_inbox_effects"] {
         sqlx::raw_sql(AssertSqlSafe(format!("VACUUM ANALYZE {table}")))
             .execute(pool)
@@ -203,23 +197,14 @@ async fn worker(pool: Pool<Postgres>, mode: Mode) -> Result<usize, Error> {
 
 /// 4 workers of `mode` empty the inbox; messages per second, checked against the effects.
 async fn measure(pool: &Pool<Postgres>, mode: Mode, messages: usize) -> Result<f64, Error> {
-    let start = Arc::new(tokio::sync::Barrier::new(WORKERS + 1));
-    let handles: Vec<_> = (0..WORKERS)
-        .map(|_| {
-            let (pool, start) = (pool.clone(), start.clone());
-            tokio::spawn(async move {
-                start.wait().await;
-                worker(pool, mode).await
-            })
-        })
-        .collect();
-    start.wait().await;
-    let began = Instant::now();
-    let mut processed = 0;
-    for handle in handles {
-        processed += handle.await??;
-    }
-    let seconds = began.elapsed().as_secs_f64();
+    let started = spawn(WORKERS, |_, start| {
+        let pool = pool.clone();
+        async move {
+            start.wait().await;
+            worker(pool, mode).await
+        }
+    });
+    let (seconds, processed) = started.time().await?;
     let effects: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dedup_bench_inbox_effects")
         .fetch_one(pool)
         .await?;
@@ -263,7 +248,7 @@ pub(crate) async fn run(
     let median = |mode: Mode| {
         samples
             .get(&mode)
-            .map(|values| super::median(values.clone()))
+            .map(|values| crate::report::median(values.clone()))
     };
     let mut csv = String::from(
         "backend,workers,mode,messages_per_s,handwritten_per_s,ratio_vs_handwritten\n",

@@ -32,7 +32,7 @@ use std::time::Instant;
 use dedup_runtime::outbox::{Cause, Outbox};
 use sqlx::{AssertSqlSafe, Pool, Postgres};
 
-use super::Error;
+use crate::Error;
 
 /// The claim sizes the library's relay is measured at.
 const BATCHES: [u32; 3] = [32, 100, 500];
@@ -81,7 +81,7 @@ impl Broker {
 /// The brokers' clients, for the library's publishers and the hand-written relays.
 struct Clients {
     #[cfg(feature = "brokers")]
-    brokers: super::Brokers,
+    brokers: crate::brokers::Brokers,
     /// Kafka (tansu in CI): the library's publisher, and a producer of the same settings
     /// for the hand-written relays.
     #[cfg(feature = "brokers")]
@@ -191,7 +191,7 @@ impl Clients {
         let admin: rdkafka::admin::AdminClient<rdkafka::client::DefaultClientContext> =
             config.create()?;
         let topic = rdkafka::admin::NewTopic::new(
-            super::DESTINATION,
+            crate::outbox::DESTINATION,
             1,
             rdkafka::admin::TopicReplication::Fixed(1),
         );
@@ -201,7 +201,7 @@ impl Clients {
             .await
             .map_err(|error| format!("Kafka at {servers}: {error}"))?;
         Ok(Clients {
-            brokers: super::Brokers::connect().await?,
+            brokers: crate::brokers::Brokers::connect().await?,
             kafka: dedup_runtime::rdkafka::KafkaPublisher::new(config.create()?),
             kafka_producer: config.create()?,
         })
@@ -231,13 +231,14 @@ where
 {
     dedup_runtime::outbox::migrate_table(pool, table).await?;
     let outbox = Outbox::new().in_table(table)?;
-    super::execute(pool, &[&format!("DELETE FROM {table}")]).await?;
+    crate::setup::execute(pool, &[&format!("DELETE FROM {table}")]).await?;
     let cause = Cause::new("bench-relay", format!("{:?}", Instant::now()))?;
     let mut slot = 0u32;
     while (slot as usize) < rows {
         let mut tx = pool.begin().await?;
         for _ in 0..500.min(rows - slot as usize) {
-            let message = cause.nth_outgoing(slot, super::DESTINATION, br#"{"paid": true}"#);
+            let message =
+                cause.nth_outgoing(slot, crate::outbox::DESTINATION, br#"{"paid": true}"#);
             outbox.enqueue(&mut *tx, &message).await?;
             slot += 1;
         }
@@ -251,7 +252,7 @@ where
 /// carry every earlier run's dead rows and index entries).
 async fn fill_pg(pool: &Pool<Postgres>, table: &str, rows: usize) -> Result<Outbox, Error> {
     let outbox = fill(pool, table, rows).await?;
-    super::execute(pool, &[&format!("VACUUM ANALYZE {table}")]).await?;
+    crate::setup::execute(pool, &[&format!("VACUUM ANALYZE {table}")]).await?;
     Ok(outbox)
 }
 
@@ -269,7 +270,7 @@ async fn library<DB: dedup_runtime::Backend>(
     let mut sent = 0;
     loop {
         let relayed = match broker {
-            Broker::None => relay.relay_batch(&super::Discard).await?,
+            Broker::None => relay.relay_batch(&crate::outbox::Discard).await?,
             #[cfg(feature = "brokers")]
             Broker::RabbitMq => relay.relay_batch(&clients.brokers.rabbitmq).await?,
             #[cfg(feature = "brokers")]
@@ -485,7 +486,11 @@ pub(crate) async fn run(
                 .push(figure);
         }
     }
-    let median = |key: &Key| samples.get(key).map(|values| super::median(values.clone()));
+    let median = |key: &Key| {
+        samples
+            .get(key)
+            .map(|values| crate::report::median(values.clone()))
+    };
     let mut csv = String::from(
         "backend,broker,batch,rows_per_s,handwritten_rows_per_s,ratio_vs_handwritten,ratio_vs_before\n",
     );

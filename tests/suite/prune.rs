@@ -8,7 +8,7 @@
 //! literal for its handler: one fixed table per backend, emptied at its start.
 //!
 //! These are correctness tests: how fast pruning goes, and how much it slows the
-//! consumers, is the benchmark's to measure (`benches/dedup.rs`, its pruning figures).
+//! consumers, is the benchmark's to measure (`benches/dedup/prune.rs`, its pruning figures).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
