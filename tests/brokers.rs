@@ -63,6 +63,10 @@
 //! (`DEDUP_TEST_REDIS_URL`), PostgreSQL as for the other tests; the MQTT harness starts a
 //! Mosquitto of its own. A broker that cannot be reached fails its test: nothing skips.
 //!
+//! The harnesses run two at a time, in two lanes (`BUSY` and `WAITING` below): one that
+//! keeps the CPU busy (RabbitMQ, NATS, Redis, MQTT) beside one of the Kafka ones, which
+//! mostly wait for their group's rebalances.
+//!
 //! **Kafka** (`kafka_…`): a topic of 4 partitions, the records spread round-robin over
 //! them; one consumer-group member with a worker per partition, a 1 s session timeout
 //! (a killed member's partitions go to the next life about a second later). Kafka keeps
@@ -107,8 +111,43 @@ const CRASH_WINDOW_MS: &str = "10";
 /// JetStream redelivers a killed consumer's unacknowledged messages after this long.
 const NATS_ACK_WAIT: Duration = Duration::from_secs(2);
 
-/// Only one harness at a time: each measures its own duration, and the machine is small.
-static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+/// A lane the harnesses run in: one harness in it at a time.
+type Lane = tokio::sync::Mutex<()>;
+
+/// The lane of the harnesses that keep the CPU busy: RabbitMQ, NATS, Redis Streams and
+/// MQTT, whose consumers, brokers and PostgreSQL are all at work at once. One at a time on
+/// a small machine (two cores): two of them would starve each other's consumers, and
+/// each measures its own duration.
+static BUSY: Lane = Lane::const_new(());
+
+/// The lane of the harnesses that mostly wait: the Kafka ones (`kafka_…`), which leave
+/// the CPU about 90 % idle while their group rebalances after each kill. One runs beside
+/// the busy lane's, so at most two harnesses run at once, one per lane. Nothing else is
+/// shared between the two: each run names its own queues, streams, topics, groups,
+/// message ids (under the run's prefix) and outbox tables, the effects tables are each
+/// broker's own, and MQTT's Mosquitto is its own, on a free port. Each harness writes its
+/// report with one `write_all` on a locked stderr, so two reports never mix.
+static WAITING: Lane = Lane::const_new(());
+
+/// libtest runs as many tests at once as the machine has cores unless told otherwise,
+/// taking them in name order, and a test waiting for its lane holds one of those slots:
+/// on two cores the first two tests by name, both Kafka's, would take both slots, the
+/// second waiting for the first's lane, and the busy lane would stay empty for the whole
+/// of the first Kafka harness. So, before libtest reads it, this binary asks for more
+/// test threads than it has tests (they wait in their lanes, costing a sleeping thread
+/// each), unless `RUST_TEST_THREADS` is set; `--test-threads` still overrides it.
+#[cfg(target_os = "linux")]
+#[used]
+#[unsafe(link_section = ".init_array")]
+static TEST_THREADS: extern "C" fn() = {
+    extern "C" fn enough_test_threads() {
+        if std::env::var_os("RUST_TEST_THREADS").is_none() {
+            // SAFETY: before `main`, no other thread reads or writes the environment.
+            unsafe { std::env::set_var("RUST_TEST_THREADS", "16") };
+        }
+    }
+    enough_test_threads
+};
 
 // ---------------------------------------------------------------------------------------
 // What to publish
@@ -1514,7 +1553,7 @@ mod rabbitmq {
     /// random, side by side.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn rabbitmq_two_hop_is_effectively_once_under_sigkill() {
-        let _alone = ONE_AT_A_TIME.lock().await;
+        let _lane = BUSY.lock().await;
         let started = Instant::now();
         let scale = Scale::from_env();
         let run = dedup_suite::unique("two-hop");
@@ -1616,7 +1655,7 @@ mod rabbitmq {
     }
 
     async fn harness(variant: &Variant) {
-        let _alone = ONE_AT_A_TIME.lock().await;
+        let _lane = BUSY.lock().await;
         let started = Instant::now();
         let scale = Scale::from_env();
         let run = dedup_suite::unique("rabbitmq");
@@ -1846,7 +1885,7 @@ mod nats {
     /// The JetStream crash harness, `title` in its report, `more` in the consumer's
     /// environment.
     async fn harness(title: &str, more: &[(&'static str, &str)]) {
-        let _alone = ONE_AT_A_TIME.lock().await;
+        let _lane = BUSY.lock().await;
         let started = Instant::now();
         let scale = Scale::from_env();
         let run = dedup_suite::unique("nats");
@@ -1945,7 +1984,7 @@ mod nats {
     /// every re-send to reach B, whose dedup must hold whatever comes.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn nats_two_hop_is_effectively_once_under_sigkill() {
-        let _alone = ONE_AT_A_TIME.lock().await;
+        let _lane = BUSY.lock().await;
         let started = Instant::now();
         let scale = Scale::from_env();
         let run = dedup_suite::unique("two-hop");
@@ -2213,7 +2252,7 @@ mod redis {
     /// group (names reused across restarts), `XAUTOCLAIM` after 2 s.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn redis_streams_consumer_is_effectively_once_under_sigkill() {
-        let _alone = ONE_AT_A_TIME.lock().await;
+        let _lane = BUSY.lock().await;
         let started = Instant::now();
         let scale = Scale::from_env();
         let run = dedup_suite::unique("redis");
@@ -2462,7 +2501,7 @@ mod mqtt {
     /// manual acknowledgements, one message at a time), on a Mosquitto of its own.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn mqtt_consumer_is_effectively_once_under_sigkill() {
-        let _alone = ONE_AT_A_TIME.lock().await;
+        let _lane = BUSY.lock().await;
         let started = Instant::now();
         let scale = Scale::from_env();
         let run = dedup_suite::unique("mqtt");
@@ -2562,6 +2601,7 @@ mod kafka {
     use ::rdkafka::producer::{FutureProducer, FutureRecord, Producer as _};
     use ::rdkafka::util::Timeout;
     use ::rdkafka::{Offset, TopicPartitionList};
+    use std::net::{TcpStream, ToSocketAddrs};
 
     /// Partitions of the harness's topic: one worker each in the consumer.
     const PARTITIONS: i32 = 4;
@@ -2579,6 +2619,40 @@ mod kafka {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", brokers());
         config
+    }
+
+    /// Takes the waiting lane, after checking that something listens at the brokers'
+    /// address: a Kafka client retries a refused connection for minutes, and the lane
+    /// may be held by another Kafka harness for as long.
+    async fn lane() -> tokio::sync::MutexGuard<'static, ()> {
+        listening(&brokers());
+        WAITING.lock().await
+    }
+
+    /// Panics at once, saying how to start one, when nothing accepts a TCP connection at
+    /// any of `brokers` (comma-separated `host:port`s) within 3 s.
+    fn listening(brokers: &str) {
+        let mut failures = Vec::new();
+        for broker in brokers.split(',').map(str::trim) {
+            let addresses = match broker.to_socket_addrs() {
+                Ok(addresses) => addresses,
+                Err(error) => {
+                    failures.push(format!("{broker}: {error}"));
+                    continue;
+                }
+            };
+            for address in addresses {
+                match TcpStream::connect_timeout(&address, Duration::from_secs(3)) {
+                    Ok(_) => return,
+                    Err(error) => failures.push(format!("{address}: {error}")),
+                }
+            }
+        }
+        panic!(
+            "no Kafka-protocol broker listens at {brokers} ({}). Start one (.ci/run starts \
+             tansu on 127.0.0.1:19092) or set DEDUP_TEST_KAFKA_BROKERS to where one listens",
+            failures.join("; ")
+        );
     }
 
     /// Panics, saying how to start one, when no Kafka-protocol broker answers.
@@ -2719,7 +2793,7 @@ mod kafka {
     /// worker per partition (4), the offset committed after the database commit.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn kafka_consumer_is_effectively_once_under_sigkill() {
-        let _alone = ONE_AT_A_TIME.lock().await;
+        let _lane = lane().await;
         let started = Instant::now();
         let scale = Scale::from_env();
         let run = dedup_suite::unique("kafka");
@@ -2892,7 +2966,7 @@ mod kafka {
     /// partitions each.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn kafka_two_hop_is_effectively_once_under_sigkill() {
-        let _alone = ONE_AT_A_TIME.lock().await;
+        let _lane = lane().await;
         let started = Instant::now();
         let scale = Scale::from_env();
         let run = dedup_suite::unique("two-hop");
@@ -3077,7 +3151,7 @@ mod kafka {
     /// one key are one message.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn kafka_message_ids_from_the_offset_and_the_key() {
-        let _alone = ONE_AT_A_TIME.lock().await;
+        let _lane = lane().await;
         tokio::task::spawn_blocking(reachable)
             .await
             .expect("the broker check");
