@@ -111,7 +111,7 @@
 //! offsets plainly, after the database commit.
 //!
 //! The consumer reports what it does on standard output, one line per step, which the
-//! crash harness in `tests/brokers.rs` reads: `ready` (the first partitions assigned),
+//! crash harness in `tests/brokers/` reads: `ready` (the first partitions assigned),
 //! `delivered <attempt> <id> <topic>/<partition>/<offset>`, `committed <id>`, `duplicate
 //! <id>`, `acked <id>`, `retry <id>`, `dead <id> <body>` (an empty id is written `-`).
 

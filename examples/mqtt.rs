@@ -101,7 +101,7 @@
 //! effect happen once either way, so this example uses QoS 1.
 //!
 //! The consumer reports what it does on standard output, one line per step, which the
-//! crash harness in `tests/brokers.rs` reads: `ready` (the subscription confirmed),
+//! crash harness in `tests/brokers/` reads: `ready` (the subscription confirmed),
 //! `delivered <1, or 2 for a DUP delivery> <id>`, `committed <id>`, `duplicate <id>`,
 //! `acked <id>`, `retry <id>`, `dead <id> <body>` (an empty id is written `-`).
 

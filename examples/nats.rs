@@ -49,7 +49,7 @@
 //! | permanent error (bad or missing id, failing body) | `Ack::DeadLetter` | copy to `SUBJECT.dead`, then `+TERM` |
 //!
 //! The consumer reports what it does on standard output, one line per step, which the
-//! crash harness in `tests/brokers.rs` reads: `ready`, `delivered <delivery count> <id>`,
+//! crash harness in `tests/brokers/` reads: `ready`, `delivered <delivery count> <id>`,
 //! `committed <id>`, `duplicate <id>`, `acked <id>`, `retry <id>`, `dead <id> <body>`
 //! (an empty id is written `-`).
 

@@ -34,7 +34,7 @@
 //!
 //! It prints one line per batch that did something — `relayed <claimed> sent <n> lost <n>
 //! failed <n> dead <n>` — and `idle` when it exits (the crash harness of
-//! `tests/brokers.rs` reads them, and the `sent` lines: with `DEDUP_REPORT_SENDS`, one per
+//! `tests/brokers/` reads them, and the `sent` lines: with `DEDUP_REPORT_SENDS`, one per
 //! message the broker has, once the claim's sends are all answered, before the batch's
 //! mark and its `relayed` line). Exit status: 0 when it stopped by
 //! itself, 1 on a failure (the database or the broker unreachable, a bad setting), with

@@ -27,8 +27,8 @@
 //! | `DEDUP_EXIT_WHEN_IDLE_MS` | unset: run forever | exit cleanly after this long without a delivery |
 //! | `DEDUP_CRASH_WINDOW_MS` | `0` | testing: pause between COMMIT and the acknowledgement |
 //!
-//! Topology, declared at start-up (idempotent; `tests/brokers.rs` declares the same):
-//! the durable queue `QUEUE` with `x-dead-letter-exchange = QUEUE.dlx`, the fanout
+//! Topology, declared at start-up (idempotent; `tests/brokers/rabbitmq.rs` declares the
+//! same): the durable queue `QUEUE` with `x-dead-letter-exchange = QUEUE.dlx`, the fanout
 //! exchange `QUEUE.dlx`, and the durable queue `QUEUE.dead` bound to it. A message's id is
 //! its AMQP `message_id` property; its body is the payload stored with the effect.
 //!
@@ -43,7 +43,7 @@
 //! | permanent error (bad or missing id, failing body) | `Ack::DeadLetter` | `basic_reject(no requeue)` → `QUEUE.dead` |
 //!
 //! The consumer reports what it does on standard output, one line per step, which the
-//! crash harness in `tests/brokers.rs` reads: `ready`, `delivered <count> <id>` (a classic
+//! crash harness in `tests/brokers/` reads: `ready`, `delivered <count> <id>` (a classic
 //! queue only flags redeliveries: 2 stands for "more than once"),
 //! `committed <id>`, `duplicate <id>`, `acked <id>`, `retry <id>`, `dead <id> <body>`
 //! (an empty id is written `-`).

@@ -22,7 +22,7 @@
 //! `DEDUP_CRASH_WINDOW_MS` (testing: a pause between the inbox's commit and the
 //! acknowledgement).
 //!
-//! It reports each step on standard output for the crash harness in `tests/brokers.rs`:
+//! It reports each step on standard output for the crash harness in `tests/brokers/`:
 //! `ready`, `delivered <count> <id>`, `committed <id>` (stored in the inbox), `duplicate
 //! <id>` (the inbox had it), `acked <id>`, `retry <id>`, `dead <id> <body>` (refused: no
 //! id), with `-` for an empty id.

@@ -59,7 +59,7 @@
 //! 0`) or taken over by `XAUTOCLAIM`, both of which count a delivery, `XPENDING` says it.
 //!
 //! The consumer reports what it does on standard output, one line per step, which the
-//! crash harness in `tests/brokers.rs` reads: `ready`, `delivered <delivery count> <id>`,
+//! crash harness in `tests/brokers/` reads: `ready`, `delivered <delivery count> <id>`,
 //! `committed <id>`, `duplicate <id>`, `acked <id>`, `retry <id>`, `dead <id> <body>`
 //! (an empty id is written `-`).
 
