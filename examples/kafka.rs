@@ -116,12 +116,13 @@
 //! <id>`, `acked <id>`, `retry <id>`, `dead <id> <body>` (an empty id is written `-`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dedup_runtime::outbox::{Cause, Outbox};
+use dedup_runtime::outbox::Cause;
 use dedup_runtime::{Ack, AckPolicy, Outcome, idempotent};
+use dedup_suite::consumer::{self, Activity, Error, Forward, report};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::ClientConfig;
@@ -138,8 +139,6 @@ use sqlx::{PgConnection, PgPool};
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::task::JoinSet;
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// One message: its id (the dedup key) and its body.
 struct Message {
@@ -164,12 +163,6 @@ async fn apply(tx: &mut PgConnection, msg: &Message) -> Result<(), sqlx::Error> 
         .execute(&mut *tx)
         .await?;
     Ok(())
-}
-
-/// Where service A of a two-hop chain sends its events (`FORWARD_TO`: a topic).
-struct Forward {
-    to: String,
-    outbox: Outbox,
 }
 
 /// Service A of a two-hop chain: the effect row and an event for the next service, the
@@ -258,15 +251,6 @@ fn message_of(source: &IdSource, record: &OwnedMessage) -> Message {
     }
 }
 
-/// The id as the output lines show it (`-` for none).
-fn shown(message: &Message) -> &str {
-    if message.id.is_empty() {
-        "-"
-    } else {
-        &message.id
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Configuration, topics, publishing
 // ---------------------------------------------------------------------------------------
@@ -288,31 +272,20 @@ struct Config {
 
 impl Config {
     fn from_env() -> Result<Config, Error> {
-        let topic = var("TOPIC", "dedup-example");
+        let topic = consumer::var("TOPIC", "dedup-example");
         Ok(Config {
-            brokers: var("KAFKA_BROKERS", "127.0.0.1:19092"),
-            database_url: var("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
+            brokers: consumer::var("KAFKA_BROKERS", "127.0.0.1:19092"),
+            database_url: consumer::database_url(),
             dead: format!("{topic}.dead"),
             topic,
-            partitions: number::<i32>("PARTITIONS", 4)?.max(1),
-            group: var("GROUP", "dedup-example"),
-            message_id: IdSource::parse(&var("MESSAGE_ID", "header:id"))?,
-            prefetch: number::<usize>("PREFETCH", 16)?.max(1),
-            session_timeout_ms: number("SESSION_TIMEOUT_MS", 10_000)?,
-            exit_when_idle: std::env::var_os("DEDUP_EXIT_WHEN_IDLE_MS")
-                .map(|_| number("DEDUP_EXIT_WHEN_IDLE_MS", 0).map(Duration::from_millis))
-                .transpose()?,
-            crash_window: Duration::from_millis(number("DEDUP_CRASH_WINDOW_MS", 0)?),
-            forward: match std::env::var("FORWARD_TO") {
-                Ok(to) => Some(Forward {
-                    to,
-                    outbox: Outbox::new().in_table(&var(
-                        "DEDUP_OUTBOX_TABLE",
-                        dedup_runtime::outbox::DEFAULT_TABLE,
-                    ))?,
-                }),
-                Err(_) => None,
-            },
+            partitions: consumer::number::<i32>("PARTITIONS", 4)?.max(1),
+            group: consumer::var("GROUP", "dedup-example"),
+            message_id: IdSource::parse(&consumer::var("MESSAGE_ID", "header:id"))?,
+            prefetch: consumer::prefetch::<usize>()?.max(1),
+            session_timeout_ms: consumer::number("SESSION_TIMEOUT_MS", 10_000)?,
+            exit_when_idle: consumer::exit_when_idle()?,
+            crash_window: consumer::crash_window()?,
+            forward: Forward::from_env()?,
         })
     }
 
@@ -350,19 +323,6 @@ impl Config {
             }
         }
         Ok(())
-    }
-}
-
-fn var(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
-
-fn number<N: std::str::FromStr>(name: &str, default: N) -> Result<N, Error> {
-    match std::env::var(name) {
-        Ok(text) => text
-            .parse()
-            .map_err(|_| format!("{name}: expected a number, got {text:?}").into()),
-        Err(_) => Ok(default),
     }
 }
 
@@ -413,7 +373,7 @@ impl ConsumerContext for Context {
             Rebalance::Assign(partitions) => {
                 eprintln!("assigned: {}", listed(partitions));
                 if partitions.count() > 0 && !self.ready.swap(true, Ordering::SeqCst) {
-                    println!("ready");
+                    report::ready();
                 }
             }
             Rebalance::Revoke(partitions) => eprintln!("revoked: {}", listed(partitions)),
@@ -448,28 +408,6 @@ fn listed(partitions: &TopicPartitionList) -> String {
 
 type KafkaConsumer = StreamConsumer<Context>;
 
-/// Records in progress and the time of the last one, for `DEDUP_EXIT_WHEN_IDLE_MS`.
-struct Activity {
-    start: Instant,
-    in_flight: AtomicUsize,
-    last_ms: AtomicU64,
-}
-
-impl Activity {
-    fn touch(&self) {
-        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(now, Ordering::SeqCst);
-    }
-
-    fn idle_for(&self) -> Option<Duration> {
-        if self.in_flight.load(Ordering::SeqCst) > 0 {
-            return None;
-        }
-        let last = Duration::from_millis(self.last_ms.load(Ordering::SeqCst));
-        Some(self.start.elapsed().saturating_sub(last))
-    }
-}
-
 /// What the partition workers share.
 struct Shared {
     config: Config,
@@ -488,7 +426,7 @@ impl Shared {
     /// here, in order: the records behind it in its partition wait.
     async fn handle(&self, record: &OwnedMessage) -> Result<(), Error> {
         let msg = message_of(&self.config.message_id, record);
-        let shown = shown(&msg);
+        let shown = report::shown(&msg.id);
         let place = format!(
             "{}/{}/{}",
             record.topic(),
@@ -497,26 +435,22 @@ impl Shared {
         );
         let mut attempt = 1;
         let ack = loop {
-            println!("delivered {attempt} {shown} {place}");
+            report::delivered_at(attempt, &msg.id, &place);
             let result = match &self.config.forward {
                 None => apply(&self.pool, &msg).await,
                 Some(forward) => apply_and_forward(&self.pool, &msg, forward).await,
             };
             match &result {
                 Ok(Outcome::Processed(())) => {
-                    println!("committed {shown}");
-                    // Testing only: widen the window in which a crash leaves a committed
-                    // message's offset uncommitted.
-                    if !self.config.crash_window.is_zero() {
-                        tokio::time::sleep(self.config.crash_window).await;
-                    }
+                    report::committed(&msg.id);
+                    consumer::crash_pause(self.config.crash_window).await;
                 }
-                Ok(Outcome::Duplicate(_)) => println!("duplicate {shown}"),
+                Ok(Outcome::Duplicate(_)) => report::duplicate(&msg.id),
                 Err(error) => eprintln!("message {shown:?} at {place} failed: {error}"),
             }
             match self.policy.decide(&result, attempt) {
                 Ack::Retry { after } => {
-                    println!("retry {shown}");
+                    report::retry(&msg.id);
                     tokio::time::sleep(after).await;
                     attempt += 1;
                 }
@@ -525,11 +459,11 @@ impl Shared {
         };
         if matches!(ack, Ack::DeadLetter) {
             self.dead_letter(record).await?;
-            println!("dead {shown} {}", msg.body);
+            report::dead(&msg.id, &msg.body);
         }
         self.commit(record);
         if matches!(ack, Ack::Ack) {
-            println!("acked {shown}");
+            report::acked(&msg.id);
         }
         Ok(())
     }
@@ -607,11 +541,9 @@ impl Shared {
 /// A partition's worker: handles its records one at a time, in offset order.
 async fn work(shared: Arc<Shared>, mut records: mpsc::Receiver<OwnedMessage>) -> Result<(), Error> {
     while let Some(record) = records.recv().await {
-        shared.activity.in_flight.fetch_add(1, Ordering::SeqCst);
-        shared.activity.touch();
+        shared.activity.begin();
         shared.handle(&record).await?;
-        shared.activity.touch();
-        shared.activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+        shared.activity.end();
     }
     Ok(())
 }
@@ -773,11 +705,7 @@ async fn main() -> Result<(), Error> {
         producer,
         pool: pool.clone(),
         policy: AckPolicy::<sqlx::Postgres>::new(),
-        activity: Activity {
-            start: Instant::now(),
-            in_flight: AtomicUsize::new(0),
-            last_ms: AtomicU64::new(0),
-        },
+        activity: Activity::new(),
         finished: Mutex::new(HashMap::new()),
         config,
     });

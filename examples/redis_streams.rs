@@ -66,17 +66,15 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dedup_runtime::{Ack, AckPolicy, Outcome, idempotent};
+use dedup_suite::consumer::{self, Activity, Error, report};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::watch;
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// The entry field that carries the message id.
 const ID_FIELD: &str = "id";
@@ -479,19 +477,17 @@ struct Config {
 impl Config {
     fn from_env() -> Result<Config, Error> {
         Ok(Config {
-            redis_url: var("REDIS_URL", "redis://127.0.0.1:6379"),
-            database_url: var("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
-            stream: var("STREAM", "dedup-example"),
-            group: var("GROUP", "dedup-example"),
-            consumer_prefix: var("CONSUMER_PREFIX", "dedup-example"),
-            consumers: number("CONSUMERS", 4)?,
-            prefetch: number::<usize>("PREFETCH", 16)?.max(1),
-            claim_idle: Duration::from_millis(number("CLAIM_IDLE_MS", 30_000)?),
-            max_deliver: number("MAX_DELIVER", 20)?,
-            exit_when_idle: std::env::var_os("DEDUP_EXIT_WHEN_IDLE_MS")
-                .map(|_| number("DEDUP_EXIT_WHEN_IDLE_MS", 0).map(Duration::from_millis))
-                .transpose()?,
-            crash_window: Duration::from_millis(number("DEDUP_CRASH_WINDOW_MS", 0)?),
+            redis_url: consumer::var("REDIS_URL", "redis://127.0.0.1:6379"),
+            database_url: consumer::database_url(),
+            stream: consumer::var("STREAM", "dedup-example"),
+            group: consumer::var("GROUP", "dedup-example"),
+            consumer_prefix: consumer::var("CONSUMER_PREFIX", "dedup-example"),
+            consumers: consumer::consumers()?,
+            prefetch: consumer::prefetch::<usize>()?.max(1),
+            claim_idle: Duration::from_millis(consumer::number("CLAIM_IDLE_MS", 30_000)?),
+            max_deliver: consumer::number("MAX_DELIVER", 20)?,
+            exit_when_idle: consumer::exit_when_idle()?,
+            crash_window: consumer::crash_window()?,
         })
     }
 
@@ -517,53 +513,9 @@ impl Config {
     }
 }
 
-fn var(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
-
-fn number<N: std::str::FromStr>(name: &str, default: N) -> Result<N, Error> {
-    match std::env::var(name) {
-        Ok(text) => text
-            .parse()
-            .map_err(|_| format!("{name}: expected a number, got {text:?}").into()),
-        Err(_) => Ok(default),
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Consuming
 // ---------------------------------------------------------------------------------------
-
-/// Deliveries in progress and the time of the last one, for `DEDUP_EXIT_WHEN_IDLE_MS`.
-struct Activity {
-    start: Instant,
-    in_flight: AtomicUsize,
-    last_ms: AtomicU64,
-}
-
-impl Activity {
-    fn touch(&self) {
-        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(now, Ordering::SeqCst);
-    }
-
-    fn idle_for(&self) -> Option<Duration> {
-        if self.in_flight.load(Ordering::SeqCst) > 0 {
-            return None;
-        }
-        let last = Duration::from_millis(self.last_ms.load(Ordering::SeqCst));
-        Some(self.start.elapsed().saturating_sub(last))
-    }
-}
-
-/// The id as the output lines show it (`-` for none).
-fn shown(message: &Message) -> &str {
-    if message.id.is_empty() {
-        "-"
-    } else {
-        &message.id
-    }
-}
 
 /// One task: its consumer name, its connection, and what it shares with the others.
 struct Task {
@@ -587,8 +539,8 @@ impl Task {
             return self.streams.ack(&mut self.redis, &entry.id).await;
         }
         let msg = entry.message();
-        let shown = shown(&msg);
-        println!("delivered {delivered} {shown}");
+        let shown = report::shown(&msg.id);
+        report::delivered(delivered, &msg.id);
 
         let ack = if delivered > self.config.max_deliver {
             // Delivered MAX_DELIVER times and never settled (a consumer that dies on it,
@@ -599,14 +551,10 @@ impl Task {
             let result = apply(&self.pool, &msg).await;
             match &result {
                 Ok(Outcome::Processed(())) => {
-                    println!("committed {shown}");
-                    // Testing only: widen the window in which a crash leaves a committed
-                    // message unacknowledged.
-                    if !self.config.crash_window.is_zero() {
-                        tokio::time::sleep(self.config.crash_window).await;
-                    }
+                    report::committed(&msg.id);
+                    consumer::crash_pause(self.config.crash_window).await;
                 }
-                Ok(Outcome::Duplicate(_)) => println!("duplicate {shown}"),
+                Ok(Outcome::Duplicate(_)) => report::duplicate(&msg.id),
                 Err(error) => eprintln!("message {shown:?} failed: {error}"),
             }
             match self.policy.decide(&result, delivered) {
@@ -618,14 +566,14 @@ impl Task {
         match ack {
             Ack::Ack => {
                 self.streams.ack(&mut self.redis, &entry.id).await?;
-                println!("acked {shown}");
+                report::acked(&msg.id);
             }
             // Left pending: `XAUTOCLAIM` delivers it again once it has been idle for
             // `CLAIM_IDLE_MS`.
-            Ack::Retry { .. } => println!("retry {shown}"),
+            Ack::Retry { .. } => report::retry(&msg.id),
             Ack::DeadLetter => {
                 self.streams.dead_letter(&mut self.redis, entry).await?;
-                println!("dead {shown} {}", msg.body);
+                report::dead(&msg.id, &msg.body);
             }
         }
         Ok(())
@@ -661,11 +609,9 @@ impl Task {
                 return Ok(());
             };
             after = last.id.clone();
-            activity.in_flight.fetch_add(1, Ordering::SeqCst);
-            activity.touch();
+            activity.begin();
             self.handle_pending(&entries).await?;
-            activity.touch();
-            activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+            activity.end();
         }
     }
 
@@ -685,11 +631,9 @@ impl Task {
                 )
                 .await?;
             if !entries.is_empty() {
-                activity.in_flight.fetch_add(1, Ordering::SeqCst);
-                activity.touch();
+                activity.begin();
                 self.handle_pending(&entries).await?;
-                activity.touch();
-                activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+                activity.end();
             }
             if next == "0-0" || next == cursor {
                 return Ok(());
@@ -720,14 +664,12 @@ impl Task {
             if entries.is_empty() {
                 continue;
             }
-            activity.in_flight.fetch_add(1, Ordering::SeqCst);
-            activity.touch();
+            activity.begin();
             for entry in &entries {
                 // Read with `>`: its first delivery.
                 self.handle(entry, 1).await?;
             }
-            activity.touch();
-            activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+            activity.end();
         }
         Ok(())
     }
@@ -764,12 +706,7 @@ async fn main() -> Result<(), Error> {
     streams.declare(&mut redis).await?;
     drop(redis);
 
-    let activity = Arc::new(Activity {
-        start: Instant::now(),
-        in_flight: AtomicUsize::new(0),
-        last_ms: AtomicU64::new(0),
-    });
-    let (stop, stopped) = watch::channel(false);
+    let activity = Arc::new(Activity::new());
     let policy = AckPolicy::<sqlx::Postgres>::new();
     let mut consumers = tokio::task::JoinSet::new();
     for n in 0..config.consumers {
@@ -781,22 +718,10 @@ async fn main() -> Result<(), Error> {
             pool: pool.clone(),
             policy: policy.clone(),
         };
-        consumers.spawn(task.run(activity.clone(), stopped.clone()));
+        consumers.spawn(task.run(activity.clone(), activity.stopped()));
     }
-    println!("ready");
-
-    if let Some(limit) = config.exit_when_idle {
-        let activity = activity.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                if activity.idle_for().is_some_and(|idle| idle >= limit) {
-                    stop.send_replace(true);
-                    break;
-                }
-            }
-        });
-    }
+    report::ready();
+    activity.stop_when_idle(config.exit_when_idle);
 
     // A task that fails ends the process: whatever it had not acknowledged stays pending,
     // read again by the next process's task of the same name, or taken over by another
