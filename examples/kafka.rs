@@ -26,6 +26,7 @@
 //! | `GROUP` | `dedup-example` | the consumer group (`group.id`): its committed offsets are the consumer's progress |
 //! | `MESSAGE_ID` | `header:id` | where the message id is: `header:<name>`, `key`, or `offset` (see below) |
 //! | `PREFETCH` | `16` | records a partition's worker holds before the partition is paused |
+//! | `BATCH` | `1` | over 1: up to this many of a partition's records per transaction (`#[idempotent(batch = …)]`), their offset committed once for all (not with `FORWARD_TO`) |
 //! | `SESSION_TIMEOUT_MS` | `10000` | `session.timeout.ms`: a killed member's partitions go to another after this long |
 //! | `FORWARD_TO` | unset | service A of a two-hop chain: also send an event to this topic, through the outbox |
 //! | `DEDUP_OUTBOX_TABLE` | `outbox_messages` | with `FORWARD_TO`: the outbox table |
@@ -43,6 +44,16 @@
 //! partitions; a rebalance may hand a partition to another member while this one still
 //! works on it, and then both may handle a record: the dedup record makes that a
 //! duplicate, and a commit never covers a record that was not finished.
+//!
+//! **Batches** (`BATCH` over 1): a partition's worker takes the records it holds, up to
+//! `BATCH`, and handles them in one transaction (one claim statement for their ids, one
+//! multi-row insert of the effects of those not processed before, one commit). Once that
+//! transaction has committed, and the batch's poison records are in the dead-letter topic,
+//! it commits the offset after the batch's last record (the highest: a batch is one
+//! partition's, in offset order), once for the whole batch. A crash between the two has
+//! the whole batch delivered again, and every record of it that had committed comes back
+//! as a duplicate. Records that failed transiently are retried in process, as a smaller
+//! batch, before the offset moves past them.
 //!
 //! **The message id** comes from `MESSAGE_ID`:
 //!
@@ -116,12 +127,14 @@
 //! <id>`, `acked <id>`, `retry <id>`, `dead <id> <body>` (an empty id is written `-`).
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use dedup_runtime::outbox::{Cause, Outbox};
+use dedup_runtime::batch::BatchItem;
+use dedup_runtime::outbox::Cause;
 use dedup_runtime::{Ack, AckPolicy, Outcome, idempotent};
+use dedup_suite::consumer::{self, Activity, Error, Forward, report};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::{ClientContext, DefaultClientContext};
 use rdkafka::config::ClientConfig;
@@ -139,9 +152,8 @@ use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::task::JoinSet;
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
-
 /// One message: its id (the dedup key) and its body.
+#[derive(Clone)]
 struct Message {
     id: String,
     body: String,
@@ -166,12 +178,6 @@ async fn apply(tx: &mut PgConnection, msg: &Message) -> Result<(), sqlx::Error> 
     Ok(())
 }
 
-/// Where service A of a two-hop chain sends its events (`FORWARD_TO`: a topic).
-struct Forward {
-    to: String,
-    outbox: Outbox,
-}
-
 /// Service A of a two-hop chain: the effect row and an event for the next service, the
 /// event written to the outbox in the same transaction (`examples/outbox_relay.rs`
 /// publishes it, with `DEDUP_KAFKA_BROKERS`: the event's id in the record header `id`,
@@ -191,6 +197,24 @@ async fn apply_and_forward(
     let cause = Cause::new("kafka-example-forward", msg.id.as_str())?;
     let event = cause.outgoing("event", &forward.to, msg.body.as_bytes())?;
     forward.outbox.enqueue(&mut *tx, &event).await?;
+    Ok(())
+}
+
+/// `BATCH` > 1: the same effect for a whole batch, one multi-row insert over the messages
+/// not processed before, in the transaction that claims their ids (consumer
+/// `kafka-example`, as `apply`'s).
+#[idempotent(consumer = "kafka-example", batch = fresh, key = |msg| msg.id.as_str())]
+async fn apply_batch(tx: &mut PgConnection, fresh: &[&Message]) -> Result<(), sqlx::Error> {
+    let ids: Vec<&str> = fresh.iter().map(|msg| msg.id.as_str()).collect();
+    let bodies: Vec<&str> = fresh.iter().map(|msg| msg.body.as_str()).collect();
+    sqlx::query(
+        "INSERT INTO kafka_example_effects (message_id, body) \
+         SELECT * FROM unnest($1::text[], $2::text[])",
+    )
+    .bind(&ids)
+    .bind(&bodies)
+    .execute(&mut *tx)
+    .await?;
     Ok(())
 }
 
@@ -250,20 +274,21 @@ impl IdSource {
     }
 }
 
+/// Where a record is: `topic/partition/offset`.
+fn place_of(record: &OwnedMessage) -> String {
+    format!(
+        "{}/{}/{}",
+        record.topic(),
+        record.partition(),
+        record.offset()
+    )
+}
+
 /// The message of a record: its id, and its value as the body.
 fn message_of(source: &IdSource, record: &OwnedMessage) -> Message {
     Message {
         id: source.id_of(record),
         body: String::from_utf8_lossy(record.payload().unwrap_or_default()).into_owned(),
-    }
-}
-
-/// The id as the output lines show it (`-` for none).
-fn shown(message: &Message) -> &str {
-    if message.id.is_empty() {
-        "-"
-    } else {
-        &message.id
     }
 }
 
@@ -280,6 +305,7 @@ struct Config {
     group: String,
     message_id: IdSource,
     prefetch: usize,
+    batch: usize,
     session_timeout_ms: u64,
     exit_when_idle: Option<Duration>,
     crash_window: Duration,
@@ -288,32 +314,26 @@ struct Config {
 
 impl Config {
     fn from_env() -> Result<Config, Error> {
-        let topic = var("TOPIC", "dedup-example");
-        Ok(Config {
-            brokers: var("KAFKA_BROKERS", "127.0.0.1:19092"),
-            database_url: var("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
+        let topic = consumer::var("TOPIC", "dedup-example");
+        let config = Config {
+            brokers: consumer::var("KAFKA_BROKERS", "127.0.0.1:19092"),
+            database_url: consumer::database_url(),
             dead: format!("{topic}.dead"),
             topic,
-            partitions: number::<i32>("PARTITIONS", 4)?.max(1),
-            group: var("GROUP", "dedup-example"),
-            message_id: IdSource::parse(&var("MESSAGE_ID", "header:id"))?,
-            prefetch: number::<usize>("PREFETCH", 16)?.max(1),
-            session_timeout_ms: number("SESSION_TIMEOUT_MS", 10_000)?,
-            exit_when_idle: std::env::var_os("DEDUP_EXIT_WHEN_IDLE_MS")
-                .map(|_| number("DEDUP_EXIT_WHEN_IDLE_MS", 0).map(Duration::from_millis))
-                .transpose()?,
-            crash_window: Duration::from_millis(number("DEDUP_CRASH_WINDOW_MS", 0)?),
-            forward: match std::env::var("FORWARD_TO") {
-                Ok(to) => Some(Forward {
-                    to,
-                    outbox: Outbox::new().in_table(&var(
-                        "DEDUP_OUTBOX_TABLE",
-                        dedup_runtime::outbox::DEFAULT_TABLE,
-                    ))?,
-                }),
-                Err(_) => None,
-            },
-        })
+            partitions: consumer::number::<i32>("PARTITIONS", 4)?.max(1),
+            group: consumer::var("GROUP", "dedup-example"),
+            message_id: IdSource::parse(&consumer::var("MESSAGE_ID", "header:id"))?,
+            prefetch: consumer::prefetch::<usize>()?.max(1),
+            batch: consumer::batch()?.max(1),
+            session_timeout_ms: consumer::number("SESSION_TIMEOUT_MS", 10_000)?,
+            exit_when_idle: consumer::exit_when_idle()?,
+            crash_window: consumer::crash_window()?,
+            forward: Forward::from_env()?,
+        };
+        if config.batch > 1 && config.forward.is_some() {
+            return Err("BATCH over 1 does not forward: unset FORWARD_TO, or BATCH".into());
+        }
+        Ok(config)
     }
 
     /// The client settings every client of this example starts from.
@@ -350,19 +370,6 @@ impl Config {
             }
         }
         Ok(())
-    }
-}
-
-fn var(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
-
-fn number<N: std::str::FromStr>(name: &str, default: N) -> Result<N, Error> {
-    match std::env::var(name) {
-        Ok(text) => text
-            .parse()
-            .map_err(|_| format!("{name}: expected a number, got {text:?}").into()),
-        Err(_) => Ok(default),
     }
 }
 
@@ -413,7 +420,7 @@ impl ConsumerContext for Context {
             Rebalance::Assign(partitions) => {
                 eprintln!("assigned: {}", listed(partitions));
                 if partitions.count() > 0 && !self.ready.swap(true, Ordering::SeqCst) {
-                    println!("ready");
+                    report::ready();
                 }
             }
             Rebalance::Revoke(partitions) => eprintln!("revoked: {}", listed(partitions)),
@@ -448,28 +455,6 @@ fn listed(partitions: &TopicPartitionList) -> String {
 
 type KafkaConsumer = StreamConsumer<Context>;
 
-/// Records in progress and the time of the last one, for `DEDUP_EXIT_WHEN_IDLE_MS`.
-struct Activity {
-    start: Instant,
-    in_flight: AtomicUsize,
-    last_ms: AtomicU64,
-}
-
-impl Activity {
-    fn touch(&self) {
-        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(now, Ordering::SeqCst);
-    }
-
-    fn idle_for(&self) -> Option<Duration> {
-        if self.in_flight.load(Ordering::SeqCst) > 0 {
-            return None;
-        }
-        let last = Duration::from_millis(self.last_ms.load(Ordering::SeqCst));
-        Some(self.start.elapsed().saturating_sub(last))
-    }
-}
-
 /// What the partition workers share.
 struct Shared {
     config: Config,
@@ -488,35 +473,26 @@ impl Shared {
     /// here, in order: the records behind it in its partition wait.
     async fn handle(&self, record: &OwnedMessage) -> Result<(), Error> {
         let msg = message_of(&self.config.message_id, record);
-        let shown = shown(&msg);
-        let place = format!(
-            "{}/{}/{}",
-            record.topic(),
-            record.partition(),
-            record.offset()
-        );
+        let shown = report::shown(&msg.id);
+        let place = place_of(record);
         let mut attempt = 1;
         let ack = loop {
-            println!("delivered {attempt} {shown} {place}");
+            report::delivered_at(attempt, &msg.id, &place);
             let result = match &self.config.forward {
                 None => apply(&self.pool, &msg).await,
                 Some(forward) => apply_and_forward(&self.pool, &msg, forward).await,
             };
             match &result {
                 Ok(Outcome::Processed(())) => {
-                    println!("committed {shown}");
-                    // Testing only: widen the window in which a crash leaves a committed
-                    // message's offset uncommitted.
-                    if !self.config.crash_window.is_zero() {
-                        tokio::time::sleep(self.config.crash_window).await;
-                    }
+                    report::committed(&msg.id);
+                    consumer::crash_pause(self.config.crash_window).await;
                 }
-                Ok(Outcome::Duplicate(_)) => println!("duplicate {shown}"),
+                Ok(Outcome::Duplicate(_)) => report::duplicate(&msg.id),
                 Err(error) => eprintln!("message {shown:?} at {place} failed: {error}"),
             }
             match self.policy.decide(&result, attempt) {
                 Ack::Retry { after } => {
-                    println!("retry {shown}");
+                    report::retry(&msg.id);
                     tokio::time::sleep(after).await;
                     attempt += 1;
                 }
@@ -525,11 +501,100 @@ impl Shared {
         };
         if matches!(ack, Ack::DeadLetter) {
             self.dead_letter(record).await?;
-            println!("dead {shown} {}", msg.body);
+            report::dead(&msg.id, &msg.body);
         }
         self.commit(record);
         if matches!(ack, Ack::Ack) {
-            println!("acked {shown}");
+            report::acked(&msg.id);
+        }
+        Ok(())
+    }
+
+    /// `BATCH` > 1: handles `batch`, records of one partition in offset order, in one
+    /// transaction (`apply_batch`), then commits the offset after its last record. Records
+    /// that fail transiently are retried here, as a smaller batch, until they succeed or
+    /// fail for good; poison ones are dead-lettered before the offset commit.
+    async fn handle_batch(&self, batch: &[OwnedMessage]) -> Result<(), Error> {
+        let messages: Vec<Message> = batch
+            .iter()
+            .map(|record| message_of(&self.config.message_id, record))
+            .collect();
+        let places: Vec<String> = batch.iter().map(place_of).collect();
+        // Each record's settlement, once it has one: `Ack::Ack` or `Ack::DeadLetter`.
+        let mut settled: Vec<Option<Ack>> = vec![None; batch.len()];
+        let mut attempt = 1;
+        loop {
+            let open: Vec<usize> = (0..batch.len()).filter(|&n| settled[n].is_none()).collect();
+            if open.is_empty() {
+                break;
+            }
+            for &n in &open {
+                report::delivered_at(attempt, &messages[n].id, &places[n]);
+            }
+            let todo: Vec<Message> = open.iter().map(|&n| messages[n].clone()).collect();
+            let acks: Vec<Ack> = match apply_batch(&self.pool, &todo).await {
+                Ok(outcome) => {
+                    for (k, message) in todo.iter().enumerate() {
+                        match &outcome.items()[k] {
+                            BatchItem::Processed => report::committed(&message.id),
+                            BatchItem::Duplicate(_) | BatchItem::SameAs { .. } => {
+                                report::duplicate(&message.id);
+                            }
+                            _ => {}
+                        }
+                    }
+                    if outcome.processed() > 0 {
+                        consumer::crash_pause(self.config.crash_window).await;
+                    }
+                    (0..todo.len())
+                        .map(|k| match outcome.settled(k) {
+                            BatchItem::Processed | BatchItem::Duplicate(_) => Ack::Ack,
+                            BatchItem::Failed(error) => self.policy.decide_error(error, attempt),
+                            BatchItem::CommitFailed(error) => {
+                                self.policy.decide_error(error, attempt)
+                            }
+                            _ => Ack::DeadLetter, // an invalid id
+                        })
+                        .collect()
+                }
+                Err(error) => {
+                    eprintln!(
+                        "batch of {} at {} failed: {error}",
+                        todo.len(),
+                        places[open[0]]
+                    );
+                    open.iter()
+                        .map(|_| self.policy.decide_error(&error, attempt))
+                        .collect()
+                }
+            };
+            let mut wait = Duration::ZERO;
+            for (&n, ack) in open.iter().zip(acks) {
+                match ack {
+                    Ack::Retry { after } => {
+                        report::retry(&messages[n].id);
+                        wait = wait.max(after);
+                    }
+                    ack => settled[n] = Some(ack),
+                }
+            }
+            if wait > Duration::ZERO {
+                tokio::time::sleep(wait).await;
+                attempt += 1;
+            }
+        }
+        for (n, record) in batch.iter().enumerate() {
+            if settled[n] == Some(Ack::DeadLetter) {
+                self.dead_letter(record).await?;
+                report::dead(&messages[n].id, &messages[n].body);
+            }
+        }
+        // The records of a batch are in offset order: the last one's is the highest.
+        self.commit(batch.last().expect("a batch has a record"));
+        for (n, message) in messages.iter().enumerate() {
+            if settled[n] == Some(Ack::Ack) {
+                report::acked(&message.id);
+            }
         }
         Ok(())
     }
@@ -604,14 +669,25 @@ impl Shared {
     }
 }
 
-/// A partition's worker: handles its records one at a time, in offset order.
+/// A partition's worker: handles its records one at a time, in offset order, or (`BATCH`
+/// over 1) in batches of those it holds.
 async fn work(shared: Arc<Shared>, mut records: mpsc::Receiver<OwnedMessage>) -> Result<(), Error> {
     while let Some(record) = records.recv().await {
-        shared.activity.in_flight.fetch_add(1, Ordering::SeqCst);
-        shared.activity.touch();
-        shared.handle(&record).await?;
-        shared.activity.touch();
-        shared.activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+        shared.activity.begin();
+        if shared.config.batch > 1 {
+            // What the dispatcher has already handed over, up to `BATCH` records.
+            let mut batch = vec![record];
+            while batch.len() < shared.config.batch {
+                match tokio::time::timeout(Duration::from_millis(5), records.recv()).await {
+                    Ok(Some(record)) => batch.push(record),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+            shared.handle_batch(&batch).await?;
+        } else {
+            shared.handle(&record).await?;
+        }
+        shared.activity.end();
     }
     Ok(())
 }
@@ -773,11 +849,7 @@ async fn main() -> Result<(), Error> {
         producer,
         pool: pool.clone(),
         policy: AckPolicy::<sqlx::Postgres>::new(),
-        activity: Activity {
-            start: Instant::now(),
-            in_flight: AtomicUsize::new(0),
-            last_ms: AtomicU64::new(0),
-        },
+        activity: Activity::new(),
         finished: Mutex::new(HashMap::new()),
         config,
     });

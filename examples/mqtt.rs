@@ -108,6 +108,7 @@
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use dedup_runtime::{Ack, AckPolicy, Outcome, idempotent};
+use dedup_suite::consumer::{self, Error, report};
 use rumqttc::{
     AsyncClient, ConnectionError, Event, EventLoop, MqttOptions, NetworkOptions, Outgoing, Packet,
     Publish, QoS, SubscribeReasonCode,
@@ -115,8 +116,6 @@ use rumqttc::{
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::{mpsc, watch};
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// How long the consumer waits for rumqttc to write a `PUBACK`, or for the broker to
 /// acknowledge a dead letter, before it gives up (and exits).
@@ -189,22 +188,20 @@ struct Config {
 
 impl Config {
     fn from_env() -> Result<Config, Error> {
-        let url = var("MQTT_URL", "mqtt://127.0.0.1:1883");
+        let url = consumer::var("MQTT_URL", "mqtt://127.0.0.1:1883");
         let (host, port) = host_port(&url)?;
-        let topic = var("TOPIC", "dedup-example/payments");
+        let topic = consumer::var("TOPIC", "dedup-example/payments");
         if topic.is_empty() || topic.contains(['+', '#']) {
             return Err(format!("TOPIC {topic:?}: expected a topic name, no wildcards").into());
         }
         Ok(Config {
             host,
             port,
-            database_url: var("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
+            database_url: consumer::database_url(),
             topic,
-            client_id: var("CLIENT_ID", "dedup-example"),
-            exit_when_idle: std::env::var_os("DEDUP_EXIT_WHEN_IDLE_MS")
-                .map(|_| number("DEDUP_EXIT_WHEN_IDLE_MS", 0).map(Duration::from_millis))
-                .transpose()?,
-            crash_window: Duration::from_millis(number("DEDUP_CRASH_WINDOW_MS", 0)?),
+            client_id: consumer::var("CLIENT_ID", "dedup-example"),
+            exit_when_idle: consumer::exit_when_idle()?,
+            crash_window: consumer::crash_window()?,
         })
     }
 
@@ -247,19 +244,6 @@ fn host_port(url: &str) -> Result<(String, u16), Error> {
         }
         Some(_) => Err(invalid().into()),
         None => Ok((rest.to_owned(), 1883)),
-    }
-}
-
-fn var(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
-
-fn number<N: std::str::FromStr>(name: &str, default: N) -> Result<N, Error> {
-    match std::env::var(name) {
-        Ok(text) => text
-            .parse()
-            .map_err(|_| format!("{name}: expected a number, got {text:?}").into()),
-        Err(_) => Ok(default),
     }
 }
 
@@ -355,7 +339,7 @@ async fn drive(
                     }
                 }
                 if !subscribed.send_replace(true) {
-                    println!("ready");
+                    report::ready();
                 }
             }
             Event::Incoming(Packet::Publish(publish)) => {
@@ -373,15 +357,6 @@ async fn drive(
             Event::Outgoing(Outgoing::Disconnect) => return Ok(()),
             _ => {}
         }
-    }
-}
-
-/// The id as the output lines show it (`-` for none).
-fn shown(message: &Message) -> &str {
-    if message.id.is_empty() {
-        "-"
-    } else {
-        &message.id
     }
 }
 
@@ -456,8 +431,8 @@ impl Consumer {
     /// Handles one delivery and acknowledges it.
     async fn handle(&mut self, publish: &Publish) -> Result<(), Error> {
         let msg = Message::parse(&publish.payload);
-        let shown = shown(&msg);
-        println!("delivered {} {shown}", if publish.dup { 2 } else { 1 });
+        let shown = report::shown(&msg.id);
+        report::delivered(if publish.dup { 2 } else { 1 }, &msg.id);
 
         // Attempts in this process: what the policy's backoff grows with.
         let mut attempt = 1;
@@ -465,21 +440,17 @@ impl Consumer {
             let result = apply(&self.pool, &msg).await;
             match &result {
                 Ok(Outcome::Processed(())) => {
-                    println!("committed {shown}");
-                    // Testing only: widen the window in which a crash leaves a committed
-                    // message unacknowledged.
-                    if !self.crash_window.is_zero() {
-                        tokio::time::sleep(self.crash_window).await;
-                    }
+                    report::committed(&msg.id);
+                    consumer::crash_pause(self.crash_window).await;
                 }
-                Ok(Outcome::Duplicate(_)) => println!("duplicate {shown}"),
+                Ok(Outcome::Duplicate(_)) => report::duplicate(&msg.id),
                 Err(error) => eprintln!("message {shown:?} failed: {error}"),
             }
             match self.policy.decide(&result, attempt) {
                 // No redelivery without a new connection, and no PUBACK of a later
                 // message before this one's: retry here.
                 Ack::Retry { after } => {
-                    println!("retry {shown}");
+                    report::retry(&msg.id);
                     tokio::time::sleep(after).await;
                     attempt += 1;
                 }
@@ -489,10 +460,10 @@ impl Consumer {
         if ack == Ack::DeadLetter {
             self.dead_letter(publish).await?;
             self.ack(publish).await?;
-            println!("dead {shown} {}", msg.body);
+            report::dead(&msg.id, &msg.body);
         } else {
             self.ack(publish).await?;
-            println!("acked {shown}");
+            report::acked(&msg.id);
         }
         Ok(())
     }

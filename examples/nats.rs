@@ -54,8 +54,7 @@
 //! (an empty id is written `-`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream;
@@ -63,14 +62,13 @@ use async_nats::jetstream::consumer::pull::{self, MessagesErrorKind};
 use async_nats::jetstream::consumer::{AckPolicy as JetStreamAckPolicy, PullConsumer};
 use dedup_runtime::async_nats::{delivery_count, settle};
 use dedup_runtime::batch::BatchItem;
-use dedup_runtime::outbox::{Cause, Outbox};
+use dedup_runtime::outbox::Cause;
 use dedup_runtime::{Ack, AckPolicy, Outcome, idempotent};
+use dedup_suite::consumer::{self, Activity, Error, Forward, report};
 use futures_util::StreamExt;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::watch;
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// The header that carries the message id.
 const MESSAGE_ID: &str = "Message-Id";
@@ -98,12 +96,6 @@ async fn apply(tx: &mut PgConnection, msg: &Message) -> Result<(), sqlx::Error> 
         .execute(&mut *tx)
         .await?;
     Ok(())
-}
-
-/// Where service A of a two-hop chain sends its events (`FORWARD_TO`).
-struct Forward {
-    to: String,
-    outbox: Outbox,
 }
 
 /// Service A of a two-hop chain: the effect row and an event for the next service, the
@@ -179,48 +171,24 @@ struct Config {
 impl Config {
     fn from_env() -> Result<Config, Error> {
         Ok(Config {
-            nats_url: var("NATS_URL", "nats://127.0.0.1:4222"),
-            database_url: var("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
-            stream: var("STREAM", "DEDUP_EXAMPLE"),
-            subject: var("SUBJECT", "dedup-example.payments"),
-            durable: var("DURABLE", "dedup-example"),
-            ack_wait: Duration::from_millis(number("ACK_WAIT_MS", 30_000)?),
-            max_deliver: number("MAX_DELIVER", 20)?,
-            consumers: number("CONSUMERS", 4)?,
-            prefetch: number("PREFETCH", 16)?,
-            batch: number("BATCH", 1)?,
-            exit_when_idle: std::env::var_os("DEDUP_EXIT_WHEN_IDLE_MS")
-                .map(|_| number("DEDUP_EXIT_WHEN_IDLE_MS", 0).map(Duration::from_millis))
-                .transpose()?,
-            crash_window: Duration::from_millis(number("DEDUP_CRASH_WINDOW_MS", 0)?),
-            forward: match std::env::var("FORWARD_TO") {
-                Ok(to) => Some(Forward {
-                    to,
-                    outbox: Outbox::new().in_table(&var(
-                        "DEDUP_OUTBOX_TABLE",
-                        dedup_runtime::outbox::DEFAULT_TABLE,
-                    ))?,
-                }),
-                Err(_) => None,
-            },
+            nats_url: consumer::var("NATS_URL", "nats://127.0.0.1:4222"),
+            database_url: consumer::database_url(),
+            stream: consumer::var("STREAM", "DEDUP_EXAMPLE"),
+            subject: consumer::var("SUBJECT", "dedup-example.payments"),
+            durable: consumer::var("DURABLE", "dedup-example"),
+            ack_wait: Duration::from_millis(consumer::number("ACK_WAIT_MS", 30_000)?),
+            max_deliver: consumer::number("MAX_DELIVER", 20)?,
+            consumers: consumer::consumers()?,
+            prefetch: consumer::prefetch()?,
+            batch: consumer::batch()?,
+            exit_when_idle: consumer::exit_when_idle()?,
+            crash_window: consumer::crash_window()?,
+            forward: Forward::from_env()?,
         })
     }
 
     fn dead_subject(&self) -> String {
         format!("{}.dead", self.subject)
-    }
-}
-
-fn var(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
-
-fn number<N: std::str::FromStr>(name: &str, default: N) -> Result<N, Error> {
-    match std::env::var(name) {
-        Ok(text) => text
-            .parse()
-            .map_err(|_| format!("{name}: expected a number, got {text:?}").into()),
-        Err(_) => Ok(default),
     }
 }
 
@@ -256,28 +224,6 @@ async fn declare(jetstream: &jetstream::Context, config: &Config) -> Result<Pull
     Ok(consumer)
 }
 
-/// Deliveries in progress and the time of the last one, for `DEDUP_EXIT_WHEN_IDLE_MS`.
-struct Activity {
-    start: Instant,
-    in_flight: AtomicUsize,
-    last_ms: AtomicU64,
-}
-
-impl Activity {
-    fn touch(&self) {
-        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(now, Ordering::SeqCst);
-    }
-
-    fn idle_for(&self) -> Option<Duration> {
-        if self.in_flight.load(Ordering::SeqCst) > 0 {
-            return None;
-        }
-        let last = Duration::from_millis(self.last_ms.load(Ordering::SeqCst));
-        Some(self.start.elapsed().saturating_sub(last))
-    }
-}
-
 /// `BATCH` > 1: the same effect for a whole batch, one multi-row insert over the messages
 /// not processed before, in the transaction that claims their ids (consumer
 /// `nats-example`, as `apply`'s).
@@ -309,15 +255,6 @@ fn message_of(message: &jetstream::Message) -> Message {
     }
 }
 
-/// The id as the output lines show it (`-` for none).
-fn shown(message: &Message) -> &str {
-    if message.id.is_empty() {
-        "-"
-    } else {
-        &message.id
-    }
-}
-
 /// `BATCH` > 1: one transaction for the whole batch (`apply_batch`, the attribute's batch form), then each
 /// message settled as its outcome says, after the commit. A database failure retries the
 /// whole batch.
@@ -329,21 +266,21 @@ async fn process_batch(
 ) -> Result<(), Error> {
     let messages: Vec<Message> = batch.iter().map(message_of).collect();
     for (jet, message) in batch.iter().zip(&messages) {
-        println!("delivered {} {}", delivery_count(jet), shown(message));
+        report::delivered(delivery_count(jet), &message.id);
     }
     let acks: Vec<Ack> = match apply_batch(pool, &messages).await {
         Ok(outcome) => {
             for (n, message) in messages.iter().enumerate() {
                 match &outcome.items()[n] {
-                    BatchItem::Processed => println!("committed {}", shown(message)),
+                    BatchItem::Processed => report::committed(&message.id),
                     BatchItem::Duplicate(_) | BatchItem::SameAs { .. } => {
-                        println!("duplicate {}", shown(message));
+                        report::duplicate(&message.id);
                     }
                     _ => {}
                 }
             }
-            if outcome.processed() > 0 && !config.crash_window.is_zero() {
-                tokio::time::sleep(config.crash_window).await;
+            if outcome.processed() > 0 {
+                consumer::crash_pause(config.crash_window).await;
             }
             (0..messages.len())
                 .map(|n| match outcome.settled(n) {
@@ -366,11 +303,7 @@ async fn process_batch(
     let dead_subject = config.dead_subject();
     for ((jet, message), ack) in batch.iter().zip(&messages).zip(&acks) {
         settle(jet, *ack, Some(&dead_subject)).await?;
-        match ack {
-            Ack::Ack => println!("acked {}", shown(message)),
-            Ack::Retry { .. } => println!("retry {}", shown(message)),
-            Ack::DeadLetter => println!("dead {} {}", shown(message), message.body),
-        }
+        report::settled(*ack, &message.id, &message.body);
     }
     Ok(())
 }
@@ -411,8 +344,7 @@ async fn consume(
             }
             Err(error) => return Err(error.into()),
         };
-        activity.in_flight.fetch_add(1, Ordering::SeqCst);
-        activity.touch();
+        activity.begin();
         if config.batch > 1 {
             // What the pull has already brought, up to `BATCH` messages.
             let mut batch = vec![message];
@@ -424,15 +356,13 @@ async fn consume(
                 }
             }
             process_batch(&batch, &config, &pool, &policy).await?;
-            activity.touch();
-            activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+            activity.end();
             continue;
         }
 
         let delivered = delivery_count(&message);
         let msg = message_of(&message);
-        let shown = shown(&msg);
-        println!("delivered {delivered} {shown}");
+        report::delivered(delivered, &msg.id);
 
         let result = match &config.forward {
             None => apply(&pool, &msg).await,
@@ -440,29 +370,20 @@ async fn consume(
         };
         match &result {
             Ok(Outcome::Processed(())) => {
-                println!("committed {shown}");
-                // Testing only: widen the window in which a crash leaves a committed
-                // message unacknowledged.
-                if !config.crash_window.is_zero() {
-                    tokio::time::sleep(config.crash_window).await;
-                }
+                report::committed(&msg.id);
+                consumer::crash_pause(config.crash_window).await;
             }
-            Ok(Outcome::Duplicate(_)) => println!("duplicate {shown}"),
-            Err(error) => eprintln!("message {shown:?} failed: {error}"),
+            Ok(Outcome::Duplicate(_)) => report::duplicate(&msg.id),
+            Err(error) => eprintln!("message {:?} failed: {error}", report::shown(&msg.id)),
         }
         let ack = policy.decide(&result, delivered);
         // A dead letter is copied to `SUBJECT.dead` (confirmed by its stream) before it is
         // terminated: a crash in between redelivers it, and the dead-letter stream may
         // then hold it twice, never zero times.
         settle(&message, ack, Some(&dead_subject)).await?;
-        match ack {
-            Ack::Ack => println!("acked {shown}"),
-            Ack::Retry { .. } => println!("retry {shown}"),
-            Ack::DeadLetter => println!("dead {shown} {}", msg.body),
-        }
+        report::settled(ack, &msg.id, &msg.body);
 
-        activity.touch();
-        activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+        activity.end();
     }
     Ok(())
 }
@@ -502,12 +423,7 @@ async fn main() -> Result<(), Error> {
     let jetstream = jetstream::new(client.clone());
     let consumer = declare(&jetstream, &config).await?;
 
-    let activity = Arc::new(Activity {
-        start: Instant::now(),
-        in_flight: AtomicUsize::new(0),
-        last_ms: AtomicU64::new(0),
-    });
-    let (stop, stopped) = watch::channel(false);
+    let activity = Arc::new(Activity::new());
     let mut consumers = tokio::task::JoinSet::new();
     for _ in 0..config.consumers {
         consumers.spawn(consume(
@@ -515,23 +431,11 @@ async fn main() -> Result<(), Error> {
             config.clone(),
             pool.clone(),
             activity.clone(),
-            stopped.clone(),
+            activity.stopped(),
         ));
     }
-    println!("ready");
-
-    if let Some(limit) = config.exit_when_idle {
-        let activity = activity.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                if activity.idle_for().is_some_and(|idle| idle >= limit) {
-                    stop.send_replace(true);
-                    break;
-                }
-            }
-        });
-    }
+    report::ready();
+    activity.stop_when_idle(config.exit_when_idle);
 
     // A task that fails ends the process: whatever it had not acknowledged is delivered
     // again once the ack wait has passed.

@@ -50,9 +50,8 @@ use dedup_runtime::outbox::{Outbox, OutboxMessage, Publisher};
 use dedup_runtime::rdkafka::KafkaPublisher;
 use dedup_runtime::redis::RedisStreamsPublisher;
 use dedup_runtime::rumqttc::MqttPublisher;
+use dedup_suite::consumer::{self, Error, report};
 use sqlx::Pool;
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// Testing: `publisher`, reporting each message the broker has (`sent <id>`), then
 /// pausing — the window in which a crash leaves sent rows unmarked, to be sent again.
@@ -65,9 +64,7 @@ struct Reporting<P> {
 impl<P: Publisher> Reporting<P> {
     /// The window between the sends and the relay's mark, once the broker has something.
     async fn pause(&self) {
-        if !self.pause.is_zero() {
-            tokio::time::sleep(self.pause).await;
-        }
+        consumer::crash_pause(self.pause).await;
     }
 }
 
@@ -78,7 +75,7 @@ impl<P: Publisher> Publisher for Reporting<P> {
     async fn publish(&self, message: &OutboxMessage) -> Result<(), P::Error> {
         self.publisher.publish(message).await?;
         if self.report {
-            println!("sent {}", message.id());
+            report::sent(message.id());
         }
         self.pause().await;
         Ok(())
@@ -94,7 +91,7 @@ impl<P: Publisher> Publisher for Reporting<P> {
             if answer.is_ok() {
                 any_sent = true;
                 if self.report {
-                    println!("sent {}", message.id());
+                    report::sent(message.id());
                 }
             }
         }
@@ -113,30 +110,27 @@ async fn relay<DB: Backend, P: Publisher>(
     exit_when_idle: Option<Duration>,
 ) -> Result<(), Error> {
     let mut relay = outbox.relay(pool);
-    if let Some(lease) = setting("DEDUP_RELAY_LEASE_MS")? {
+    if let Some(lease) = consumer::setting("DEDUP_RELAY_LEASE_MS")? {
         relay = relay.lease(Duration::from_millis(lease));
     }
-    if let Some(attempts) = setting("DEDUP_RELAY_MAX_ATTEMPTS")? {
-        relay = relay.max_attempts(u32::try_from(attempts)?);
+    if let Some(attempts) = consumer::setting("DEDUP_RELAY_MAX_ATTEMPTS")? {
+        relay = relay.max_attempts(attempts);
     }
     let publisher = Reporting {
         publisher,
         report: std::env::var_os("DEDUP_REPORT_SENDS").is_some(),
-        pause: Duration::from_millis(setting("DEDUP_CRASH_WINDOW_MS")?.unwrap_or(0)),
+        pause: consumer::crash_window()?,
     };
     let mut idle_since = Instant::now();
     loop {
         let relayed = relay.relay_batch(&publisher).await?;
         if relayed.claimed > 0 || relayed.dead > 0 {
-            println!(
-                "relayed {} sent {} lost {} failed {} dead {}",
-                relayed.claimed, relayed.sent, relayed.lost, relayed.failed, relayed.dead
-            );
+            report::relayed(&relayed);
             idle_since = Instant::now();
             continue;
         }
         if exit_when_idle.is_some_and(|limit| idle_since.elapsed() >= limit) {
-            println!("idle");
+            report::idle();
             return Ok(());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -145,7 +139,7 @@ async fn relay<DB: Backend, P: Publisher>(
 
 /// The broker's publisher, then the relay.
 async fn with_publisher<DB: Backend>(pool: Pool<DB>, outbox: Outbox) -> Result<(), Error> {
-    let exit_when_idle = setting("DEDUP_EXIT_WHEN_IDLE_MS")?.map(Duration::from_millis);
+    let exit_when_idle = consumer::exit_when_idle()?;
     if let Ok(url) = std::env::var("DEDUP_AMQP_URL") {
         let connection =
             lapin::Connection::connect(&url, lapin::ConnectionProperties::default()).await?;
@@ -183,18 +177,6 @@ async fn with_publisher<DB: Backend>(pool: Pool<DB>, outbox: Outbox) -> Result<(
              (Kafka), DEDUP_REDIS_URL (Redis Streams) or DEDUP_MQTT_URL (MQTT)"
                 .into(),
         )
-    }
-}
-
-/// A number from the environment, if set.
-fn setting(name: &str) -> Result<Option<u64>, Error> {
-    match std::env::var(name) {
-        Ok(text) => {
-            Ok(Some(text.parse().map_err(|_| {
-                format!("{name}: expected a number, got {text:?}")
-            })?))
-        }
-        Err(_) => Ok(None),
     }
 }
 

@@ -49,13 +49,13 @@
 //! (an empty id is written `-`).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use dedup_runtime::batch::BatchItem;
 use dedup_runtime::lapin::{delivery_count, settle};
-use dedup_runtime::outbox::{Cause, Outbox};
+use dedup_runtime::outbox::Cause;
 use dedup_runtime::{Ack, AckPolicy, Outcome, idempotent};
+use dedup_suite::consumer::{self, Activity, Error, Forward, report};
 use futures_util::StreamExt;
 use lapin::message::Delivery;
 use lapin::options::{
@@ -67,8 +67,6 @@ use lapin::{BasicProperties, Channel, Connection, ConnectionProperties, Exchange
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::watch;
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// One message: its id (the dedup key) and its body.
 struct Message {
@@ -93,12 +91,6 @@ async fn apply(tx: &mut PgConnection, msg: &Message) -> Result<(), sqlx::Error> 
         .execute(&mut *tx)
         .await?;
     Ok(())
-}
-
-/// Where service A of a two-hop chain sends its events (`FORWARD_TO`).
-struct Forward {
-    to: String,
-    outbox: Outbox,
 }
 
 /// Service A of a two-hop chain: the effect row and an event for the next service, the
@@ -232,62 +224,16 @@ struct Config {
 impl Config {
     fn from_env() -> Result<Config, Error> {
         Ok(Config {
-            amqp_url: var("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"),
-            database_url: var("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
-            queue: var("QUEUE", "dedup-example.payments"),
-            consumers: number("CONSUMERS", 4)?,
-            prefetch: number("PREFETCH", 16)?,
-            batch: number("BATCH", 1)?,
-            exit_when_idle: std::env::var_os("DEDUP_EXIT_WHEN_IDLE_MS")
-                .map(|_| number("DEDUP_EXIT_WHEN_IDLE_MS", 0).map(Duration::from_millis))
-                .transpose()?,
-            crash_window: Duration::from_millis(number("DEDUP_CRASH_WINDOW_MS", 0)?),
-            forward: match std::env::var("FORWARD_TO") {
-                Ok(to) => Some(Forward {
-                    to,
-                    outbox: Outbox::new().in_table(&var(
-                        "DEDUP_OUTBOX_TABLE",
-                        dedup_runtime::outbox::DEFAULT_TABLE,
-                    ))?,
-                }),
-                Err(_) => None,
-            },
+            amqp_url: consumer::var("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"),
+            database_url: consumer::database_url(),
+            queue: consumer::var("QUEUE", "dedup-example.payments"),
+            consumers: consumer::consumers()?,
+            prefetch: consumer::prefetch()?,
+            batch: consumer::batch()?,
+            exit_when_idle: consumer::exit_when_idle()?,
+            crash_window: consumer::crash_window()?,
+            forward: Forward::from_env()?,
         })
-    }
-}
-
-fn var(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
-
-fn number<N: std::str::FromStr>(name: &str, default: N) -> Result<N, Error> {
-    match std::env::var(name) {
-        Ok(text) => text
-            .parse()
-            .map_err(|_| format!("{name}: expected a number, got {text:?}").into()),
-        Err(_) => Ok(default),
-    }
-}
-
-/// Deliveries in progress and the time of the last one, for `DEDUP_EXIT_WHEN_IDLE_MS`.
-struct Activity {
-    start: Instant,
-    in_flight: AtomicUsize,
-    last_ms: AtomicU64,
-}
-
-impl Activity {
-    fn touch(&self) {
-        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(now, Ordering::SeqCst);
-    }
-
-    fn idle_for(&self) -> Option<Duration> {
-        if self.in_flight.load(Ordering::SeqCst) > 0 {
-            return None;
-        }
-        let last = Duration::from_millis(self.last_ms.load(Ordering::SeqCst));
-        Some(self.start.elapsed().saturating_sub(last))
     }
 }
 
@@ -304,15 +250,6 @@ fn message_of(delivery: &Delivery) -> Message {
     }
 }
 
-/// The id as the output lines show it (`-` for none).
-fn shown(message: &Message) -> &str {
-    if message.id.is_empty() {
-        "-"
-    } else {
-        &message.id
-    }
-}
-
 /// `BATCH` > 1: one transaction for the whole batch (`apply_batch`, the attribute's batch form), then one
 /// multiple-ack up to its last delivery when every message can be acknowledged, or each
 /// settled as its own outcome says. A database failure retries the whole batch.
@@ -324,21 +261,21 @@ async fn process_batch(
 ) -> Result<(), Error> {
     let messages: Vec<Message> = batch.iter().map(message_of).collect();
     for (delivery, message) in batch.iter().zip(&messages) {
-        println!("delivered {} {}", delivery_count(delivery), shown(message));
+        report::delivered(delivery_count(delivery), &message.id);
     }
     let acks: Vec<Ack> = match apply_batch(pool, &messages).await {
         Ok(outcome) => {
             for (n, message) in messages.iter().enumerate() {
                 match &outcome.items()[n] {
-                    BatchItem::Processed => println!("committed {}", shown(message)),
+                    BatchItem::Processed => report::committed(&message.id),
                     BatchItem::Duplicate(_) | BatchItem::SameAs { .. } => {
-                        println!("duplicate {}", shown(message));
+                        report::duplicate(&message.id);
                     }
                     _ => {}
                 }
             }
-            if outcome.processed() > 0 && !config.crash_window.is_zero() {
-                tokio::time::sleep(config.crash_window).await;
+            if outcome.processed() > 0 {
+                consumer::crash_pause(config.crash_window).await;
             }
             (0..messages.len())
                 .map(|n| match outcome.settled(n) {
@@ -367,11 +304,7 @@ async fn process_batch(
         }
     }
     for (message, ack) in messages.iter().zip(&acks) {
-        match ack {
-            Ack::Ack => println!("acked {}", shown(message)),
-            Ack::Retry { .. } => println!("retry {}", shown(message)),
-            Ack::DeadLetter => println!("dead {} {}", shown(message), message.body),
-        }
+        report::settled(*ack, &message.id, &message.body);
     }
     Ok(())
 }
@@ -404,8 +337,7 @@ async fn consume(
         };
         let Some(delivery) = delivery else { break };
         let delivery = delivery?;
-        activity.in_flight.fetch_add(1, Ordering::SeqCst);
-        activity.touch();
+        activity.begin();
         if config.batch > 1 {
             // What the prefetch has already brought, up to `BATCH` deliveries.
             let mut batch = vec![delivery];
@@ -416,15 +348,13 @@ async fn consume(
                 }
             }
             process_batch(&batch, &config, &pool, &policy).await?;
-            activity.touch();
-            activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+            activity.end();
             continue;
         }
 
         let message = message_of(&delivery);
-        let shown = shown(&message);
         let delivered = delivery_count(&delivery);
-        println!("delivered {delivered} {shown}");
+        report::delivered(delivered, &message.id);
 
         let result = match &config.forward {
             None => apply(&pool, &message).await,
@@ -432,26 +362,17 @@ async fn consume(
         };
         match &result {
             Ok(Outcome::Processed(())) => {
-                println!("committed {shown}");
-                // Testing only: widen the window in which a crash leaves a committed
-                // message unacknowledged.
-                if !config.crash_window.is_zero() {
-                    tokio::time::sleep(config.crash_window).await;
-                }
+                report::committed(&message.id);
+                consumer::crash_pause(config.crash_window).await;
             }
-            Ok(Outcome::Duplicate(_)) => println!("duplicate {shown}"),
-            Err(error) => eprintln!("message {shown:?} failed: {error}"),
+            Ok(Outcome::Duplicate(_)) => report::duplicate(&message.id),
+            Err(error) => eprintln!("message {:?} failed: {error}", report::shown(&message.id)),
         }
         let ack = policy.decide(&result, delivered);
         settle(&delivery, ack).await?;
-        match ack {
-            Ack::Ack => println!("acked {shown}"),
-            Ack::Retry { .. } => println!("retry {shown}"),
-            Ack::DeadLetter => println!("dead {shown} {}", message.body),
-        }
+        report::settled(ack, &message.id, &message.body);
 
-        activity.touch();
-        activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+        activity.end();
     }
     channel.close(200, "consumer done".into()).await?;
     Ok(())
@@ -491,12 +412,7 @@ async fn main() -> Result<(), Error> {
         .map_err(|error| format!("cannot connect to {}: {error}", config.amqp_url))?;
     declare(&connection.create_channel().await?, &config.queue).await?;
 
-    let activity = Arc::new(Activity {
-        start: Instant::now(),
-        in_flight: AtomicUsize::new(0),
-        last_ms: AtomicU64::new(0),
-    });
-    let (stop, stopped) = watch::channel(false);
+    let activity = Arc::new(Activity::new());
     let mut consumers = tokio::task::JoinSet::new();
     for n in 0..config.consumers {
         let channel = connection.create_channel().await?;
@@ -507,23 +423,11 @@ async fn main() -> Result<(), Error> {
             config.clone(),
             pool.clone(),
             activity.clone(),
-            stopped.clone(),
+            activity.stopped(),
         ));
     }
-    println!("ready");
-
-    if let Some(limit) = config.exit_when_idle {
-        let activity = activity.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                if activity.idle_for().is_some_and(|idle| idle >= limit) {
-                    stop.send_replace(true);
-                    break;
-                }
-            }
-        });
-    }
+    report::ready();
+    activity.stop_when_idle(config.exit_when_idle);
 
     // A consumer that fails (its channel or the connection closed) ends the process:
     // whatever it had not acknowledged is delivered again, to the next consumer.

@@ -28,12 +28,12 @@
 //! id), with `-` for an empty id.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use dedup_runtime::inbox::{Inbox, InboxError, InboxHandler, InboxMessage, Incoming, Received};
 use dedup_runtime::lapin::settle;
 use dedup_runtime::{Ack, MAX_DELAY};
+use dedup_suite::consumer::{self, Activity, Error, report};
 use futures_util::StreamExt;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};
 use lapin::types::FieldTable;
@@ -41,8 +41,6 @@ use lapin::{Channel, Connection, ConnectionProperties};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, Postgres};
 use tokio::sync::watch;
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// The inbox's consumer name.
 const CONSUMER: &str = "rabbitmq-inbox-example";
@@ -84,53 +82,16 @@ struct Config {
 impl Config {
     fn from_env() -> Result<Config, Error> {
         Ok(Config {
-            amqp_url: var("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"),
-            database_url: var("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
-            queue: var("QUEUE", "dedup-example.payments"),
-            consumers: number("CONSUMERS", 4)?,
-            prefetch: number("PREFETCH", 16)?,
-            workers: number("WORKERS", 2)?,
-            lease: Duration::from_millis(number("LEASE_MS", 30_000)?),
-            exit_when_idle: std::env::var_os("DEDUP_EXIT_WHEN_IDLE_MS")
-                .map(|_| number("DEDUP_EXIT_WHEN_IDLE_MS", 0).map(Duration::from_millis))
-                .transpose()?,
-            crash_window: Duration::from_millis(number("DEDUP_CRASH_WINDOW_MS", 0)?),
+            amqp_url: consumer::var("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"),
+            database_url: consumer::database_url(),
+            queue: consumer::var("QUEUE", "dedup-example.payments"),
+            consumers: consumer::consumers()?,
+            prefetch: consumer::prefetch()?,
+            workers: consumer::number("WORKERS", 2)?,
+            lease: Duration::from_millis(consumer::number("LEASE_MS", 30_000)?),
+            exit_when_idle: consumer::exit_when_idle()?,
+            crash_window: consumer::crash_window()?,
         })
-    }
-}
-
-fn var(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
-
-fn number<N: std::str::FromStr>(name: &str, default: N) -> Result<N, Error> {
-    match std::env::var(name) {
-        Ok(text) => text
-            .parse()
-            .map_err(|_| format!("{name}: expected a number, got {text:?}").into()),
-        Err(_) => Ok(default),
-    }
-}
-
-/// Deliveries in progress and the time of the last one, for `DEDUP_EXIT_WHEN_IDLE_MS`.
-struct Activity {
-    start: Instant,
-    in_flight: AtomicUsize,
-    last_ms: AtomicU64,
-}
-
-impl Activity {
-    fn touch(&self) {
-        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(now, Ordering::SeqCst);
-    }
-
-    fn idle_for(&self) -> Option<Duration> {
-        if self.in_flight.load(Ordering::SeqCst) > 0 {
-            return None;
-        }
-        let last = Duration::from_millis(self.last_ms.load(Ordering::SeqCst));
-        Some(self.start.elapsed().saturating_sub(last))
     }
 }
 
@@ -161,30 +122,27 @@ async fn receive(
         };
         let Some(delivery) = delivery else { break };
         let delivery = delivery?;
-        activity.in_flight.fetch_add(1, Ordering::SeqCst);
-        activity.touch();
+        activity.begin();
         let id = delivery
             .properties
             .message_id()
             .as_ref()
             .map(|id| id.as_str().to_owned())
             .unwrap_or_default();
-        let shown = if id.is_empty() { "-" } else { &id };
+        let shown = report::shown(&id);
         let count = dedup_runtime::lapin::delivery_count(&delivery);
-        println!("delivered {count} {shown}");
+        report::delivered(count, &id);
         let ack = match inbox
             .receive(Incoming::new(id.as_str(), &delivery.data))
             .await
         {
             Ok(Received::Stored) => {
-                println!("committed {shown}");
-                if !config.crash_window.is_zero() {
-                    tokio::time::sleep(config.crash_window).await;
-                }
+                report::committed(&id);
+                consumer::crash_pause(config.crash_window).await;
                 Ack::Ack
             }
             Ok(_) => {
-                println!("duplicate {shown}");
+                report::duplicate(&id);
                 Ack::Ack
             }
             // Refused (no id, a payload over the limit): the same on every delivery.
@@ -198,13 +156,8 @@ async fn receive(
             }
         };
         settle(&delivery, ack).await?;
-        match ack {
-            Ack::Ack => println!("acked {shown}"),
-            Ack::Retry { .. } => println!("retry {shown}"),
-            Ack::DeadLetter => println!("dead {shown} {}", String::from_utf8_lossy(&delivery.data)),
-        }
-        activity.touch();
-        activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+        report::settled(ack, &id, &String::from_utf8_lossy(&delivery.data));
+        activity.end();
     }
     channel.close(200, "receiver done".into()).await?;
     Ok(())
@@ -228,12 +181,7 @@ async fn main() -> Result<(), Error> {
         .map_err(|error| format!("cannot connect to {}: {error}", config.amqp_url))?;
     dedup_suite::rabbitmq::declare(&connection.create_channel().await?, &config.queue, false).await;
 
-    let activity = Arc::new(Activity {
-        start: Instant::now(),
-        in_flight: AtomicUsize::new(0),
-        last_ms: AtomicU64::new(0),
-    });
-    let (stop, stopped) = watch::channel(false);
+    let activity = Arc::new(Activity::new());
     let mut tasks = tokio::task::JoinSet::new();
     // One inbox for every task: it owns a clone of the pool, and its clones share the
     // hint's timing. Idle workers are woken at once (PostgreSQL's NOTIFY, coalesced),
@@ -248,7 +196,7 @@ async fn main() -> Result<(), Error> {
             config.clone(),
             inbox.clone(),
             activity.clone(),
-            stopped.clone(),
+            activity.stopped(),
         ));
     }
     for _ in 0..config.workers {
@@ -256,7 +204,7 @@ async fn main() -> Result<(), Error> {
             .worker()
             .lease(config.lease)
             .poll_interval(Duration::from_millis(50));
-        let mut stopped = stopped.clone();
+        let mut stopped = activity.stopped();
         tasks.spawn(async move {
             let shutdown = async move {
                 let _ = stopped.wait_for(|stop| *stop).await;
@@ -265,22 +213,19 @@ async fn main() -> Result<(), Error> {
             Ok(())
         });
     }
-    println!("ready");
+    report::ready();
 
     if let Some(limit) = config.exit_when_idle {
         let (activity, inbox) = (activity.clone(), inbox.clone());
         tokio::spawn(async move {
             loop {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                if activity.idle_for().is_none_or(|idle| idle < limit) {
-                    continue;
-                }
+                activity.until_idle(limit).await;
                 // Idle at the broker; done once the inbox has nothing left to process.
                 if let Ok(stats) = inbox.stats().await
                     && stats.pending == 0
                     && stats.claimed == 0
                 {
-                    stop.send_replace(true);
+                    activity.stop();
                     break;
                 }
             }

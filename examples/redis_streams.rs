@@ -26,6 +26,7 @@
 //! | `CONSUMER_PREFIX` | `dedup-example` | consumer names are `<prefix>-0`, `<prefix>-1`, …: a restarted process takes its names, and their pending entries, back |
 //! | `CONSUMERS` | `4` | tasks reading from the group, each its own consumer, one message at a time |
 //! | `PREFETCH` | `16` | entries each task reads per `XREADGROUP` (`COUNT`) |
+//! | `BATCH` | `1` | over 1: up to this many of the entries read at once per transaction (`#[idempotent(batch = …)]`), acknowledged with one `XACK` |
 //! | `CLAIM_IDLE_MS` | `30000` | entries pending this long (with any consumer) are taken over by `XAUTOCLAIM` |
 //! | `MAX_DELIVER` | `20` | deliveries after which a message is dead-lettered |
 //! | `DEDUP_EXIT_WHEN_IDLE_MS` | unset: run forever | exit cleanly after this long without a delivery |
@@ -40,6 +41,15 @@
 //! not recognise. The entry id would do as the key only for a producer that never re-adds.
 //! An entry without an `id` field is poison: the handler refuses its empty id
 //! (`InvalidMessageId`, a permanent error) and it is dead-lettered.
+//!
+//! **Batches** (`BATCH` over 1): a task handles the entries one read brought (new ones, its
+//! own pending ones after a restart, or those it took over), up to `BATCH` at a time, in
+//! one transaction (one claim statement for their ids, one multi-row insert of the effects
+//! of those not processed before, one commit); once it has committed, one `XACK` for all
+//! the entries that can be acknowledged. A crash between the two leaves the whole batch
+//! pending, and every entry of it that had committed comes back as a duplicate. Entries
+//! past `MAX_DELIVER` and poison ones are dead-lettered as one at a time; an entry that
+//! failed transiently stays pending, as one at a time.
 //!
 //! Dead letters go to the stream `STREAM:dead`: a copy of the entry's fields (`XADD`), then
 //! `XACK`. A crash in between redelivers the entry, and the dead-letter stream may then
@@ -66,17 +76,16 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use dedup_runtime::batch::BatchItem;
 use dedup_runtime::{Ack, AckPolicy, Outcome, idempotent};
+use dedup_suite::consumer::{self, Activity, Error, report};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::watch;
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
 
 /// The entry field that carries the message id.
 const ID_FIELD: &str = "id";
@@ -84,6 +93,7 @@ const ID_FIELD: &str = "id";
 const BODY_FIELD: &str = "body";
 
 /// One message: its id (the dedup key) and its body.
+#[derive(Clone)]
 struct Message {
     id: String,
     body: String,
@@ -105,6 +115,24 @@ async fn apply(tx: &mut PgConnection, msg: &Message) -> Result<(), sqlx::Error> 
         .bind(&msg.body)
         .execute(&mut *tx)
         .await?;
+    Ok(())
+}
+
+/// `BATCH` > 1: the same effect for a whole batch, one multi-row insert over the messages
+/// not processed before, in the transaction that claims their ids (consumer
+/// `redis-example`, as `apply`'s).
+#[idempotent(consumer = "redis-example", batch = fresh, key = |msg| msg.id.as_str())]
+async fn apply_batch(tx: &mut PgConnection, fresh: &[&Message]) -> Result<(), sqlx::Error> {
+    let ids: Vec<&str> = fresh.iter().map(|msg| msg.id.as_str()).collect();
+    let bodies: Vec<&str> = fresh.iter().map(|msg| msg.body.as_str()).collect();
+    sqlx::query(
+        "INSERT INTO redis_example_effects (message_id, body) \
+         SELECT * FROM unnest($1::text[], $2::text[])",
+    )
+    .bind(&ids)
+    .bind(&bodies)
+    .execute(&mut *tx)
+    .await?;
     Ok(())
 }
 
@@ -398,10 +426,18 @@ impl Streams {
 
     /// `XACK`: the entry leaves the group's pending entries list.
     async fn ack(&self, redis: &mut MultiplexedConnection, id: &str) -> Result<(), Error> {
+        self.ack_all(redis, &[id]).await
+    }
+
+    /// One `XACK` for all of `ids`: they leave the group's pending entries list.
+    async fn ack_all(&self, redis: &mut MultiplexedConnection, ids: &[&str]) -> Result<(), Error> {
+        if ids.is_empty() {
+            return Ok(());
+        }
         let _acknowledged: u64 = redis::cmd("XACK")
             .arg(&self.stream)
             .arg(&self.group)
-            .arg(id)
+            .arg(ids)
             .query_async(redis)
             .await?;
         Ok(())
@@ -470,6 +506,7 @@ struct Config {
     consumer_prefix: String,
     consumers: u16,
     prefetch: usize,
+    batch: usize,
     claim_idle: Duration,
     max_deliver: u64,
     exit_when_idle: Option<Duration>,
@@ -479,19 +516,18 @@ struct Config {
 impl Config {
     fn from_env() -> Result<Config, Error> {
         Ok(Config {
-            redis_url: var("REDIS_URL", "redis://127.0.0.1:6379"),
-            database_url: var("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"),
-            stream: var("STREAM", "dedup-example"),
-            group: var("GROUP", "dedup-example"),
-            consumer_prefix: var("CONSUMER_PREFIX", "dedup-example"),
-            consumers: number("CONSUMERS", 4)?,
-            prefetch: number::<usize>("PREFETCH", 16)?.max(1),
-            claim_idle: Duration::from_millis(number("CLAIM_IDLE_MS", 30_000)?),
-            max_deliver: number("MAX_DELIVER", 20)?,
-            exit_when_idle: std::env::var_os("DEDUP_EXIT_WHEN_IDLE_MS")
-                .map(|_| number("DEDUP_EXIT_WHEN_IDLE_MS", 0).map(Duration::from_millis))
-                .transpose()?,
-            crash_window: Duration::from_millis(number("DEDUP_CRASH_WINDOW_MS", 0)?),
+            redis_url: consumer::var("REDIS_URL", "redis://127.0.0.1:6379"),
+            database_url: consumer::database_url(),
+            stream: consumer::var("STREAM", "dedup-example"),
+            group: consumer::var("GROUP", "dedup-example"),
+            consumer_prefix: consumer::var("CONSUMER_PREFIX", "dedup-example"),
+            consumers: consumer::consumers()?,
+            prefetch: consumer::prefetch::<usize>()?.max(1),
+            batch: consumer::batch()?.max(1),
+            claim_idle: Duration::from_millis(consumer::number("CLAIM_IDLE_MS", 30_000)?),
+            max_deliver: consumer::number("MAX_DELIVER", 20)?,
+            exit_when_idle: consumer::exit_when_idle()?,
+            crash_window: consumer::crash_window()?,
         })
     }
 
@@ -517,53 +553,9 @@ impl Config {
     }
 }
 
-fn var(name: &str, default: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| default.to_owned())
-}
-
-fn number<N: std::str::FromStr>(name: &str, default: N) -> Result<N, Error> {
-    match std::env::var(name) {
-        Ok(text) => text
-            .parse()
-            .map_err(|_| format!("{name}: expected a number, got {text:?}").into()),
-        Err(_) => Ok(default),
-    }
-}
-
 // ---------------------------------------------------------------------------------------
 // Consuming
 // ---------------------------------------------------------------------------------------
-
-/// Deliveries in progress and the time of the last one, for `DEDUP_EXIT_WHEN_IDLE_MS`.
-struct Activity {
-    start: Instant,
-    in_flight: AtomicUsize,
-    last_ms: AtomicU64,
-}
-
-impl Activity {
-    fn touch(&self) {
-        let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_ms.store(now, Ordering::SeqCst);
-    }
-
-    fn idle_for(&self) -> Option<Duration> {
-        if self.in_flight.load(Ordering::SeqCst) > 0 {
-            return None;
-        }
-        let last = Duration::from_millis(self.last_ms.load(Ordering::SeqCst));
-        Some(self.start.elapsed().saturating_sub(last))
-    }
-}
-
-/// The id as the output lines show it (`-` for none).
-fn shown(message: &Message) -> &str {
-    if message.id.is_empty() {
-        "-"
-    } else {
-        &message.id
-    }
-}
 
 /// One task: its consumer name, its connection, and what it shares with the others.
 struct Task {
@@ -587,8 +579,8 @@ impl Task {
             return self.streams.ack(&mut self.redis, &entry.id).await;
         }
         let msg = entry.message();
-        let shown = shown(&msg);
-        println!("delivered {delivered} {shown}");
+        let shown = report::shown(&msg.id);
+        report::delivered(delivered, &msg.id);
 
         let ack = if delivered > self.config.max_deliver {
             // Delivered MAX_DELIVER times and never settled (a consumer that dies on it,
@@ -599,14 +591,10 @@ impl Task {
             let result = apply(&self.pool, &msg).await;
             match &result {
                 Ok(Outcome::Processed(())) => {
-                    println!("committed {shown}");
-                    // Testing only: widen the window in which a crash leaves a committed
-                    // message unacknowledged.
-                    if !self.config.crash_window.is_zero() {
-                        tokio::time::sleep(self.config.crash_window).await;
-                    }
+                    report::committed(&msg.id);
+                    consumer::crash_pause(self.config.crash_window).await;
                 }
-                Ok(Outcome::Duplicate(_)) => println!("duplicate {shown}"),
+                Ok(Outcome::Duplicate(_)) => report::duplicate(&msg.id),
                 Err(error) => eprintln!("message {shown:?} failed: {error}"),
             }
             match self.policy.decide(&result, delivered) {
@@ -618,14 +606,124 @@ impl Task {
         match ack {
             Ack::Ack => {
                 self.streams.ack(&mut self.redis, &entry.id).await?;
-                println!("acked {shown}");
+                report::acked(&msg.id);
             }
             // Left pending: `XAUTOCLAIM` delivers it again once it has been idle for
             // `CLAIM_IDLE_MS`.
-            Ack::Retry { .. } => println!("retry {shown}"),
+            Ack::Retry { .. } => report::retry(&msg.id),
             Ack::DeadLetter => {
                 self.streams.dead_letter(&mut self.redis, entry).await?;
-                println!("dead {shown} {}", msg.body);
+                report::dead(&msg.id, &msg.body);
+            }
+        }
+        Ok(())
+    }
+
+    /// `BATCH` > 1: handles `entries` (each with its delivery count) in one transaction
+    /// (`apply_batch`), then acknowledges those done with one `XACK`; each of the others
+    /// is dead-lettered or left pending for a retry, as [`handle`](Self::handle) would.
+    async fn handle_batch(&mut self, entries: &[(&Entry, u64)]) -> Result<(), Error> {
+        let mut batch: Vec<(&Entry, u64, Message)> = Vec::with_capacity(entries.len());
+        for &(entry, delivered) in entries {
+            if entry.fields.is_none() {
+                // Deleted from the stream while pending: nothing left to process.
+                eprintln!(
+                    "entry {} was deleted from the stream; acknowledged",
+                    entry.id
+                );
+                self.streams.ack(&mut self.redis, &entry.id).await?;
+                continue;
+            }
+            let msg = entry.message();
+            report::delivered(delivered, &msg.id);
+            batch.push((entry, delivered, msg));
+        }
+        let max_deliver = self.config.max_deliver;
+        // Delivered MAX_DELIVER times and never settled: parked without another try.
+        let (over, under): (Vec<usize>, Vec<usize>) =
+            (0..batch.len()).partition(|&n| batch[n].1 > max_deliver);
+        let mut acks = vec![Ack::DeadLetter; batch.len()];
+        for &n in &over {
+            let (_, delivered, msg) = &batch[n];
+            let shown = report::shown(&msg.id);
+            eprintln!("message {shown:?}: {delivered} deliveries, over MAX_DELIVER");
+        }
+        if !under.is_empty() {
+            let messages: Vec<Message> = under.iter().map(|&n| batch[n].2.clone()).collect();
+            let decided: Vec<Ack> = match apply_batch(&self.pool, &messages).await {
+                Ok(outcome) => {
+                    for (k, message) in messages.iter().enumerate() {
+                        match &outcome.items()[k] {
+                            BatchItem::Processed => report::committed(&message.id),
+                            BatchItem::Duplicate(_) | BatchItem::SameAs { .. } => {
+                                report::duplicate(&message.id);
+                            }
+                            _ => {}
+                        }
+                    }
+                    if outcome.processed() > 0 {
+                        consumer::crash_pause(self.config.crash_window).await;
+                    }
+                    under
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &n)| match outcome.settled(k) {
+                            BatchItem::Processed | BatchItem::Duplicate(_) => Ack::Ack,
+                            BatchItem::Failed(error) => self.policy.decide_error(error, batch[n].1),
+                            BatchItem::CommitFailed(error) => {
+                                self.policy.decide_error(error, batch[n].1)
+                            }
+                            _ => Ack::DeadLetter, // an invalid id
+                        })
+                        .collect()
+                }
+                Err(error) => {
+                    eprintln!("batch of {} failed: {error}", messages.len());
+                    under
+                        .iter()
+                        .map(|&n| self.policy.decide_error(&error, batch[n].1))
+                        .collect()
+                }
+            };
+            for (&n, ack) in under.iter().zip(decided) {
+                acks[n] = match ack {
+                    // The last delivery allowed: no later one to retry on.
+                    Ack::Retry { .. } if batch[n].1 >= max_deliver => Ack::DeadLetter,
+                    ack => ack,
+                };
+            }
+        }
+        // After the commit: one `XACK` for every entry done.
+        let done: Vec<&str> = (0..batch.len())
+            .filter(|&n| acks[n] == Ack::Ack)
+            .map(|n| batch[n].0.id.as_str())
+            .collect();
+        self.streams.ack_all(&mut self.redis, &done).await?;
+        for (n, (entry, _, msg)) in batch.iter().enumerate() {
+            match acks[n] {
+                Ack::Ack => report::acked(&msg.id),
+                // Left pending: `XAUTOCLAIM` delivers it again once it has been idle for
+                // `CLAIM_IDLE_MS`.
+                Ack::Retry { .. } => report::retry(&msg.id),
+                Ack::DeadLetter => {
+                    self.streams.dead_letter(&mut self.redis, entry).await?;
+                    report::dead(&msg.id, &msg.body);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Handles `entries` (each with its delivery count): one at a time, or (`BATCH` over
+    /// 1) in batches of up to `BATCH`.
+    async fn handle_all(&mut self, entries: &[(&Entry, u64)]) -> Result<(), Error> {
+        if self.config.batch > 1 {
+            for batch in entries.chunks(self.config.batch) {
+                self.handle_batch(batch).await?;
+            }
+        } else {
+            for &(entry, delivered) in entries {
+                self.handle(entry, delivered).await?;
             }
         }
         Ok(())
@@ -638,13 +736,12 @@ impl Task {
             .streams
             .delivery_counts(&mut self.redis, &self.consumer, entries)
             .await?;
-        for entry in entries {
-            // Missing: another consumer has it now, or it was acknowledged.
-            if let Some(&delivered) = counts.get(&entry.id) {
-                self.handle(entry, delivered).await?;
-            }
-        }
-        Ok(())
+        // Missing: another consumer has it now, or it was acknowledged.
+        let ours: Vec<(&Entry, u64)> = entries
+            .iter()
+            .filter_map(|entry| Some((entry, *counts.get(&entry.id)?)))
+            .collect();
+        self.handle_all(&ours).await
     }
 
     /// The first thing after a (re)start: the entries this consumer had read and not
@@ -661,11 +758,9 @@ impl Task {
                 return Ok(());
             };
             after = last.id.clone();
-            activity.in_flight.fetch_add(1, Ordering::SeqCst);
-            activity.touch();
+            activity.begin();
             self.handle_pending(&entries).await?;
-            activity.touch();
-            activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+            activity.end();
         }
     }
 
@@ -685,11 +780,9 @@ impl Task {
                 )
                 .await?;
             if !entries.is_empty() {
-                activity.in_flight.fetch_add(1, Ordering::SeqCst);
-                activity.touch();
+                activity.begin();
                 self.handle_pending(&entries).await?;
-                activity.touch();
-                activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+                activity.end();
             }
             if next == "0-0" || next == cursor {
                 return Ok(());
@@ -720,14 +813,11 @@ impl Task {
             if entries.is_empty() {
                 continue;
             }
-            activity.in_flight.fetch_add(1, Ordering::SeqCst);
-            activity.touch();
-            for entry in &entries {
-                // Read with `>`: its first delivery.
-                self.handle(entry, 1).await?;
-            }
-            activity.touch();
-            activity.in_flight.fetch_sub(1, Ordering::SeqCst);
+            activity.begin();
+            // Read with `>`: their first delivery.
+            let first: Vec<(&Entry, u64)> = entries.iter().map(|entry| (entry, 1)).collect();
+            self.handle_all(&first).await?;
+            activity.end();
         }
         Ok(())
     }
@@ -764,12 +854,7 @@ async fn main() -> Result<(), Error> {
     streams.declare(&mut redis).await?;
     drop(redis);
 
-    let activity = Arc::new(Activity {
-        start: Instant::now(),
-        in_flight: AtomicUsize::new(0),
-        last_ms: AtomicU64::new(0),
-    });
-    let (stop, stopped) = watch::channel(false);
+    let activity = Arc::new(Activity::new());
     let policy = AckPolicy::<sqlx::Postgres>::new();
     let mut consumers = tokio::task::JoinSet::new();
     for n in 0..config.consumers {
@@ -781,22 +866,10 @@ async fn main() -> Result<(), Error> {
             pool: pool.clone(),
             policy: policy.clone(),
         };
-        consumers.spawn(task.run(activity.clone(), stopped.clone()));
+        consumers.spawn(task.run(activity.clone(), activity.stopped()));
     }
-    println!("ready");
-
-    if let Some(limit) = config.exit_when_idle {
-        let activity = activity.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                if activity.idle_for().is_some_and(|idle| idle >= limit) {
-                    stop.send_replace(true);
-                    break;
-                }
-            }
-        });
-    }
+    report::ready();
+    activity.stop_when_idle(config.exit_when_idle);
 
     // A task that fails ends the process: whatever it had not acknowledged stays pending,
     // read again by the next process's task of the same name, or taken over by another

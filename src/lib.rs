@@ -18,11 +18,13 @@
 //! | `partner` (feature `http`) | a stand-in payment provider: an HTTP server on loopback that honours `Idempotency-Key` (or ignores it) |
 //! | `jetstream::streams` (feature `brokers`) | the JetStream streams of `examples/nats.rs`: a stream and its dead-letter stream |
 //! | `mosquitto::Mosquitto` (feature `brokers`) | a Mosquitto of the test's own on a free port: restarted, paused, killed when dropped |
+//! | `consumer` | what the broker examples share: settings from the environment, idle tracking, the lines the crash harness reads |
 //! | `fault::FaultProxy` | a TCP proxy between a pool and its server that loses one reply or cuts one request on cue |
 //! | `rabbitmq::declare` (feature `brokers`) | the RabbitMQ topology of `examples/rabbitmq.rs`: a queue, its dead-letter exchange and queue |
 
 #![warn(missing_docs)]
 
+pub mod consumer;
 pub mod fault;
 #[cfg(feature = "brokers")]
 pub mod jetstream;

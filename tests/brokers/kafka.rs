@@ -212,6 +212,20 @@ fn dead_letters(dead: &str) -> Vec<String> {
 /// worker per partition (4), the offset committed after the database commit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kafka_consumer_is_effectively_once_under_sigkill() {
+    harness("Kafka (tansu)", &[]).await;
+}
+
+/// Batch mode: `examples/kafka.rs` with `BATCH=16` takes up to 16 of a partition's records
+/// per transaction (`dedup_runtime::batch`) and commits the offset after the batch's last
+/// record once the transaction has committed; kills land between the two, with up to 16
+/// records in the window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kafka_batch_consumer_is_effectively_once_under_sigkill() {
+    harness("Kafka (tansu), batches of 16", &[("BATCH", "16")]).await;
+}
+
+/// The Kafka crash harness, `title` in its report, `more` in the consumer's environment.
+async fn harness(title: &str, more: &[(&'static str, &str)]) {
     let _lane = lane().await;
     let started = Instant::now();
     let scale = Scale::from_env();
@@ -235,7 +249,7 @@ async fn kafka_consumer_is_effectively_once_under_sigkill() {
             "records in the topic after publishing (offsets start at 0 per partition)"
         );
 
-        let env = vec![
+        let mut env = vec![
             ("KAFKA_BROKERS", brokers()),
             ("DATABASE_URL", database_url()),
             ("TOPIC", topic.clone()),
@@ -244,6 +258,10 @@ async fn kafka_consumer_is_effectively_once_under_sigkill() {
             ("SESSION_TIMEOUT_MS", SESSION_TIMEOUT_MS.to_owned()),
             ("DEDUP_CRASH_WINDOW_MS", CRASH_WINDOW_MS.to_owned()),
         ];
+        env.extend(
+            more.iter()
+                .map(|(name, value)| (*name, (*value).to_owned())),
+        );
         // The idle clock starts at the assignment; 1.5 s also covers the first
         // in-process retry's backoff (1 s).
         let idle = Duration::from_millis(1500);
@@ -281,7 +299,7 @@ async fn kafka_consumer_is_effectively_once_under_sigkill() {
         );
         let ends_text = listed_ends(&ends);
         report(
-            "Kafka (tansu)",
+            title,
             &published,
             &stored,
             &tally,

@@ -27,11 +27,13 @@
 //! messages (and only they) dead-lettered. It prints what it saw: kills, the kills that
 //! caught a message between COMMIT and acknowledgement, redeliveries, duplicates.
 //!
-//! **Batches** (`rabbitmq_batch_…`, `nats_batch_…`): the same harness with the examples in
-//! batch mode (`BATCH=16`: up to 16 deliveries per transaction through
-//! `dedup_runtime::batch`, one claim statement and one commit for all; on RabbitMQ one
-//! multiple-ack), so that a kill between the commit and the acknowledgements catches up
-//! to 16 messages at once.
+//! **Batches** (`rabbitmq_batch_…`, `nats_batch_…`, `kafka_batch_…`,
+//! `redis_streams_batch_…`): the same harness with the examples in batch mode (`BATCH=16`:
+//! up to 16 deliveries per transaction through `dedup_runtime::batch`, one claim statement
+//! and one commit for all; on RabbitMQ one multiple-ack, on Kafka one offset commit per
+//! batch, the offset after its last record, on Redis one `XACK` for the batch's entries),
+//! so that a kill between the commit and the acknowledgements catches up to 16 messages at
+//! once. The checks are the single-message harness's for the same broker.
 //!
 //! **Two hops** (`rabbitmq_two_hop_…`, `nats_two_hop_…`, `kafka_two_hop_…`): the same
 //! input, consumed by service A (the example with `FORWARD_TO`: its `#[idempotent]`

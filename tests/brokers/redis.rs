@@ -147,6 +147,21 @@ async fn dead_letters(redis: &mut MultiplexedConnection, stream: &str) -> (usize
 /// group (names reused across restarts), `XAUTOCLAIM` after 2 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_streams_consumer_is_effectively_once_under_sigkill() {
+    harness("Redis Streams", &[]).await;
+}
+
+/// Batch mode: `examples/redis_streams.rs` with `BATCH=16` takes the entries of one read
+/// (up to 16) in one transaction (`dedup_runtime::batch`) and acknowledges them with one
+/// `XACK` after the commit; kills land between the two, with up to 16 entries in the
+/// window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_streams_batch_consumer_is_effectively_once_under_sigkill() {
+    harness("Redis Streams, batches of 16", &[("BATCH", "16")]).await;
+}
+
+/// The Redis Streams crash harness, `title` in its report, `more` in the consumer's
+/// environment.
+async fn harness(title: &str, more: &[(&'static str, &str)]) {
     let _lane = BUSY.lock().await;
     let started = Instant::now();
     let scale = Scale::from_env();
@@ -201,7 +216,7 @@ async fn redis_streams_consumer_is_effectively_once_under_sigkill() {
             "entries in the stream after publishing"
         );
 
-        let env = vec![
+        let mut env = vec![
             ("REDIS_URL", url.clone()),
             ("DATABASE_URL", database_url()),
             ("STREAM", stream.clone()),
@@ -215,6 +230,10 @@ async fn redis_streams_consumer_is_effectively_once_under_sigkill() {
             ("MAX_DELIVER", "100".to_owned()),
             ("DEDUP_CRASH_WINDOW_MS", CRASH_WINDOW_MS.to_owned()),
         ];
+        env.extend(
+            more.iter()
+                .map(|(name, value)| (*name, (*value).to_owned())),
+        );
         // The last life must outlast the claim idle time, to see entries left
         // pending (for a retry, or with a consumer no process runs) taken over.
         let idle = CLAIM_IDLE + Duration::from_millis(1500);
@@ -235,7 +254,7 @@ async fn redis_streams_consumer_is_effectively_once_under_sigkill() {
             "the dead-letter stream holds the poison messages and nothing else"
         );
         report(
-            "Redis Streams",
+            title,
             &published,
             &stored,
             &tally,
