@@ -27,7 +27,7 @@
 //! | `MAX_DELIVER` | `20` | for a new consumer: deliveries before JetStream gives up |
 //! | `CONSUMERS` | `4` | tasks pulling from the durable consumer, one message at a time each |
 //! | `PREFETCH` | `16` | messages each task pulls per batch |
-//! | `BATCH` | `1` | over 1: up to this many pulled messages per transaction (`#[idempotent(batch = …)]`) |
+//! | `BATCH` | `1` | over 1: up to this many pulled messages per transaction (`#[idempotent(batch = …)]`; not with `FORWARD_TO`) |
 //! | `FORWARD_TO` | unset | service A of a two-hop chain: also send an event to this subject, through the outbox |
 //! | `DEDUP_OUTBOX_TABLE` | `outbox_messages` | with `FORWARD_TO`: the outbox table |
 //! | `DEDUP_EXIT_WHEN_IDLE_MS` | unset: run forever | exit cleanly after this long without a delivery |
@@ -170,7 +170,7 @@ struct Config {
 
 impl Config {
     fn from_env() -> Result<Config, Error> {
-        Ok(Config {
+        let config = Config {
             nats_url: consumer::var("NATS_URL", "nats://127.0.0.1:4222"),
             database_url: consumer::database_url(),
             stream: consumer::var("STREAM", "DEDUP_EXAMPLE"),
@@ -184,7 +184,11 @@ impl Config {
             exit_when_idle: consumer::exit_when_idle()?,
             crash_window: consumer::crash_window()?,
             forward: Forward::from_env()?,
-        })
+        };
+        if config.batch > 1 && config.forward.is_some() {
+            return Err("BATCH over 1 does not forward: unset FORWARD_TO, or BATCH".into());
+        }
+        Ok(config)
     }
 
     fn dead_subject(&self) -> String {

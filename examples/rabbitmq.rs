@@ -21,7 +21,7 @@
 //! | `QUEUE` | `dedup-example.payments` | the queue to consume |
 //! | `CONSUMERS` | `4` | channels, each consuming one message at a time |
 //! | `PREFETCH` | `16` | unacknowledged messages the broker sends each channel ahead |
-//! | `BATCH` | `1` | over 1: up to this many deliveries per transaction (`#[idempotent(batch = …)]`), acknowledged with one multiple-ack |
+//! | `BATCH` | `1` | over 1: up to this many deliveries per transaction (`#[idempotent(batch = …)]`), acknowledged with one multiple-ack (not with `FORWARD_TO`) |
 //! | `FORWARD_TO` | unset | service A of a two-hop chain: also send an event to this queue, through the outbox |
 //! | `DEDUP_OUTBOX_TABLE` | `outbox_messages` | with `FORWARD_TO`: the outbox table |
 //! | `DEDUP_EXIT_WHEN_IDLE_MS` | unset: run forever | exit cleanly after this long without a delivery |
@@ -223,7 +223,7 @@ struct Config {
 
 impl Config {
     fn from_env() -> Result<Config, Error> {
-        Ok(Config {
+        let config = Config {
             amqp_url: consumer::var("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"),
             database_url: consumer::database_url(),
             queue: consumer::var("QUEUE", "dedup-example.payments"),
@@ -233,7 +233,11 @@ impl Config {
             exit_when_idle: consumer::exit_when_idle()?,
             crash_window: consumer::crash_window()?,
             forward: Forward::from_env()?,
-        })
+        };
+        if config.batch > 1 && config.forward.is_some() {
+            return Err("BATCH over 1 does not forward: unset FORWARD_TO, or BATCH".into());
+        }
+        Ok(config)
     }
 }
 
