@@ -274,3 +274,10 @@ mod mysql_migrate_waited_for_open_transactions;
 // creates an index only when the catalog lacks it" (schema::postgres::create_locked).
 #[path = "regressions/migrate_waited_for_open_writers.rs"]
 mod migrate_waited_for_open_writers;
+
+// The RabbitMQ and NATS examples in batch mode dropped `FORWARD_TO` without a word (a
+// two-hop service A that never sent its events). Fixed in 9431b0b ("RabbitMQ and NATS
+// examples refuse BATCH with FORWARD_TO; README names dedup-ui").
+#[cfg(feature = "brokers")]
+#[path = "regressions/batch_examples_dropped_forward_to.rs"]
+mod batch_examples_dropped_forward_to;
