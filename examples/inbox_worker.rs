@@ -1,4 +1,4 @@
-//! The worker process of the inbox's process-killing test (`tests/suite/inbox.rs`): it works
+//! The worker process of the inbox's process-killing test (`tests/suite/inbox/workers.rs`): it works
 //! through an inbox until nothing is pending or claimed, with a handler that writes one
 //! effect row per message — and, for a message whose payload is `kill`, writes its effect
 //! and then kills its own process with SIGKILL, inside the handler's transaction: a handler

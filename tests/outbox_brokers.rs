@@ -7,7 +7,7 @@
 //! context as its `traceparent` header, or field),
 //! once; an unroutable message is a failed send, retried, never a silent loss; a re-send
 //! of a row JetStream already has is dropped by JetStream's duplicate window. The relay
-//! runs on SQLite here (its backends are tested in `tests/suite/outbox.rs`).
+//! runs on SQLite here (its backends are tested in `tests/suite/outbox/`).
 
 use std::time::{Duration, Instant};
 

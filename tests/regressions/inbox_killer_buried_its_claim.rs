@@ -9,7 +9,7 @@
 //! the others, which never started, get theirs back — they lose nothing.
 //!
 //! The worker's death is its task aborted mid-handler (its transaction rolled back, its
-//! claim left to expire); `tests/suite/inbox.rs` kills a real process the same way.
+//! claim left to expire); `tests/suite/inbox/workers.rs` kills a real process the same way.
 
 use std::sync::Arc;
 use std::time::Duration;

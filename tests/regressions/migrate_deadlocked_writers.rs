@@ -5,7 +5,7 @@
 //! `SHARE` lock before it: a service starting (`migrate` at start-up) while a worker held
 //! the table in a transaction (a claim's `FOR UPDATE`) waited for it, and the worker's
 //! next write waited for `migrate`'s `SHARE` lock — a deadlock, one of the two killed
-//! ("deadlock detected", seen in `tests/suite/inbox.rs` when tests migrate beside a running
+//! ("deadlock detected", seen in `tests/suite/inbox/` when tests migrate beside a running
 //! worker). The column is now added only when the catalog lacks it, in a transaction of
 //! its own.
 //!

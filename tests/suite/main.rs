@@ -2,7 +2,8 @@
 //! monomorphisation of sqlx for all of them instead of one per file (the CI's cold build
 //! time), and their tests share the binary's threads as the tests of one file always have.
 //! Each module keeps the tables and consumers of its own, so that they can run side by
-//! side. The suites that need a broker or the HTTP stack, the crash harnesses and the
+//! side; the largest (`inbox`, `outbox`, `effects`) are folders, one submodule per concern.
+//! The suites that need a broker or the HTTP stack, the crash harnesses and the
 //! regression fixtures are binaries of their own (`tests/*.rs`).
 
 mod accepted;
