@@ -1,16 +1,35 @@
-//! What dedup costs, measured in one interleaved run on PostgreSQL and SQLite.
+//! What dedup costs, measured in one interleaved run on PostgreSQL and SQLite (and, in
+//! the per-message group, MariaDB).
 //!
 //! ```text
-//! cargo bench --bench dedup                      # the full run: about 9 minutes
+//! cargo bench --bench dedup                      # the full run: about 12 minutes
 //! cargo bench --bench dedup --features brokers    # the same, and the relay to the brokers
 //! cargo bench --bench dedup -- batch              # the batch group alone (batch.csv)
 //! cargo bench --bench dedup --features brokers -- relay  # the relay group alone (relay.csv;
 //!                                                 # in the smoke run too, tiny: see dedup/relay.rs)
 //! cargo bench --bench dedup -- inbox              # the inbox workers' group alone (inbox.csv;
 //!                                                 # in the smoke run too, tiny: see dedup/inbox.rs)
+//! cargo bench --bench dedup -- per_message        # the per-message group alone (per_message.csv;
+//!                                                 # in the full and the smoke run too)
 //! DEDUP_BENCH_ROUNDS=5 cargo bench --bench dedup  # the same with 5 rounds instead of 15
+//!                                                 # (the groups of their own: instead of 8)
 //! DEDUP_BENCH_SMOKE=1 cargo test --all-features --bench dedup  # CI smoke run: tiny sizes
 //! ```
+//!
+//! The per-message group (alone with `-- per_message`; in the full run before the rounds,
+//! 8 rounds of its own; in the smoke run at its tiny sizes): one consumer transaction per
+//! message, the body one `INSERT`, every id new, at 1 and 4 tasks on PostgreSQL, SQLite
+//! and MariaDB, interleaved in each round: the generated handler, the hand-written
+//! transaction (the same statements with sqlx by hand; MariaDB's claim `INSERT IGNORE`),
+//! and on PostgreSQL, when `pgbench` is installed, pgbench running the hand-written
+//! transaction in its simple query mode (`-M simple`) and with prepared statements (`-M
+//! prepared`). It prints each rate and the generated handler's ratio to the hand-written
+//! transaction and to each pgbench mode; `target/dedup-bench/per_message.csv` has
+//! `backend,tasks,generated_per_s,handwritten_per_s,pgbench_per_s,ratio_vs_handwritten,
+//! ratio_vs_pgbench` (medians over the rounds and the ratios of those; `pgbench_per_s`
+//! the better of the two modes, empty with its ratio where pgbench does not run). It
+//! needs MariaDB: `DEDUP_TEST_MYSQL_URL` or `mysql://root@127.0.0.1:3306/test`, the
+//! suite's; a server that cannot be reached fails the run.
 //!
 //! The batch group (in every round, or alone with `-- batch`): `dedup_runtime::batch` on
 //! PostgreSQL and SQLite at 1 and 4 tasks, batches of 1, 10, 100 and 1,000 fresh
@@ -65,20 +84,23 @@
 //! (tests/suite/prune.rs checks that such a prune is correct, not how fast it goes).
 //!
 //! Results in `target/dedup-bench/`: `results.csv` (every run), `summary.csv` (medians),
-//! `statements.csv`, `prune.csv`, and the plot `bench.svg`, copied to `docs/bench.svg` by a
+//! `statements.csv`, `prune.csv`, `per_message.csv`, and the plot `bench.svg`, copied to `docs/bench.svg` by a
 //! full run. The
 //! 10-million-row tables are kept between runs (`dedup_bench_10m` in the PostgreSQL
 //! database, `target/dedup-bench/sqlite.db`); filling them takes about two minutes, once.
 //!
-//! PostgreSQL: `DEDUP_TEST_POSTGRES_URL` or `postgres://postgres@127.0.0.1:5432/test`.
+//! PostgreSQL: `DEDUP_TEST_POSTGRES_URL` or `postgres://postgres@127.0.0.1:5432/test`;
+//! MariaDB (the per-message and relay groups): `DEDUP_TEST_MYSQL_URL` or
+//! `mysql://root@127.0.0.1:3306/test`.
 //!
 //! The code, one module per concern under `benches/dedup/`: `config.rs` (the variants, the
 //! sizes of a run), `counting.rs` (allocations and statements), `target.rs` (the handlers
-//! and statements, written once for both backends) with `postgres.rs` and `sqlite.rs`
-//! (what differs: their SQL), `timing.rs` (the timed and the call-by-call runs),
-//! `inbox_round.rs`, `outbox.rs` and `brokers.rs`, `batches.rs`, `prune.rs`,
-//! `pgbench.rs`, `setup.rs`, `report.rs` (the tables and CSV files), `svg.rs`, `run.rs`
-//! (the rounds); `inbox.rs` and `relay.rs` are the groups of their own.
+//! and statements, written once for every backend) with `postgres.rs`, `sqlite.rs` and
+//! `mysql.rs` (what differs: their SQL), `timing.rs` (the timed and the call-by-call
+//! runs), `inbox_round.rs`, `outbox.rs` and `brokers.rs`, `batches.rs`, `prune.rs`,
+//! `pgbench.rs` (both query modes), `setup.rs`, `report.rs` (the tables and CSV files),
+//! `svg.rs`, `run.rs` (the rounds); `inbox.rs`, `relay.rs` and `per_message.rs` are the
+//! groups of their own.
 
 use std::process::ExitCode;
 
@@ -95,8 +117,12 @@ mod counting;
 mod inbox;
 #[path = "dedup/inbox_round.rs"]
 mod inbox_round;
+#[path = "dedup/mysql.rs"]
+mod mysql;
 #[path = "dedup/outbox.rs"]
 mod outbox;
+#[path = "dedup/per_message.rs"]
+mod per_message;
 #[path = "dedup/pgbench.rs"]
 mod pgbench;
 #[path = "dedup/postgres.rs"]
@@ -123,10 +149,8 @@ mod timing;
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 fn main() -> ExitCode {
-    // `cargo bench` passes `--bench`; `batch` runs the batch group alone.
-    let batch_only = std::env::args().skip(1).any(|arg| arg == "batch");
-    let relay_only = std::env::args().skip(1).any(|arg| arg == "relay");
-    let inbox_only = std::env::args().skip(1).any(|arg| arg == "inbox");
+    // `batch`, `relay`, `inbox` or `per_message` runs that group alone.
+    let only = run::Only::from_args();
     let config = config::Config::from_env();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -139,7 +163,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run::run(config, batch_only, relay_only, inbox_only)) {
+    match runtime.block_on(run::run(config, only)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("dedup bench: {error}");

@@ -177,10 +177,7 @@ pub(crate) fn print_batches(
                 let _ = writeln!(
                     csv,
                     "{},{tasks},{batch},{rate:.1},{ratio:.3}",
-                    match backend {
-                        BackendName::Postgres => "postgres",
-                        BackendName::Sqlite => "sqlite",
-                    }
+                    backend.key()
                 );
             }
             let duplicate_ratio = median(

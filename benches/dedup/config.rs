@@ -43,6 +43,8 @@ impl Variant {
 pub(crate) enum BackendName {
     Postgres,
     Sqlite,
+    /// MariaDB (or MySQL): in the per-message group only.
+    Mariadb,
 }
 
 impl BackendName {
@@ -50,6 +52,16 @@ impl BackendName {
         match self {
             BackendName::Postgres => "PostgreSQL",
             BackendName::Sqlite => "SQLite",
+            BackendName::Mariadb => "MariaDB",
+        }
+    }
+
+    /// Its name in the groups' CSV files.
+    pub(crate) fn key(self) -> &'static str {
+        match self {
+            BackendName::Postgres => "postgres",
+            BackendName::Sqlite => "sqlite",
+            BackendName::Mariadb => "mariadb",
         }
     }
 }

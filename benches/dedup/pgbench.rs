@@ -1,14 +1,40 @@
 //! The reference client: the hand-written transaction through pgbench (PostgreSQL, when
-//! `pgbench` is installed), with prepared statements.
+//! `pgbench` is installed), with prepared statements (the full run's `pgbench` variant) or
+//! in its simple query mode too (the per-message group).
 
 use std::path::Path;
 
 use crate::Error;
 
-/// The hand-written transaction through pgbench; its own tps (connections excluded).
-pub(crate) fn pgbench(url: &str, script: &Path, tasks: usize, ops: usize) -> Result<f64, Error> {
+/// pgbench's query mode (`-M`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Mode {
+    /// `-M simple`: each statement sent as text, its values in it, one round trip.
+    Simple,
+    /// `-M prepared`: each statement parsed once per connection, then bound and executed.
+    Prepared,
+}
+
+impl Mode {
+    fn flag(self) -> &'static str {
+        match self {
+            Mode::Simple => "simple",
+            Mode::Prepared => "prepared",
+        }
+    }
+}
+
+/// The hand-written transaction through pgbench in `mode`; its own tps (connections
+/// excluded).
+pub(crate) fn pgbench(
+    url: &str,
+    script: &Path,
+    mode: Mode,
+    tasks: usize,
+    ops: usize,
+) -> Result<f64, Error> {
     let output = std::process::Command::new("pgbench")
-        .args(["-n", "-M", "prepared", "-f"])
+        .args(["-n", "-M", mode.flag(), "-f"])
         .arg(script)
         .args(["-c", &tasks.to_string(), "-j", &tasks.min(2).to_string()])
         .args(["-t", &(ops / tasks).to_string()])

@@ -1,5 +1,6 @@
-//! The run: the pools, the groups that run alone (`-- inbox`, `-- relay`, `-- batch`), the
-//! interleaved rounds on both backends, the pruning figures, and the report.
+//! The run: the pools, the groups that run alone (`-- inbox`, `-- relay`, `-- per_message`,
+//! `-- batch`), the interleaved rounds on both backends, the pruning figures, and the
+//! report.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use crate::config::{BackendName, Config, Sample, TASKS, Variant};
 use crate::counting::{StatementCounter, counting, statements_per_call};
 use crate::inbox_round::{INBOX_TABLE, InboxSample, measure_inbox, print_inbox};
 use crate::outbox::{OUTBOX_TABLE, OutboxSample, measure_outbox, print_outbox};
-use crate::pgbench::{PGBENCH_SCRIPT, pgbench};
+use crate::pgbench::{Mode as PgbenchMode, PGBENCH_SCRIPT, pgbench};
 use crate::prune::{print_prune, prune, write_prune_csv};
 use crate::report::{
     Summary, print_report, print_statements, write_csv, write_pairs_csv, write_statements_csv,
@@ -48,12 +49,33 @@ struct Rounds {
     batch_samples: Vec<BatchSample>,
 }
 
-pub(crate) async fn run(
-    config: Config,
-    batch_only: bool,
-    relay_only: bool,
-    inbox_only: bool,
-) -> Result<(), Error> {
+/// The group a run is limited to (`cargo bench --bench dedup -- <group>`), if any.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Only {
+    Batch,
+    Relay,
+    Inbox,
+    PerMessage,
+}
+
+impl Only {
+    /// The group named on the command line (`cargo bench` passes `--bench` too).
+    pub(crate) fn from_args() -> Option<Only> {
+        std::env::args().skip(1).find_map(|arg| match arg.as_str() {
+            "batch" => Some(Only::Batch),
+            "relay" => Some(Only::Relay),
+            "inbox" => Some(Only::Inbox),
+            "per_message" => Some(Only::PerMessage),
+            _ => None,
+        })
+    }
+}
+
+pub(crate) async fn run(config: Config, only: Option<Only>) -> Result<(), Error> {
+    let batch_only = only == Some(Only::Batch);
+    let relay_only = only == Some(Only::Relay);
+    let inbox_only = only == Some(Only::Inbox);
+    let per_message_only = only == Some(Only::PerMessage);
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = manifest.join("target/dedup-bench");
     std::fs::create_dir_all(&dir)?;
@@ -111,17 +133,49 @@ pub(crate) async fn run(
         }
     }
 
+    let mut seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(1, |elapsed| elapsed.as_nanos() as u64)
+        | 1;
+    let script = dir.join("pgbench.sql");
+    std::fs::write(&script, PGBENCH_SCRIPT)?;
+    let have_pgbench = crate::pgbench::installed();
+    if !have_pgbench && !batch_only {
+        eprintln!("pgbench is not installed: no reference client run");
+    }
+
+    // The per-message group: alone with `-- per_message`, before the rounds in the full
+    // run, tiny in the smoke run.
+    if !batch_only {
+        let mysql_url = dedup_suite::mysql_url();
+        let maria = sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(60))
+            .connect(&mysql_url)
+            .await
+            .map_err(|error| format!("MariaDB at {mysql_url}: {error}"))?;
+        let plan = crate::per_message::Plan {
+            rounds: if config.smoke { 1 } else { relay_rounds() },
+            ops: config.ops,
+            smoke: config.smoke,
+            pgbench: have_pgbench.then(|| crate::per_message::Pgbench {
+                url: &pg_url,
+                script: &script,
+            }),
+        };
+        crate::per_message::run((&pg, &lite, &maria), &dir, &plan, &mut seed).await?;
+        maria.close().await;
+        if per_message_only {
+            return Ok(());
+        }
+    }
+
     setup(&pg, &config).await?;
     setup(&lite, &config).await?;
     dedup_runtime::inbox::migrate_table(&pg, INBOX_TABLE).await?;
     dedup_runtime::inbox::migrate_table(&lite, INBOX_TABLE).await?;
     dedup_runtime::outbox::migrate_table(&pg, OUTBOX_TABLE).await?;
     dedup_runtime::outbox::migrate_table(&lite, OUTBOX_TABLE).await?;
-
-    let mut seed = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(1, |elapsed| elapsed.as_nanos() as u64)
-        | 1;
 
     // `cargo bench --bench dedup -- batch`: the batch group alone.
     if batch_only {
@@ -147,13 +201,6 @@ pub(crate) async fn run(
     counting(false);
     let mut statements = statements_per_call(&pg, config.smoke, &mut seed).await?;
     statements.extend(statements_per_call(&lite, config.smoke, &mut seed).await?);
-
-    let script = dir.join("pgbench.sql");
-    std::fs::write(&script, PGBENCH_SCRIPT)?;
-    let have_pgbench = crate::pgbench::installed();
-    if !have_pgbench {
-        eprintln!("pgbench is not installed: no reference client run");
-    }
 
     #[cfg(feature = "brokers")]
     let brokers = Brokers::connect().await?;
@@ -279,8 +326,10 @@ async fn one_round<DB: Target>(
                     context.script.to_owned(),
                     config.ops,
                 );
-                let tps = tokio::task::spawn_blocking(move || pgbench(&url, &script, tasks, ops))
-                    .await??;
+                let tps = tokio::task::spawn_blocking(move || {
+                    pgbench(&url, &script, PgbenchMode::Prepared, tasks, ops)
+                })
+                .await??;
                 (config.ops as f64 / tps, None)
             } else {
                 let (s, a) = measure(pool, variant, tasks, config.smoke, ids).await?;
@@ -337,7 +386,8 @@ async fn one_round<DB: Target>(
     Ok(())
 }
 
-/// The relay group's rounds: `DEDUP_BENCH_ROUNDS`, 8 by default.
+/// The rounds of the relay, inbox and per-message groups: `DEDUP_BENCH_ROUNDS`, 8 by
+/// default.
 fn relay_rounds() -> usize {
     std::env::var("DEDUP_BENCH_ROUNDS")
         .ok()

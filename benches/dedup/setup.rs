@@ -31,8 +31,7 @@ where
 /// The dedup table, the effects, and the big dedup table: filled once (about two minutes
 /// for 10 million rows), then only emptied of the ids the runs added.
 pub(crate) async fn setup<DB: Target>(pool: &Pool<DB>, config: &Config) -> Result<(), Error> {
-    dedup_runtime::migrate_table(pool, "dedup_bench").await?;
-    DB::execute(pool, &DB::CREATE).await?;
+    tables(pool).await?;
     let big = config.big_table();
     if DB::filled(pool, big).await? == Some(config.big_rows) {
         // The ids a previous run added are the ones newer than the fill's.
@@ -50,6 +49,13 @@ pub(crate) async fn setup<DB: Target>(pool: &Pool<DB>, config: &Config) -> Resul
     dedup_runtime::migrate_table(pool, big).await?;
     DB::execute(pool, &DB::fill_big(big, config.big_rows)).await?;
     eprintln!("{name}: filled {big} in {:.0?}", began.elapsed());
+    Ok(())
+}
+
+/// The dedup table `dedup_bench`, the effects and `dedup_bench_meta`, if missing.
+pub(crate) async fn tables<DB: Target>(pool: &Pool<DB>) -> Result<(), Error> {
+    dedup_runtime::migrate_table(pool, "dedup_bench").await?;
+    DB::execute(pool, &DB::CREATE).await?;
     Ok(())
 }
 

@@ -1,12 +1,14 @@
-//! The two targets, PostgreSQL and SQLite, written once.
+//! The targets, PostgreSQL, SQLite and MariaDB (the per-message group's only), written
+//! once.
 //!
-//! What differs between them is [`Sql`], implemented in `postgres.rs` and `sqlite.rs`: the
-//! text of the statements, how a hand-written transaction begins, and the few statements
-//! of a shape of their own (the big table's fill, the batch body's multi-row insert, the
-//! ids marked seen). Their `#[idempotent]` handlers are [`Handlers`], stamped out for each
-//! by [`handlers!`], since the attribute needs a named connection type. The rest — the
-//! body, the hand-written and bare transactions, the variants' dispatch, the outbox rows,
-//! the inbox and batch handlers — is [`Target`], one blanket impl for both.
+//! What differs between them is [`Sql`], implemented in `postgres.rs`, `sqlite.rs` and
+//! `mysql.rs`: the text of the statements, how a hand-written transaction begins, and the
+//! few statements of a shape of their own (the big table's fill, the batch body's
+//! multi-row insert, the ids marked seen). Their `#[idempotent]` handlers are
+//! [`Handlers`], stamped out for each by [`handlers!`], since the attribute needs a named
+//! connection type. The rest — the body, the hand-written and bare transactions, the
+//! variants' dispatch, the outbox rows, the inbox and batch handlers — is [`Target`], one
+//! blanket impl for all.
 
 use std::future::Future;
 
@@ -18,7 +20,7 @@ use sqlx::{Pool, Transaction};
 use crate::config::{BackendName, Variant};
 use crate::outbox::enqueue_one;
 
-/// What differs between PostgreSQL and SQLite.
+/// What differs between PostgreSQL, SQLite and MariaDB.
 pub(crate) trait Sql: dedup_runtime::PruneBackend {
     /// Its name in the report.
     const BACKEND: BackendName;
@@ -106,7 +108,8 @@ pub(crate) trait Handlers: sqlx::Database {
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'a;
 }
 
-/// A backend's [`Handlers`], on its connection type (`PgConnection`, `SqliteConnection`):
+/// A backend's [`Handlers`], on its connection type (`PgConnection`, `SqliteConnection`,
+/// `MySqlConnection`):
 /// the `#[idempotent]` functions in a module `handlers` of the invoking file, and the impl.
 macro_rules! handlers {
     ($db:ty, $connection:ident) => {
