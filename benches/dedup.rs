@@ -52,8 +52,10 @@
 //!
 //! - `generated`: the `#[idempotent]` handler, given the pool;
 //! - `hand-written`: the same transaction written with sqlx — `BEGIN` (SQLite: `BEGIN
-//!   IMMEDIATE`), the generated code's very `INSERT … ON CONFLICT DO NOTHING`, the same
-//!   body, `COMMIT` — on the same pool and table;
+//!   IMMEDIATE`), the claim a person writes, `INSERT … ON CONFLICT DO NOTHING` (MariaDB:
+//!   `INSERT IGNORE`), the same body, `COMMIT` — on the same pool and table (on
+//!   PostgreSQL the generated claim does more in its one statement: it stamps the
+//!   claim's time and reads the row it finds);
 //! - `bare`: the body alone in a transaction, without dedup;
 //! - `duplicate`: the generated handler on ids it has processed before (the path every
 //!   redelivery takes: `BEGIN`, claim, `ROLLBACK`);

@@ -26,7 +26,9 @@ pub(crate) trait Sql: dedup_runtime::PruneBackend {
     const BACKEND: BackendName;
     /// The handlers' work, the same in every variant: one row into `dedup_bench_effects`.
     const EFFECT: &'static str;
-    /// The hand-written claim: the generated code's very `INSERT … ON CONFLICT DO NOTHING`.
+    /// The hand-written claim: the `INSERT … ON CONFLICT DO NOTHING` (MariaDB: `INSERT
+    /// IGNORE`) a person writes (the generated claim on PostgreSQL also stamps the claim's
+    /// time and reads a row it finds).
     const CLAIM: &'static str;
     /// Creates `dedup_bench_effects` and `dedup_bench_meta`, if missing.
     const CREATE: [&'static str; 2];
