@@ -315,7 +315,8 @@ struct Config {
 impl Config {
     fn from_env() -> Result<Config, Error> {
         let topic = consumer::var("TOPIC", "dedup-example");
-        let config = Config {
+        let batch = consumer::batch()?.max(1);
+        Ok(Config {
             brokers: consumer::var("KAFKA_BROKERS", "127.0.0.1:19092"),
             database_url: consumer::database_url(),
             dead: format!("{topic}.dead"),
@@ -324,16 +325,12 @@ impl Config {
             group: consumer::var("GROUP", "dedup-example"),
             message_id: IdSource::parse(&consumer::var("MESSAGE_ID", "header:id"))?,
             prefetch: consumer::prefetch::<usize>()?.max(1),
-            batch: consumer::batch()?.max(1),
+            batch,
             session_timeout_ms: consumer::number("SESSION_TIMEOUT_MS", 10_000)?,
             exit_when_idle: consumer::exit_when_idle()?,
             crash_window: consumer::crash_window()?,
-            forward: Forward::from_env()?,
-        };
-        if config.batch > 1 && config.forward.is_some() {
-            return Err("BATCH over 1 does not forward: unset FORWARD_TO, or BATCH".into());
-        }
-        Ok(config)
+            forward: Forward::from_env(batch)?,
+        })
     }
 
     /// The client settings every client of this example starts from.

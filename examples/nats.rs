@@ -170,7 +170,8 @@ struct Config {
 
 impl Config {
     fn from_env() -> Result<Config, Error> {
-        let config = Config {
+        let batch = consumer::batch()?;
+        Ok(Config {
             nats_url: consumer::var("NATS_URL", "nats://127.0.0.1:4222"),
             database_url: consumer::database_url(),
             stream: consumer::var("STREAM", "DEDUP_EXAMPLE"),
@@ -180,15 +181,11 @@ impl Config {
             max_deliver: consumer::number("MAX_DELIVER", 20)?,
             consumers: consumer::consumers()?,
             prefetch: consumer::prefetch()?,
-            batch: consumer::batch()?,
+            batch,
             exit_when_idle: consumer::exit_when_idle()?,
             crash_window: consumer::crash_window()?,
-            forward: Forward::from_env()?,
-        };
-        if config.batch > 1 && config.forward.is_some() {
-            return Err("BATCH over 1 does not forward: unset FORWARD_TO, or BATCH".into());
-        }
-        Ok(config)
+            forward: Forward::from_env(batch)?,
+        })
     }
 
     fn dead_subject(&self) -> String {

@@ -223,21 +223,18 @@ struct Config {
 
 impl Config {
     fn from_env() -> Result<Config, Error> {
-        let config = Config {
+        let batch = consumer::batch()?;
+        Ok(Config {
             amqp_url: consumer::var("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f"),
             database_url: consumer::database_url(),
             queue: consumer::var("QUEUE", "dedup-example.payments"),
             consumers: consumer::consumers()?,
             prefetch: consumer::prefetch()?,
-            batch: consumer::batch()?,
+            batch,
             exit_when_idle: consumer::exit_when_idle()?,
             crash_window: consumer::crash_window()?,
-            forward: Forward::from_env()?,
-        };
-        if config.batch > 1 && config.forward.is_some() {
-            return Err("BATCH over 1 does not forward: unset FORWARD_TO, or BATCH".into());
-        }
-        Ok(config)
+            forward: Forward::from_env(batch)?,
+        })
     }
 }
 

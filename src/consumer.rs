@@ -127,14 +127,20 @@ pub struct Forward {
 }
 
 impl Forward {
-    /// The forwarding `FORWARD_TO` asks for; `None` when it is unset.
+    /// The forwarding `FORWARD_TO` asks for; `None` when it is unset. `batch`: the
+    /// consumer's `BATCH`; a batch handler does not forward, so `FORWARD_TO` with a batch
+    /// over 1 is refused rather than ignored.
     ///
     /// # Errors
-    /// When `DEDUP_OUTBOX_TABLE` is not a valid table name.
-    pub fn from_env() -> Result<Option<Forward>, Error> {
+    /// When `DEDUP_OUTBOX_TABLE` is not a valid table name, or `FORWARD_TO` comes with a
+    /// batch over 1.
+    pub fn from_env(batch: usize) -> Result<Option<Forward>, Error> {
         let Ok(to) = std::env::var("FORWARD_TO") else {
             return Ok(None);
         };
+        if batch > 1 {
+            return Err("BATCH over 1 does not forward: unset FORWARD_TO, or BATCH".into());
+        }
         let table = var("DEDUP_OUTBOX_TABLE", dedup_runtime::outbox::DEFAULT_TABLE);
         Ok(Some(Forward {
             to,

@@ -339,14 +339,16 @@ pub fn example_binary(feature: &str, examples: &[&str], name: &str) -> std::path
     use std::path::Path;
     use std::process::Command;
 
+    let exe = std::env::current_exe().expect("the test executable's path");
+    // target/<profile dir>/deps/<test>-…
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test executable is in target/<profile>/deps")
+        .to_path_buf();
+
     if std::env::var_os("DEDUP_PREBUILT_EXAMPLES").is_some_and(|on| on == "1") {
-        let exe = std::env::current_exe().expect("the test executable's path");
-        let path = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("the test executable is in target/<profile>/deps")
-            .join("examples")
-            .join(name);
+        let path = profile_dir.join("examples").join(name);
         assert!(
             examples.contains(&name) && path.exists(),
             "DEDUP_PREBUILT_EXAMPLES=1 but {} was not built: build the tests with \
@@ -365,13 +367,6 @@ pub fn example_binary(feature: &str, examples: &[&str], name: &str) -> std::path
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dir = built.entry(key).or_insert_with(|| {
-        let exe = std::env::current_exe().expect("the test executable's path");
-        // target/<profile dir>/deps/<test>-…
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("the test executable is in target/<profile>/deps")
-            .to_path_buf();
         let profile = match profile_dir.file_name().and_then(|name| name.to_str()) {
             Some("debug") => "dev".to_owned(),
             Some(other) => other.to_owned(),
