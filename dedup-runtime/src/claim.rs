@@ -347,6 +347,62 @@ pub trait ClaimBackend: Database {
         business_keys: bool,
     ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_;
 
+    /// The claim sent with `BEGIN`, in one round trip, for a transaction the handler
+    /// owns on a pooled connection (`pooled`) or a lent one; `None` where the backend
+    /// keeps them apart. `rollback_first`: the connection may hold a transaction that
+    /// sqlx does not count (an earlier one of these that failed), to roll back first.
+    ///
+    /// Sent with `begin_with`, it answers `Ok` once the row is in, this transaction's
+    /// own. An error leaves on the connection a transaction that sqlx does not count
+    /// (PostgreSQL: aborted; MySQL: open, out of autocommit mode);
+    /// [`found_row`](Self::found_row) says whether it is the row found there, and
+    /// [`begin_again`](Self::begin_again) then rolls it back and begins again.
+    #[doc(hidden)]
+    fn begin_claim_sql(
+        statements: &Statements,
+        consumer: &str,
+        id: &str,
+        business_keys: bool,
+        pooled: bool,
+        rollback_first: bool,
+    ) -> Option<String> {
+        let _ = (
+            statements,
+            consumer,
+            id,
+            business_keys,
+            pooled,
+            rollback_first,
+        );
+        None
+    }
+
+    /// Whether an error of the [claim sent with `BEGIN`](Self::begin_claim_sql) is the dedup row
+    /// found there (a duplicate, or a row under a lease).
+    #[doc(hidden)]
+    fn found_row(error: &sqlx::Error) -> bool {
+        let _ = error;
+        false
+    }
+
+    /// After the [claim sent with `BEGIN`](Self::begin_claim_sql) found the row: rolls its
+    /// transaction back and begins another, in one round trip, to look at the row.
+    #[doc(hidden)]
+    fn begin_again(
+        conn: &mut Self::Connection,
+        business_keys: bool,
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
+        Self::begin_owned(conn, business_keys)
+    }
+
+    /// For a lent connection whose call ended (cancelled) while it may hold a
+    /// transaction that sqlx does not count: queues its `ROLLBACK`, without waiting, ahead
+    /// of whatever the caller sends next.
+    #[doc(hidden)]
+    fn abandon(conn: &mut Self::Connection) {
+        let _ = conn;
+    }
+
     /// Commits a transaction the handler owns — only if the database has not rolled it
     /// back by itself in the meantime ([`RolledBack`](crate::RolledBack)). `claimed`: the
     /// statements of its dedup row, if it claimed one. `pooled`: the connection goes
@@ -425,6 +481,20 @@ where
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
     sqlx::query(sql).bind(consumer).bind(id).execute(conn).await
+}
+
+/// Appends `bytes` as hexadecimal digits: how an id goes into a statement that cannot
+/// bind it (a claim sent with `BEGIN`, a simple query). Only `0-9a-f` is written, so no
+/// id can end the literal around it or change the statement, whatever the session's
+/// string settings (`standard_conforming_strings`, `NO_BACKSLASH_ESCAPES`).
+#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+pub(crate) fn push_hex(sql: &mut String, bytes: &[u8]) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    sql.reserve(bytes.len() * 2);
+    for byte in bytes {
+        sql.push(char::from(DIGITS[usize::from(byte >> 4)]));
+        sql.push(char::from(DIGITS[usize::from(byte & 0xf)]));
+    }
 }
 
 /// Ends a transaction whose end the backend has already sent as plain SQL (so that sqlx

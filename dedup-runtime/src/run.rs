@@ -103,7 +103,7 @@ use std::error::Error as StdError;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sqlx::Connection;
+use sqlx::{AssertSqlSafe, Connection};
 use tracing::Span;
 
 use crate::backend::Backend;
@@ -256,6 +256,19 @@ pub struct Run<'k> {
     metrics: &'static HandlerMetrics,
     /// `result = "stored"`, `fingerprint = …`: what the row remembers.
     memory: Memory,
+    /// The last begin left a transaction that sqlx does not count on the connection.
+    dangling: Option<Dangling>,
+}
+
+/// Why the connection holds a transaction that sqlx does not count: a claim sent with
+/// `BEGIN` that failed (`ClaimBackend::begin_claiming`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dangling {
+    /// It found the row there: the next begin rolls back and looks at the row.
+    Found,
+    /// Another error: the next begin on a lent connection rolls back first (a pooled one
+    /// is closed).
+    Failed,
 }
 
 impl<'k> Run<'k> {
@@ -294,6 +307,7 @@ impl<'k> Run<'k> {
             started: metrics::Started::now(),
             metrics,
             memory: Memory::default(),
+            dangling: None,
         }
     }
 
@@ -373,7 +387,11 @@ impl<'k> Run<'k> {
         );
     }
 
-    /// Begins the transaction (or savepoint) and inserts the dedup row, if any.
+    /// Begins the transaction (or savepoint) and inserts the dedup row, if any. In a
+    /// transaction of its own, on PostgreSQL and MySQL (there on a pooled connection), the
+    /// insert goes out with `BEGIN`, in one round trip (`ClaimBackend::begin_claiming`);
+    /// when it finds the row there, the next call begins again on the same connection
+    /// to look at the row (`Begin::Retry`, no attempt spent, no back-off).
     pub async fn begin<'h, DB: Backend>(
         &mut self,
         handle: &'h mut Handle<'_, DB>,
@@ -381,45 +399,105 @@ impl<'k> Run<'k> {
         self.attempt += 1;
         self.claimed_at = None;
         let business_keys = !self.unique.is_empty();
-        let Handle { source, unclean } = handle;
+        let mut dangling = self.dangling.take();
+        let Handle {
+            source,
+            unclean,
+            abandon,
+        } = handle;
         let unclean: &'h AtomicBool = unclean;
-        let begun = match source {
+        let (conn, pooled) = match source {
             Source::Pool(pool, slot) => {
                 self.owned = true;
-                self.pooled = true;
                 // Each attempt on a connection of its own, as `pool.begin()` would; one
-                // that an earlier attempt left with a changed session is closed.
-                if let Some(mut previous) = slot.take()
-                    && unclean.swap(false, Ordering::Relaxed)
-                {
-                    previous.close_on_drop();
-                }
-                match pool.acquire().await {
-                    Ok(conn) => {
-                        let conn = slot.insert(conn);
-                        unclean.store(DB::CHANGES_SESSION, Ordering::Relaxed);
-                        DB::begin_owned(conn, business_keys).await
+                // that an earlier attempt left with a changed session is closed. After a
+                // claim that found the row, the same one: its next statement rolls back.
+                let resume = dangling == Some(Dangling::Found) && slot.is_some();
+                if !resume {
+                    // A new connection holds nothing; the last one is closed if unclean.
+                    dangling = None;
+                    if let Some(mut previous) = slot.take()
+                        && unclean.swap(false, Ordering::Relaxed)
+                    {
+                        previous.close_on_drop();
                     }
-                    Err(error) => Err(error),
+                    match pool.acquire().await {
+                        Ok(conn) => *slot = Some(conn),
+                        Err(error) => return self.after_error::<DB>(error, true).await.into(),
+                    }
                 }
+                let Some(conn) = slot.as_deref_mut() else {
+                    unreachable!("the slot was just filled")
+                };
+                (conn, true)
             }
             Source::Conn(conn) => {
-                self.pooled = false;
                 self.owned = !conn.is_in_transaction();
-                if self.owned {
-                    DB::begin_owned(conn, business_keys).await
-                } else {
-                    DB::begin_nested(conn, business_keys).await
-                }
+                (&mut **conn, false)
             }
+        };
+        self.pooled = pooled;
+        let rollback_first = dangling.is_some();
+        let claim_sql = match &self.claim {
+            Some(claim) if self.owned && dangling != Some(Dangling::Found) => DB::begin_claim_sql(
+                claim.statements,
+                claim.consumer,
+                claim.id,
+                business_keys,
+                pooled,
+                rollback_first,
+            ),
+            _ => None,
+        };
+        let claiming = claim_sql.is_some();
+        // While a transaction sqlx does not count may be on the connection: a pooled one
+        // is closed, a lent one gets a queued `ROLLBACK`, if the call ends there.
+        let uncounted = claiming || dangling.is_some();
+        if pooled {
+            unclean.store(DB::CHANGES_SESSION || uncounted, Ordering::Relaxed);
+        } else if uncounted {
+            *abandon = Some(DB::abandon);
+        }
+        let sent = Instant::now();
+        let begun = if dangling == Some(Dangling::Found) {
+            DB::begin_again(conn, business_keys).await
+        } else if let Some(sql) = claim_sql {
+            conn.begin_with(AssertSqlSafe(sql)).await
+        } else if !self.owned {
+            DB::begin_nested(conn, business_keys).await
+        } else {
+            DB::begin_owned(conn, business_keys).await
         };
         let tx = match begun {
             Ok(tx) => tx,
             Err(error) => {
+                if uncounted {
+                    if claiming && DB::found_row(&error) {
+                        self.dangling = Some(Dangling::Found);
+                        self.attempt -= 1;
+                        return Begin::Retry;
+                    }
+                    // A lent connection: its next begin rolls back first.
+                    self.dangling = Some(Dangling::Failed);
+                }
                 return self.after_error::<DB>(error, true).await.into();
             }
         };
+        // sqlx counts the transaction now: its drop queues the `ROLLBACK`.
+        if pooled {
+            unclean.store(DB::CHANGES_SESSION, Ordering::Relaxed);
+        } else {
+            *abandon = None;
+        }
         let mut tx = Tx { tx, unclean };
+        if dangling == Some(Dangling::Found) {
+            let sql = DB::claim_sql(self.claim.as_ref().expect("found by a claim").statements);
+            return self.found::<DB>(tx, sql, None).await;
+        }
+        if claiming {
+            self.claimed_at = Some(sent);
+            return Begin::Claimed(tx);
+        }
         let Some(claim) = &self.claim else {
             return Begin::Claimed(tx);
         };

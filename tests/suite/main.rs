@@ -9,6 +9,7 @@
 mod accepted;
 mod batch;
 mod business_keys;
+mod claim_with_begin;
 mod consumers;
 mod core;
 mod effects;

@@ -32,6 +32,41 @@ const RESTORE_ROLLBACK: &str = "ROLLBACK; SET autocommit = 1";
 const REMEMBER: &str =
     "SET @dedup_consumer = ?, @dedup_message_id = ?, @dedup_claimed_at = UTC_TIMESTAMP(6)";
 
+/// The claim sent with `BEGIN`, one multi-statement query (one round trip): out of
+/// autocommit mode, `BEGIN`, and the claim's insert with its values written in as hex
+/// literals (`X'…'`, binary strings for the `VARBINARY` columns): nothing in an id
+/// reaches the SQL parser as anything but `0-9a-f`, whatever `NO_BACKSLASH_ESCAPES` says.
+/// Its duplicate-key error (1062) is the row found there.
+///
+/// ```sql
+/// SET autocommit = 0; BEGIN;
+/// INSERT INTO processed_messages (consumer, message_id, processed_at)
+/// VALUES (@dedup_consumer := X'62696c6c696e67', @dedup_message_id := X'6d2d31',
+///         @dedup_claimed_at := UTC_TIMESTAMP(6))
+/// ```
+pub(crate) fn begin_claim_sql(
+    table: &str,
+    consumer: &str,
+    id: &str,
+    business_keys: bool,
+) -> String {
+    let begin = if business_keys {
+        ENGLISH_THEN_BEGIN
+    } else {
+        BEGIN
+    };
+    let mut sql = String::with_capacity(200 + table.len() + 2 * (consumer.len() + id.len()));
+    sql.push_str(begin);
+    sql.push_str("; INSERT INTO ");
+    sql.push_str(table);
+    sql.push_str(" (consumer, message_id, processed_at) VALUES (@dedup_consumer := X'");
+    super::push_hex(&mut sql, consumer.as_bytes());
+    sql.push_str("', @dedup_message_id := X'");
+    super::push_hex(&mut sql, id.as_bytes());
+    sql.push_str("', @dedup_claimed_at := UTC_TIMESTAMP(6))");
+    sql
+}
+
 /// ER_SUBQUERY_NO_1_ROW: what the checked commit's check raises when the dedup row is no
 /// longer this transaction's own.
 const CLAIM_GONE: u16 = 1242;
@@ -157,6 +192,33 @@ impl ClaimBackend for MySql {
         } else {
             BEGIN
         })
+    }
+
+    /// On a pooled connection only: one that the call leaves with a transaction sqlx does
+    /// not count is closed. A lent connection has no such way out (the driver cannot queue
+    /// a statement without waiting), so there the claim keeps its own round trip.
+    fn begin_claim_sql(
+        statements: &Statements,
+        consumer: &str,
+        id: &str,
+        business_keys: bool,
+        pooled: bool,
+        _: bool,
+    ) -> Option<String> {
+        pooled.then(|| begin_claim_sql(statements.table, consumer, id, business_keys))
+    }
+
+    fn found_row(error: &sqlx::Error) -> bool {
+        error_number(error) == Some(ER_DUP_ENTRY)
+    }
+
+    /// Still out of autocommit mode: the `ROLLBACK` also releases the lock the failed
+    /// insert took on the row it found.
+    fn begin_again(
+        conn: &mut MySqlConnection,
+        _: bool,
+    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
+        conn.begin_with("ROLLBACK; BEGIN")
     }
 
     /// The checked commit: the dedup row gets the commit time (UTC), `COMMIT` goes out
