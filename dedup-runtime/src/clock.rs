@@ -7,7 +7,7 @@ use std::time::Duration;
 /// dedup row's `processed_at` moved to the commit (one more statement, on slow
 /// transactions only), so that the redelivery window counts from the commit; a faster
 /// one keeps the claim's time, at most this much early. [`Prune`](crate::Prune) keeps
-/// this margin in its cutoff. (MySQL and MariaDB always write the commit time.)
+/// this margin in its cutoff. The same on MySQL and MariaDB, whose checked commit moves it.
 pub const STAMP_AFTER: Duration = Duration::from_secs(1);
 
 /// `duration` in whole microseconds, as the statements take ages and leases (saturated at

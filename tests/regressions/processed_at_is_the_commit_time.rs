@@ -4,8 +4,8 @@
 //! transaction's id was recorded up to its length earlier (inside a caller's transaction
 //! on PostgreSQL, at the caller's `BEGIN`: `now()` is the transaction's start), so pruning
 //! at age = window deleted it early. The claim now records its own time, a transaction
-//! slower than `STAMP_AFTER` moves it to its end, MySQL/MariaDB always write the commit
-//! time, and pruning keeps `STAMP_AFTER` as a margin.
+//! slower than `STAMP_AFTER` moves it to its end (MySQL/MariaDB: in the checked commit;
+//! since issue 28 only then, as elsewhere), and pruning keeps `STAMP_AFTER` as a margin.
 
 use std::time::Duration;
 

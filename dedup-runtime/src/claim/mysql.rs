@@ -67,9 +67,9 @@ pub(crate) fn begin_claim_sql(
     sql
 }
 
-/// ER_SUBQUERY_NO_1_ROW: what the checked commit's check raises when the dedup row is no
-/// longer this transaction's own.
-const CLAIM_GONE: u16 = 1242;
+/// ER_DATA_OUT_OF_RANGE: what the checked commit's check raises when the dedup row is no
+/// longer this transaction's own (an error whatever the `sql_mode`).
+const CLAIM_GONE: u16 = 1690;
 
 impl ClaimBackend for MySql {
     fn claim_sql(statements: &Statements) -> &'static str {
@@ -221,9 +221,9 @@ impl ClaimBackend for MySql {
         conn.begin_with("ROLLBACK; BEGIN")
     }
 
-    /// The checked commit: the dedup row gets the commit time (UTC), `COMMIT` goes out
-    /// only if that row is still this transaction's own, and autocommit is restored; one
-    /// round trip. (sqlx still counts the transaction open: its queued `ROLLBACK` is a
+    /// The checked commit: `COMMIT` goes out only if the dedup row is still this
+    /// transaction's own (a slow transaction's row gets the commit time, UTC, first), and
+    /// autocommit is restored; one round trip. (sqlx still counts the transaction open: its queued `ROLLBACK` is a
     /// no-op.)
     async fn commit_owned<'t>(
         tx: Tx<'t, Self>,
@@ -231,7 +231,13 @@ impl ClaimBackend for MySql {
         pooled: bool,
     ) -> Result<(), sqlx::Error> {
         let Tx { mut tx, unclean } = tx;
-        let sql = claimed.map_or(RESTORE_COMMIT, |claimed| claimed.statements.mysql_commit);
+        let sql = claimed.map_or(RESTORE_COMMIT, |claimed| {
+            if claimed.slow {
+                claimed.statements.mysql_commit_stamped
+            } else {
+                claimed.statements.mysql_commit
+            }
+        });
         match sqlx::raw_sql(sql).execute(&mut *tx).await {
             Ok(_) => {
                 unclean.store(false, std::sync::atomic::Ordering::Relaxed);

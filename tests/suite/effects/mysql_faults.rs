@@ -1,6 +1,7 @@
 //! MariaDB: a real error 1213 from the server, `SIGNAL`led in the body or by a trigger on
-//! the dedup table, which the checked commit's `UPDATE` fires; a real deadlock, which
-//! InnoDB answers by rolling the whole transaction back.
+//! the dedup table, which the checked commit's `UPDATE` fires (the commit of a
+//! transaction slower than `STAMP_AFTER`, which moves the row's `processed_at`); a real
+//! deadlock, which InnoDB answers by rolling the whole transaction back.
 
 use sqlx::MySqlConnection;
 use sqlx::mysql::MySqlPool;
@@ -96,12 +97,16 @@ impl CommitFault {
     }
 
     /// This transaction's checked commit fails with 1213 (the row that arms the
-    /// trigger is rolled back with it, so the next attempt commits).
+    /// trigger is rolled back with it, so the next attempt commits). The transaction
+    /// then outlasts `STAMP_AFTER`, so that its commit is the one with an `UPDATE` for
+    /// the trigger to fail (a faster one's commit only reads the row).
     pub async fn arm(&self, tx: &mut MySqlConnection, id: &str) -> Result<(), sqlx::Error> {
         sqlx::query("INSERT INTO dedup_effects_fail_commit (message_id) VALUES (?)")
             .bind(id)
             .execute(&mut *tx)
             .await?;
+        tokio::time::sleep(dedup_runtime::STAMP_AFTER + std::time::Duration::from_millis(100))
+            .await;
         Ok(())
     }
 
