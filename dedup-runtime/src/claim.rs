@@ -420,6 +420,22 @@ pub trait ClaimBackend: Database {
         Self::begin_owned(conn, business_keys)
     }
 
+    /// After the [claim sent with `BEGIN`](Self::begin_claim_sql) found the row: rolls
+    /// that transaction back and reads, in the same round trip and outside any
+    /// transaction, whether the row is a processed one — a duplicate, the call over.
+    /// `Ok(Some(false))`: rolled back, the row is not (in progress, an unknown outcome, or
+    /// gone): begin again and look as before. `Ok(None)`: not done here (nothing sent).
+    #[doc(hidden)]
+    fn look_processed<'c>(
+        conn: &'c mut Self::Connection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> impl Future<Output = Result<Option<bool>, sqlx::Error>> + Send + 'c {
+        let _ = (conn, statements, consumer, id);
+        std::future::ready(Ok(None))
+    }
+
     /// For a lent connection whose call ended (cancelled) while it may hold a
     /// transaction that sqlx does not count: queues its `ROLLBACK`, without waiting, ahead
     /// of whatever the caller sends next.

@@ -460,7 +460,35 @@ impl<'k> Run<'k> {
         }
         let sent = Instant::now();
         let begun = if dangling == Some(Dangling::Found) {
-            DB::begin_again(conn, business_keys).await
+            let claim = self.claim.as_ref().expect("found by a claim");
+            // A duplicate's look at its row goes with the `ROLLBACK`, where the backend can
+            // (not for a handler that compares or replays what the row remembers).
+            let looked = if self.memory.recalls() {
+                Ok(None)
+            } else {
+                DB::look_processed(conn, claim.statements, claim.consumer, claim.id).await
+            };
+            match looked {
+                Ok(Some(true)) => {
+                    // Rolled back, outside any transaction: the connection is clean.
+                    if pooled {
+                        unclean.store(false, Ordering::Relaxed);
+                    } else {
+                        *abandon = None;
+                    }
+                    let duplicate = Duplicate::AlreadyProcessed;
+                    self.memory.recalled = None;
+                    self.finish(End::Duplicate(&duplicate));
+                    return Begin::Duplicate(duplicate);
+                }
+                // Rolled back; not a processed row: begin again and look as before.
+                Ok(Some(false)) => DB::begin_owned(conn, business_keys).await,
+                Ok(None) => DB::begin_again(conn, business_keys).await,
+                Err(error) => {
+                    self.dangling = Some(Dangling::Failed);
+                    return self.after_error::<DB>(error, true).await.into();
+                }
+            }
         } else if let Some(sql) = claim_sql {
             conn.begin_with(AssertSqlSafe(sql)).await
         } else if !self.owned {

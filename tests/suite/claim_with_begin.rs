@@ -354,3 +354,44 @@ async fn mysql_pooled_connection_cancelled_in_the_claim_keeps_no_claim() {
     assert!(redelivered.is_processed());
     assert_eq!(my_state(&pool, "begin-claim-my", &id).await, (1, 1));
 }
+
+/// A duplicate through a pool is its failed claim and then, in one round trip, the
+/// `ROLLBACK` with its look at the row: the connection goes back to the pool outside any
+/// transaction (MySQL: in autocommit mode again), with nothing queued.
+#[tokio::test]
+async fn a_duplicate_leaves_the_pooled_connection_clean() {
+    let pg = pg_pool("SET standard_conforming_strings = on").await;
+    let my =
+        my_pool("SET SESSION sql_mode = REPLACE(@@sql_mode, 'NO_BACKSLASH_ESCAPES', '')").await;
+    let pg_one = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&dedup_suite::postgres_url())
+        .await
+        .unwrap();
+    let my_one = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect(&dedup_suite::mysql_url())
+        .await
+        .unwrap();
+    let id = dedup_suite::unique("dup-clean");
+    assert!(pg_record(&pg_one, &id).await.unwrap().is_processed());
+    assert!(pg_record(&pg_one, &id).await.unwrap().is_duplicate());
+    assert_eq!(pg_state(&pg, "begin-claim-pg", &id).await, (1, 1));
+    let mut conn = pg_one.acquire().await.unwrap();
+    let open = sqlx::raw_sql("SAVEPOINT probe").execute(&mut *conn).await;
+    assert!(open.is_err(), "no transaction is left open");
+    drop(conn);
+
+    assert!(my_record(&my_one, &id).await.unwrap().is_processed());
+    assert!(my_record(&my_one, &id).await.unwrap().is_duplicate());
+    assert_eq!(my_state(&my, "begin-claim-my", &id).await, (1, 1));
+    let mut conn = my_one.acquire().await.unwrap();
+    let (autocommit, open): (i64, i64) = sqlx::query_as(
+        "SELECT @@autocommit, (SELECT COUNT(*) FROM information_schema.INNODB_TRX \
+         WHERE trx_mysql_thread_id = CONNECTION_ID())",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    assert_eq!((autocommit, open), (1, 0), "autocommit, no transaction");
+}

@@ -71,6 +71,26 @@ pub(crate) fn begin_claim_sql(
     sql
 }
 
+/// A duplicate's look at its row, with the `ROLLBACK` of its failed claim: one simple query,
+/// outside any transaction; a row only if it is a processed one (`state IS NULL`).
+pub(crate) fn look_processed_sql(table: &str, consumer: &str, id: &str) -> String {
+    const TEXT: &str = "pg_catalog.convert_from(pg_catalog.decode('";
+    const END: &str = "', 'hex'), 'UTF8')";
+    let mut sql = String::with_capacity(150 + table.len() + 2 * (consumer.len() + id.len()));
+    sql.push_str("ROLLBACK; SELECT 1 FROM ");
+    sql.push_str(table);
+    sql.push_str(" WHERE consumer = ");
+    sql.push_str(TEXT);
+    super::push_hex(&mut sql, consumer.as_bytes());
+    sql.push_str(END);
+    sql.push_str(" AND message_id = ");
+    sql.push_str(TEXT);
+    super::push_hex(&mut sql, id.as_bytes());
+    sql.push_str(END);
+    sql.push_str(" AND state IS NULL");
+    sql
+}
+
 fn has_code(error: &sqlx::Error, code: &str) -> bool {
     error
         .as_database_error()
@@ -279,6 +299,25 @@ impl ClaimBackend for Postgres {
         _: bool,
     ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
         conn.begin_with("ROLLBACK; BEGIN")
+    }
+
+    /// Only for a table this process knows to have `state` (a table of 0.1 is looked at
+    /// the way that reads it through the row's JSON).
+    fn look_processed<'c>(
+        conn: &'c mut PgConnection,
+        statements: &'static Statements,
+        consumer: &'static str,
+        id: &'c str,
+    ) -> impl Future<Output = Result<Option<bool>, sqlx::Error>> + Send + 'c {
+        let sql = crate::schema::postgres::known_upgraded(statements.table)
+            .then(|| look_processed_sql(statements.table, consumer, id));
+        async move {
+            let Some(sql) = sql else { return Ok(None) };
+            let row = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .fetch_optional(conn)
+                .await?;
+            Ok(Some(row.is_some()))
+        }
     }
 
     /// sqlx's `begin_with` queues its statement before its first wait: polled once, it
