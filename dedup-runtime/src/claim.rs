@@ -436,14 +436,6 @@ pub trait ClaimBackend: Database {
         std::future::ready(Ok(None))
     }
 
-    /// For a lent connection whose call ended (cancelled) while it may hold a
-    /// transaction that sqlx does not count: queues its `ROLLBACK`, without waiting, ahead
-    /// of whatever the caller sends next.
-    #[doc(hidden)]
-    fn abandon(conn: &mut Self::Connection) {
-        let _ = conn;
-    }
-
     /// Commits a transaction the handler owns — only if the database has not rolled it
     /// back by itself in the meantime ([`RolledBack`](crate::RolledBack)). `claimed`: the
     /// statements of its dedup row, if it claimed one. `pooled`: the connection goes
@@ -528,7 +520,7 @@ where
 /// bind it (a claim sent with `BEGIN`, a simple query). Only `0-9a-f` is written, so no
 /// id can end the literal around it or change the statement, whatever the session's
 /// string settings (`standard_conforming_strings`, `NO_BACKSLASH_ESCAPES`).
-#[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
+#[cfg_attr(not(feature = "mysql"), allow(dead_code))]
 pub(crate) fn push_hex(sql: &mut String, bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     sql.reserve(bytes.len() * 2);

@@ -17,13 +17,9 @@ pub struct Handle<'a, DB: Database> {
     pub(crate) source: Source<'a, DB>,
     /// Set while the session of a pooled connection is changed by an unfinished
     /// transaction (MySQL's autocommit), or holds one that sqlx does not count (a claim
-    /// sent with `BEGIN`, see `ClaimBackend::begin_claiming`): if the call ends here, the
-    /// connection is closed.
+    /// sent with `BEGIN`, see `ClaimBackend::begin_claim_sql`): if the call ends here,
+    /// the connection is closed.
     pub(crate) unclean: AtomicBool,
-    /// Set while a lent connection may hold a transaction that sqlx does not count: if
-    /// the call ends here, this queues its `ROLLBACK` (`ClaimBackend::abandon`), so that
-    /// the caller's next statement cannot commit a claim without its effects.
-    pub(crate) abandon: Option<fn(&mut DB::Connection)>,
 }
 
 pub(crate) enum Source<'a, DB: Database> {
@@ -37,7 +33,6 @@ impl<'a, DB: Database> Handle<'a, DB> {
         Handle {
             source,
             unclean: AtomicBool::new(false),
-            abandon: None,
         }
     }
 }
@@ -48,11 +43,6 @@ impl<DB: Database> Drop for Handle<'_, DB> {
             && let Source::Pool(_, Some(conn)) = &mut self.source
         {
             conn.close_on_drop();
-        }
-        if let Some(abandon) = self.abandon.take()
-            && let Source::Conn(conn) = &mut self.source
-        {
-            abandon(conn);
         }
     }
 }

@@ -388,8 +388,8 @@ impl<'k> Run<'k> {
     }
 
     /// Begins the transaction (or savepoint) and inserts the dedup row, if any. In a
-    /// transaction of its own, on PostgreSQL and MySQL (there on a pooled connection), the
-    /// insert goes out with `BEGIN`, in one round trip (`ClaimBackend::begin_claiming`);
+    /// transaction of its own on a pooled MySQL connection, the insert goes out with
+    /// `BEGIN`, in one round trip (`ClaimBackend::begin_claim_sql`);
     /// when it finds the row there, the next call begins again on the same connection
     /// to look at the row (`Begin::Retry`, no attempt spent, no back-off).
     pub async fn begin<'h, DB: Backend>(
@@ -400,11 +400,7 @@ impl<'k> Run<'k> {
         self.claimed_at = None;
         let business_keys = !self.unique.is_empty();
         let mut dangling = self.dangling.take();
-        let Handle {
-            source,
-            unclean,
-            abandon,
-        } = handle;
+        let Handle { source, unclean } = handle;
         let unclean: &'h AtomicBool = unclean;
         let (conn, pooled) = match source {
             Source::Pool(pool, slot) => {
@@ -450,13 +446,12 @@ impl<'k> Run<'k> {
             _ => None,
         };
         let claiming = claim_sql.is_some();
-        // While a transaction sqlx does not count may be on the connection: a pooled one
-        // is closed, a lent one gets a queued `ROLLBACK`, if the call ends there.
+        // While a transaction sqlx does not count may be on the connection, a pooled one
+        // is closed if the call ends there. (No backend sends the claim with `BEGIN` on a
+        // lent connection, where nothing could be closed.)
         let uncounted = claiming || dangling.is_some();
         if pooled {
             unclean.store(DB::CHANGES_SESSION || uncounted, Ordering::Relaxed);
-        } else if uncounted {
-            *abandon = Some(DB::abandon);
         }
         let sent = Instant::now();
         let begun = if dangling == Some(Dangling::Found) {
@@ -471,11 +466,7 @@ impl<'k> Run<'k> {
             match looked {
                 Ok(Some(true)) => {
                     // Rolled back, outside any transaction: the connection is clean.
-                    if pooled {
-                        unclean.store(false, Ordering::Relaxed);
-                    } else {
-                        *abandon = None;
-                    }
+                    unclean.store(false, Ordering::Relaxed);
                     let duplicate = Duplicate::AlreadyProcessed;
                     self.memory.recalled = None;
                     self.finish(End::Duplicate(&duplicate));
@@ -505,7 +496,8 @@ impl<'k> Run<'k> {
                         self.attempt -= 1;
                         return Begin::Retry;
                     }
-                    // A lent connection: its next begin rolls back first.
+                    // A pooled connection is closed at the next begin; a lent one would
+                    // be rolled back first.
                     self.dangling = Some(Dangling::Failed);
                 }
                 return self.after_error::<DB>(error, true).await.into();
@@ -514,8 +506,6 @@ impl<'k> Run<'k> {
         // sqlx counts the transaction now: its drop queues the `ROLLBACK`.
         if pooled {
             unclean.store(DB::CHANGES_SESSION, Ordering::Relaxed);
-        } else {
-            *abandon = None;
         }
         let mut tx = Tx { tx, unclean };
         if dangling == Some(Dangling::Found) {

@@ -1,9 +1,6 @@
 //! PostgreSQL: `INSERT … ON CONFLICT DO NOTHING`, and a commit that fails where
 //! PostgreSQL would quietly roll back.
 
-use std::pin::pin;
-use std::task::{Context, Waker};
-
 use sqlx::postgres::{PgConnection, PgDatabaseError};
 use sqlx::{Connection, Postgres, Row, Transaction};
 
@@ -27,69 +24,6 @@ const IN_FAILED_TRANSACTION: &str = "25P02";
 /// COMMIT; BEGIN`, the statement this replaced, it is one statement and one row fewer,
 /// and what was left of the benchmark's gap to a hand-written unchecked `COMMIT`.
 const CHECKED_COMMIT: &str = "SET LOCAL dedup.checked_commit = on; COMMIT AND CHAIN";
-
-/// unique_violation: the claim sent with `BEGIN` found the row there.
-const UNIQUE_VIOLATION: &str = "23505";
-
-/// The claim sent with `BEGIN`, one simple query (one round trip): a plain insert, whose
-/// unique violation (only ever the table's primary key) is the row found there. Its
-/// values cannot be bound (the extended protocol's parameters would need a statement of
-/// their own after `BEGIN`), so they are written in as hexadecimal text that the server
-/// decodes back to the same UTF-8 string: nothing in an id reaches the SQL parser as
-/// anything but `0-9a-f`, whatever `standard_conforming_strings` says.
-///
-/// ```sql
-/// BEGIN;
-/// INSERT INTO processed_messages (consumer, message_id, processed_at) VALUES (
-///     pg_catalog.convert_from(pg_catalog.decode('62696c6c696e67', 'hex'), 'UTF8'),
-///     pg_catalog.convert_from(pg_catalog.decode('6d2d31', 'hex'), 'UTF8'),
-///     pg_catalog.clock_timestamp())
-/// ```
-pub(crate) fn begin_claim_sql(
-    table: &str,
-    consumer: &str,
-    id: &str,
-    rollback_first: bool,
-) -> String {
-    const TEXT: &str = "pg_catalog.convert_from(pg_catalog.decode('";
-    const END: &str = "', 'hex'), 'UTF8')";
-    let mut sql = String::with_capacity(200 + table.len() + 2 * (consumer.len() + id.len()));
-    if rollback_first {
-        sql.push_str("ROLLBACK; ");
-    }
-    sql.push_str("BEGIN; INSERT INTO ");
-    sql.push_str(table);
-    sql.push_str(" (consumer, message_id, processed_at) VALUES (");
-    sql.push_str(TEXT);
-    super::push_hex(&mut sql, consumer.as_bytes());
-    sql.push_str(END);
-    sql.push_str(", ");
-    sql.push_str(TEXT);
-    super::push_hex(&mut sql, id.as_bytes());
-    sql.push_str(END);
-    sql.push_str(", pg_catalog.clock_timestamp())");
-    sql
-}
-
-/// A duplicate's look at its row, with the `ROLLBACK` of its failed claim: one simple query,
-/// outside any transaction; a row only if it is a processed one (`state IS NULL`).
-pub(crate) fn look_processed_sql(table: &str, consumer: &str, id: &str) -> String {
-    const TEXT: &str = "pg_catalog.convert_from(pg_catalog.decode('";
-    const END: &str = "', 'hex'), 'UTF8')";
-    let mut sql = String::with_capacity(150 + table.len() + 2 * (consumer.len() + id.len()));
-    sql.push_str("ROLLBACK; SELECT 1 FROM ");
-    sql.push_str(table);
-    sql.push_str(" WHERE consumer = ");
-    sql.push_str(TEXT);
-    super::push_hex(&mut sql, consumer.as_bytes());
-    sql.push_str(END);
-    sql.push_str(" AND message_id = ");
-    sql.push_str(TEXT);
-    super::push_hex(&mut sql, id.as_bytes());
-    sql.push_str(END);
-    sql.push_str(" AND state IS NULL");
-    sql
-}
 
 fn has_code(error: &sqlx::Error, code: &str) -> bool {
     error
@@ -272,65 +206,6 @@ impl ClaimBackend for Postgres {
         _: bool,
     ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
         conn.begin()
-    }
-
-    fn begin_claim_sql(
-        statements: &Statements,
-        consumer: &str,
-        id: &str,
-        _: bool,
-        _: bool,
-        rollback_first: bool,
-    ) -> Option<String> {
-        Some(begin_claim_sql(
-            statements.table,
-            consumer,
-            id,
-            rollback_first,
-        ))
-    }
-
-    fn found_row(error: &sqlx::Error) -> bool {
-        has_code(error, UNIQUE_VIOLATION)
-    }
-
-    fn begin_again(
-        conn: &mut PgConnection,
-        _: bool,
-    ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_ {
-        conn.begin_with("ROLLBACK; BEGIN")
-    }
-
-    /// Only for a table this process knows to have `state` (a table of 0.1 is looked at
-    /// the way that reads it through the row's JSON).
-    fn look_processed<'c>(
-        conn: &'c mut PgConnection,
-        statements: &'static Statements,
-        consumer: &'static str,
-        id: &'c str,
-    ) -> impl Future<Output = Result<Option<bool>, sqlx::Error>> + Send + 'c {
-        let sql = crate::schema::postgres::known_upgraded(statements.table)
-            .then(|| look_processed_sql(statements.table, consumer, id));
-        async move {
-            let Some(sql) = sql else { return Ok(None) };
-            let row = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                .fetch_optional(conn)
-                .await?;
-            Ok(Some(row.is_some()))
-        }
-    }
-
-    /// sqlx's `begin_with` queues its statement before its first wait: polled once, it
-    /// leaves the `ROLLBACK` in the connection's buffer, to go out (after whatever is
-    /// still in flight) ahead of the caller's next statement, which first reads the
-    /// answers left unread. The transaction sqlx does not count is never committed by
-    /// the caller's next `COMMIT`. (Covered by the cancellation tests of a lent
-    /// connection; sqlx is pinned to the version this was read in.)
-    fn abandon(conn: &mut PgConnection) {
-        let mut rollback = pin!(conn.begin_with("ROLLBACK"));
-        let _ = rollback
-            .as_mut()
-            .poll(&mut Context::from_waker(Waker::noop()));
     }
 
     fn begin_nested(

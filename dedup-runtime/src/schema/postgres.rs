@@ -233,17 +233,6 @@ fn remember_upgraded(table: &str, upgraded: bool) {
     }
 }
 
-/// Whether this process knows the dedup table `table` to have the 0.2 columns (`state`),
-/// without asking the catalog: for a statement that must name them and cannot wait for
-/// [`upgraded`] (a duplicate's look at its row, sent with the `ROLLBACK` of its claim).
-pub(crate) fn known_upgraded(table: &str) -> bool {
-    UPGRADED
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .iter()
-        .any(|(name, upgraded, _)| name == table && *upgraded)
-}
-
 /// Whether the dedup table `table` has the 0.2 columns, so that a claim reads `state` and
 /// `expires_at` by name: from this process's memory, else from the catalog (on `conn`,
 /// once per table, and again a minute after a table was found without them). Claims of
