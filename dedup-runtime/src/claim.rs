@@ -374,12 +374,14 @@ pub trait ClaimBackend: Database {
 
     /// The claim sent with `BEGIN`, in one round trip, for a transaction the handler
     /// owns on a pooled connection (`pooled`) or a lent one; `None` where the backend
-    /// keeps them apart. `rollback_first`: the connection may hold a transaction that
-    /// sqlx does not count (an earlier one of these that failed), to roll back first.
+    /// keeps them apart (PostgreSQL, where folding them measured slower; MySQL on a lent
+    /// connection, where a cancelled call could not be cleaned up). `rollback_first`: the
+    /// connection may hold a transaction that sqlx does not count (an earlier one of these
+    /// that failed), to roll back first.
     ///
     /// Sent with `begin_with`, it answers `Ok` once the row is in, this transaction's
     /// own. An error leaves on the connection a transaction that sqlx does not count
-    /// (PostgreSQL: aborted; MySQL: open, out of autocommit mode);
+    /// (MySQL: open, out of autocommit mode);
     /// [`found_row`](Self::found_row) says whether it is the row found there, and
     /// [`begin_again`](Self::begin_again) then rolls it back and begins again.
     #[doc(hidden)]
