@@ -373,34 +373,25 @@ pub trait ClaimBackend: Database {
     ) -> impl Future<Output = Result<Transaction<'_, Self>, sqlx::Error>> + Send + '_;
 
     /// The claim sent with `BEGIN`, in one round trip, for a transaction the handler
-    /// owns on a pooled connection (`pooled`) or a lent one; `None` where the backend
-    /// keeps them apart (PostgreSQL, where folding them measured slower; MySQL on a lent
-    /// connection, where a cancelled call could not be cleaned up). `rollback_first`: the
-    /// connection may hold a transaction that sqlx does not count (an earlier one of these
-    /// that failed), to roll back first.
+    /// owns on a pooled connection (only there: one that the call leaves holding a
+    /// transaction sqlx does not count is closed; a lent one could not be cleaned up);
+    /// `None` where the backend keeps them apart (PostgreSQL, where folding them measured
+    /// slower).
     ///
     /// Sent with `begin_with`, it answers `Ok` once the row is in, this transaction's
     /// own. An error leaves on the connection a transaction that sqlx does not count
     /// (MySQL: open, out of autocommit mode);
     /// [`found_row`](Self::found_row) says whether it is the row found there, and
-    /// [`begin_again`](Self::begin_again) then rolls it back and begins again.
+    /// [`look_processed`](Self::look_processed) or [`begin_again`](Self::begin_again)
+    /// then rolls it back.
     #[doc(hidden)]
     fn begin_claim_sql(
         statements: &Statements,
         consumer: &str,
         id: &str,
         business_keys: bool,
-        pooled: bool,
-        rollback_first: bool,
     ) -> Option<String> {
-        let _ = (
-            statements,
-            consumer,
-            id,
-            business_keys,
-            pooled,
-            rollback_first,
-        );
+        let _ = (statements, consumer, id, business_keys);
         None
     }
 

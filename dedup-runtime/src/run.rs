@@ -256,19 +256,10 @@ pub struct Run<'k> {
     metrics: &'static HandlerMetrics,
     /// `result = "stored"`, `fingerprint = …`: what the row remembers.
     memory: Memory,
-    /// The last begin left a transaction that sqlx does not count on the connection.
-    dangling: Option<Dangling>,
-}
-
-/// Why the connection holds a transaction that sqlx does not count: a claim sent with
-/// `BEGIN` that failed (`ClaimBackend::begin_claiming`).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Dangling {
-    /// It found the row there: the next begin rolls back and looks at the row.
-    Found,
-    /// Another error: the next begin on a lent connection rolls back first (a pooled one
-    /// is closed).
-    Failed,
+    /// The last begin's claim, sent with `BEGIN` (`ClaimBackend::begin_claim_sql`), found
+    /// the row: its pooled connection still holds that transaction, which sqlx does not
+    /// count. The next begin rolls it back there and looks at the row.
+    found_with_begin: bool,
 }
 
 impl<'k> Run<'k> {
@@ -307,7 +298,7 @@ impl<'k> Run<'k> {
             started: metrics::Started::now(),
             metrics,
             memory: Memory::default(),
-            dangling: None,
+            found_with_begin: false,
         }
     }
 
@@ -399,7 +390,7 @@ impl<'k> Run<'k> {
         self.attempt += 1;
         self.claimed_at = None;
         let business_keys = !self.unique.is_empty();
-        let mut dangling = self.dangling.take();
+        let mut found = std::mem::take(&mut self.found_with_begin);
         let Handle { source, unclean } = handle;
         let unclean: &'h AtomicBool = unclean;
         let (conn, pooled) = match source {
@@ -408,10 +399,8 @@ impl<'k> Run<'k> {
                 // Each attempt on a connection of its own, as `pool.begin()` would; one
                 // that an earlier attempt left with a changed session is closed. After a
                 // claim that found the row, the same one: its next statement rolls back.
-                let resume = dangling == Some(Dangling::Found) && slot.is_some();
-                if !resume {
-                    // A new connection holds nothing; the last one is closed if unclean.
-                    dangling = None;
+                if !(found && slot.is_some()) {
+                    found = false;
                     if let Some(mut previous) = slot.take()
                         && unclean.swap(false, Ordering::Relaxed)
                     {
@@ -433,28 +422,20 @@ impl<'k> Run<'k> {
             }
         };
         self.pooled = pooled;
-        let rollback_first = dangling.is_some();
+        // Only on a pooled connection, which is closed if the call ends while it holds a
+        // transaction sqlx does not count: a lent one could not be cleaned up.
         let claim_sql = match &self.claim {
-            Some(claim) if self.owned && dangling != Some(Dangling::Found) => DB::begin_claim_sql(
-                claim.statements,
-                claim.consumer,
-                claim.id,
-                business_keys,
-                pooled,
-                rollback_first,
-            ),
+            Some(claim) if pooled && self.owned && !found => {
+                DB::begin_claim_sql(claim.statements, claim.consumer, claim.id, business_keys)
+            }
             _ => None,
         };
         let claiming = claim_sql.is_some();
-        // While a transaction sqlx does not count may be on the connection, a pooled one
-        // is closed if the call ends there. (No backend sends the claim with `BEGIN` on a
-        // lent connection, where nothing could be closed.)
-        let uncounted = claiming || dangling.is_some();
         if pooled {
-            unclean.store(DB::CHANGES_SESSION || uncounted, Ordering::Relaxed);
+            unclean.store(DB::CHANGES_SESSION || claiming || found, Ordering::Relaxed);
         }
         let sent = Instant::now();
-        let begun = if dangling == Some(Dangling::Found) {
+        let begun = if found {
             let claim = self.claim.as_ref().expect("found by a claim");
             // A duplicate's look at its row goes with the `ROLLBACK`, where the backend can
             // (not for a handler that compares or replays what the row remembers).
@@ -475,10 +456,8 @@ impl<'k> Run<'k> {
                 // Rolled back; not a processed row: begin again and look as before.
                 Ok(Some(false)) => DB::begin_owned(conn, business_keys).await,
                 Ok(None) => DB::begin_again(conn, business_keys).await,
-                Err(error) => {
-                    self.dangling = Some(Dangling::Failed);
-                    return self.after_error::<DB>(error, true).await.into();
-                }
+                // The connection is still unclean: closed at the next begin.
+                Err(error) => return self.after_error::<DB>(error, true).await.into(),
             }
         } else if let Some(sql) = claim_sql {
             conn.begin_with(AssertSqlSafe(sql)).await
@@ -490,16 +469,13 @@ impl<'k> Run<'k> {
         let tx = match begun {
             Ok(tx) => tx,
             Err(error) => {
-                if uncounted {
-                    if claiming && DB::found_row(&error) {
-                        self.dangling = Some(Dangling::Found);
-                        self.attempt -= 1;
-                        return Begin::Retry;
-                    }
-                    // A pooled connection is closed at the next begin; a lent one would
-                    // be rolled back first.
-                    self.dangling = Some(Dangling::Failed);
+                if claiming && DB::found_row(&error) {
+                    self.found_with_begin = true;
+                    self.attempt -= 1;
+                    return Begin::Retry;
                 }
+                // A claim sent with `BEGIN` that failed otherwise left its connection
+                // unclean: closed at the next begin.
                 return self.after_error::<DB>(error, true).await.into();
             }
         };
@@ -508,7 +484,7 @@ impl<'k> Run<'k> {
             unclean.store(DB::CHANGES_SESSION, Ordering::Relaxed);
         }
         let mut tx = Tx { tx, unclean };
-        if dangling == Some(Dangling::Found) {
+        if found {
             let sql = DB::claim_sql(self.claim.as_ref().expect("found by a claim").statements);
             return self.found::<DB>(tx, sql, None).await;
         }

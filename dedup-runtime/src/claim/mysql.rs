@@ -211,18 +211,20 @@ impl ClaimBackend for MySql {
         })
     }
 
-    /// On a pooled connection only: one that the call leaves with a transaction sqlx does
-    /// not count is closed. A lent connection has no such way out (the driver cannot queue
-    /// a statement without waiting), so there the claim keeps its own round trip.
+    /// (A lent connection keeps the claim's own round trip: the driver cannot queue a
+    /// `ROLLBACK` without waiting, for a call cancelled with the claim in flight.)
     fn begin_claim_sql(
         statements: &Statements,
         consumer: &str,
         id: &str,
         business_keys: bool,
-        pooled: bool,
-        _: bool,
     ) -> Option<String> {
-        pooled.then(|| begin_claim_sql(statements.table, consumer, id, business_keys))
+        Some(begin_claim_sql(
+            statements.table,
+            consumer,
+            id,
+            business_keys,
+        ))
     }
 
     fn found_row(error: &sqlx::Error) -> bool {

@@ -25,15 +25,11 @@ const IN_FAILED_TRANSACTION: &str = "25P02";
 /// and what was left of the benchmark's gap to a hand-written unchecked `COMMIT`.
 const CHECKED_COMMIT: &str = "SET LOCAL dedup.checked_commit = on; COMMIT AND CHAIN";
 
-fn has_code(error: &sqlx::Error, code: &str) -> bool {
+fn is_aborted(error: &sqlx::Error) -> bool {
     error
         .as_database_error()
         .and_then(|error| error.try_downcast_ref::<PgDatabaseError>())
-        .is_some_and(|error| error.code() == code)
-}
-
-fn is_aborted(error: &sqlx::Error) -> bool {
-    has_code(error, IN_FAILED_TRANSACTION)
+        .is_some_and(|error| error.code() == IN_FAILED_TRANSACTION)
 }
 
 /// `error`, or the typed [`RolledBack`] that it reveals (`25P02`: a statement in a
