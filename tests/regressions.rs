@@ -34,6 +34,12 @@ mod sqlite_automatic_rollback;
 #[path = "regressions/mysql_swallowed_deadlock.rs"]
 mod mysql_swallowed_deadlock;
 
+// MariaDB: a handler with a business key and no dedup row (`unique = …` alone) committed
+// what its body wrote after a swallowed deadlock, in the new transaction InnoDB's rollback
+// left: the order row gone, the rest of the effect there, the redelivery doubled it.
+#[path = "regressions/mysql_business_key_swallowed_deadlock.rs"]
+mod mysql_business_key_swallowed_deadlock;
+
 // Defect 4: on a lent connection a duplicate only queued its ROLLBACK: the session sat
 // idle in a transaction, holding locks.
 #[path = "regressions/lent_connection_left_in_transaction.rs"]

@@ -10,7 +10,7 @@ use sqlx::{Database, Transaction};
 use crate::stored::{Recalled, Remembered};
 
 #[cfg(feature = "mysql")]
-mod mysql;
+pub(crate) mod mysql;
 #[cfg(feature = "postgres")]
 pub(crate) mod postgres;
 #[cfg(feature = "sqlite")]
@@ -36,14 +36,12 @@ pub struct Statements {
     /// Moves `processed_at` to the end of a slow transaction (see [`STAMP_AFTER`](crate::STAMP_AFTER)).
     pub postgres_stamp: &'static str,
     pub sqlite_stamp: &'static str,
-    /// MySQL's checked commit: fails unless the dedup row is still this transaction's
-    /// own, commits, and leaves autocommit mode again.
-    pub mysql_commit: &'static str,
-    /// The same for a transaction slower than [`STAMP_AFTER`](crate::STAMP_AFTER): the
-    /// row's `processed_at` moves to the commit time first.
+    /// MySQL's commit of a transaction slower than [`STAMP_AFTER`](crate::STAMP_AFTER):
+    /// the row's `processed_at` moves to the commit time, the commit fails unless the row
+    /// is still this transaction's own, and the session leaves autocommit mode again.
     pub mysql_commit_stamped: &'static str,
     /// MySQL's claim inside a caller's transaction: a plain insert that leaves the session
-    /// variables of an outer handler's checked commit as they are.
+    /// variables of an outer handler's (slow) commit as they are.
     pub mysql_nested: &'static str,
     /// For a claim that found the row there: its `state` and the microseconds left until
     /// its `expires_at` (a row in progress under a lease, see [`crate::lease`]).
@@ -77,23 +75,21 @@ pub struct Statements {
 /// KEY UPDATE`, so the claim is a plain insert whose duplicate-key error (1062, for this
 /// statement only ever the table's primary key) means a duplicate; MySQL keeps the
 /// transaction usable after it. It writes `processed_at` in UTC whatever the session's
-/// time zone, and remembers the row in session variables for the checked commit, which
-/// reads the row (its primary key) and fails unless it is still this transaction's own
-/// claim. The failure is an out-of-range sum (error 1690), an error whatever the
-/// `sql_mode`, in an expression the optimizer reduces to one key lookup (the form it
-/// replaces, a scalar subquery over a `UNION ALL` that returned two rows, cost the
-/// benchmark's MariaDB about 10 % of its calls per second):
+/// time zone, and remembers the row in session variables for a slow transaction's commit.
+/// The handler's own transaction begins with a savepoint, and its commit releases it
+/// first: gone with a transaction InnoDB ended (a deadlock the body swallowed), the
+/// release fails (1305) and the `COMMIT` after it in the same query is not run:
 ///
 /// ```sql
-/// SELECT 18446744073709551615 + (NOT EXISTS (
-///     SELECT 1 FROM t WHERE consumer = @dedup_consumer
-///        AND message_id = @dedup_message_id
-///        AND processed_at = @dedup_claimed_at));     -- error 1690 unless it is there
-/// COMMIT; SET autocommit = 1
+/// SET autocommit = 0; BEGIN; SAVEPOINT dedup_alive; INSERT INTO t …
+/// -- the body
+/// RELEASE SAVEPOINT dedup_alive; COMMIT; SET autocommit = 1
 /// ```
 ///
 /// A transaction slower than [`STAMP_AFTER`](crate::STAMP_AFTER) moves the row's
-/// `processed_at` to the commit time instead, as on PostgreSQL:
+/// `processed_at` to the commit time instead, as on PostgreSQL, and fails with an
+/// out-of-range sum (1690, an error whatever the `sql_mode`) unless the row is still this
+/// transaction's own:
 ///
 /// ```sql
 /// UPDATE t SET processed_at = UTC_TIMESTAMP(6)
@@ -169,13 +165,6 @@ macro_rules! __statements {
                 " SET processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
                  WHERE consumer = ?1 AND message_id = ?2"
             ),
-            mysql_commit: ::core::concat!(
-                "SELECT 18446744073709551615 + (NOT EXISTS (SELECT 1 FROM ",
-                $table,
-                " WHERE consumer = @dedup_consumer AND message_id = @dedup_message_id \
-                 AND processed_at = @dedup_claimed_at)); \
-                 COMMIT; SET autocommit = 1"
-            ),
             mysql_commit_stamped: ::core::concat!(
                 "UPDATE ",
                 $table,
@@ -220,7 +209,7 @@ macro_rules! __statements {
                  AND expires_at <= clock_timestamp()"
             ),
             // The first parameter: whether the transaction is the handler's own; then
-            // `processed_at` is the session variable the checked commit compares with
+            // `processed_at` is the session variable a slow commit compares with
             // (set just before), and otherwise now.
             mysql_take_over: ::core::concat!(
                 "UPDATE ",
@@ -305,7 +294,7 @@ pub trait ClaimBackend: Database {
     ) -> impl Future<Output = Result<Claiming, sqlx::Error>> + Send + 'c;
 
     /// The claim's statement inside a caller's transaction (a savepoint). MySQL: one that
-    /// leaves the session variables of an outer handler's checked commit alone.
+    /// leaves the session variables of an outer handler's (slow) commit alone.
     #[doc(hidden)]
     fn nested_claim_sql(statements: &Statements) -> &'static str {
         Self::claim_sql(statements)
@@ -323,7 +312,7 @@ pub trait ClaimBackend: Database {
 
     /// Takes over an expired send-first lease as this transaction's claim; `Ok(false)`
     /// when the row is not one (any more). `owned`: the transaction is the handler's own
-    /// (MySQL: the checked commit's session variables are set for the row).
+    /// (MySQL: the session variables of a slow commit are set for the row).
     #[doc(hidden)]
     fn take_over<'c>(
         conn: &'c mut Self::Connection,

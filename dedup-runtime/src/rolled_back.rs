@@ -17,8 +17,10 @@ use std::fmt;
 /// - **MySQL / MariaDB**: InnoDB rolled the whole transaction back on a deadlock (1213)
 ///   and the body went on. The handler keeps the session out of autocommit for the
 ///   transaction's duration, so that what the body wrote after the rollback is not
-///   committed statement by statement, and sends `COMMIT` only after checking, in the
-///   same round trip, that its dedup row is still its own.
+///   committed statement by statement, and sends `COMMIT` only after releasing, in the
+///   same round trip, the savepoint its transaction began with (gone with the rolled-back
+///   transaction: the release fails with 1305). A handler with a business key and no
+///   dedup row (`unique = …` alone) is checked the same way.
 /// - **SQLite**: an automatic rollback — `SQLITE_FULL`, an I/O error, a trigger's
 ///   `RAISE(ROLLBACK, …)`, `ON CONFLICT ROLLBACK` — ended the transaction. (With the
 ///   error swallowed, SQLite runs the body's later statements in autocommit mode, each

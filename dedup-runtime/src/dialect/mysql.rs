@@ -18,6 +18,10 @@ pub(crate) const ER_BAD_FIELD: u16 = 1054;
 /// ER_DUP_ENTRY: a unique key, or for the claim statement the dedup table's primary key.
 pub(crate) const ER_DUP_ENTRY: u16 = 1062;
 
+/// ER_SP_DOES_NOT_EXIST, for `RELEASE SAVEPOINT`: the savepoint is gone with the
+/// transaction it was set in (InnoDB ended it on a deadlock, or a `ROLLBACK` did).
+pub(crate) const ER_SAVEPOINT_GONE: u16 = 1305;
+
 /// A worker's or a relay's claim transaction: READ COMMITTED, so no gap locks, and
 /// claiming processes skip each other's rows instead of deadlocking on the index ranges
 /// they scan.

@@ -89,7 +89,7 @@ pub trait InboxBackend: Database {
     ) -> impl Future<Output = Result<Vec<InboxMessage>, sqlx::Error>> + Send + 'a;
 
     /// Begins the processing transaction, in the round trip of its `BEGIN`, with what
-    /// [`InboxBackend::inbox_finish`] checks the transaction by: PostgreSQL a
+    /// the transaction is checked by before its mark commits: PostgreSQL a
     /// transaction-local setting, MySQL a savepoint. Neither checks the claim nor takes a
     /// lock on the row, so that a worker paused mid-handler past its lease loses the row to
     /// another (the finishing mark refuses it). SQLite, whose writer excludes every other,
@@ -102,11 +102,11 @@ pub trait InboxBackend: Database {
     ) -> impl Future<Output = Result<(sqlx::Transaction<'c, Self>, bool), sqlx::Error>> + Send + 'c;
 
     /// After the handler, before the commit: marks the row processed if it is still
-    /// `row.owner`'s (`false`: the claim was lost, roll back). Fails with
-    /// [`RolledBack`](crate::RolledBack) if the transaction that
+    /// `row.owner`'s (`false`: the claim was lost, roll back). If the transaction that
     /// [`InboxBackend::inbox_begin`] began is gone — a deadlock rollback the handler
-    /// swallowed, a `ROLLBACK` it sent — so that a mark never commits without the
-    /// handler's effects.
+    /// swallowed, a `ROLLBACK` it sent — this or the commit after it (MySQL: the commit,
+    /// which releases the savepoint first) fails with [`RolledBack`](crate::RolledBack),
+    /// so that a mark never commits without the handler's effects.
     #[doc(hidden)]
     fn inbox_finish<'c>(
         conn: &'c mut Self::Connection,

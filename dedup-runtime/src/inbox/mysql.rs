@@ -17,14 +17,6 @@ use super::{
     Claimed, ClaimedMany, Expired, InboxBackend, InboxMessage, InboxOperatorBackend, MAX_BATCH,
     Owner, Row, STOPPED, StatsRow,
 };
-use crate::rolled_back::RolledBack;
-
-/// The savepoint that tells the finishing mark its transaction is the one the owner check
-/// began.
-const SAVEPOINT: &str = "dedup_inbox_claim";
-
-/// ER_SP_DOES_NOT_EXIST: the savepoint is gone with the transaction it was set in.
-const SAVEPOINT_GONE: u16 = 1305;
 
 use crate::dialect::mysql::{Arg, READ_COMMITTED, placeholders, update_found, update_found_in};
 use crate::dialect::mysql::{ER_DUP_ENTRY, error_number};
@@ -152,27 +144,14 @@ async fn expired_any(
         .is_some())
 }
 
-/// The processing transaction, with the savepoint its finish releases (the check that
-/// it is still there), in the round trip of its `BEGIN`.
+/// The processing transaction: out of autocommit, and the savepoint that the commit
+/// releases first (`ClaimBackend::commit_owned`), in the round trip of its `BEGIN` — the
+/// handler's own transaction's `BEGIN`. InnoDB ends a transaction by itself on a
+/// deadlock, and a handler that swallowed the error goes on in a new one: the savepoint
+/// is gone with the old one, its release fails, and nothing of the new one (the mark
+/// included) is committed.
 async fn begin(conn: &mut MySqlConnection) -> Result<Transaction<'_, MySql>, sqlx::Error> {
-    let begin = format!("SET autocommit = 0; BEGIN; SAVEPOINT {SAVEPOINT}");
-    conn.begin_with(AssertSqlSafe(begin)).await
-}
-
-/// Releases the processing transaction's savepoint: [`RolledBack`] if it is gone with its
-/// transaction (a deadlock rollback the handler swallowed, a `ROLLBACK` it sent), so that
-/// a mark never commits without the handler's effects.
-async fn release_savepoint(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
-    match sqlx::raw_sql(AssertSqlSafe(format!("RELEASE SAVEPOINT {SAVEPOINT}")))
-        .execute(&mut *conn)
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(error) if error_number(&error) == Some(SAVEPOINT_GONE) => {
-            Err(RolledBack::error("MySQL", Some(error)))
-        }
-        Err(error) => Err(error),
-    }
+    conn.begin_with(crate::claim::mysql::BEGIN).await
 }
 
 impl InboxBackend for MySql {
@@ -476,7 +455,7 @@ impl InboxBackend for MySql {
     /// The worker's `BEGIN` (the session out of autocommit) and a savepoint, in one round
     /// trip. InnoDB ends a transaction by itself on a deadlock, and a handler that
     /// swallowed the error goes on in a new one: the savepoint is gone with the old one,
-    /// and the finish tells.
+    /// and the commit, which releases it first, tells.
     async fn inbox_begin<'c>(
         conn: &'c mut MySqlConnection,
         _: &'c Claimed<'c>,
@@ -484,13 +463,13 @@ impl InboxBackend for MySql {
         Ok((begin(conn).await?, true))
     }
 
-    /// The savepoint released ([`RolledBack`] if it is gone with its transaction), then
-    /// the owner-checked mark.
+    /// The owner-checked mark. (Whether the transaction is still the one `inbox_begin`
+    /// began, the commit tells: it releases the savepoint first, [`RolledBack`](crate::RolledBack) if it is
+    /// gone, in the commit's round trip.)
     async fn inbox_finish<'c>(
         conn: &'c mut MySqlConnection,
         row: &'c Claimed<'c>,
     ) -> Result<bool, sqlx::Error> {
-        release_savepoint(conn).await?;
         let sql = format!(
             "UPDATE {} SET state = 2, processed_at = UTC_TIMESTAMP(6), lease_until = NULL{} \
              WHERE consumer = ? AND message_id = ? AND owner = ? AND state = 1",
@@ -514,13 +493,12 @@ impl InboxBackend for MySql {
         Ok((begin(conn).await?, None))
     }
 
-    /// The savepoint released ([`RolledBack`] if it is gone with its transaction), then
-    /// the owner-checked mark of every id, by primary key.
+    /// The owner-checked mark of every id, by primary key (the commit releases the
+    /// savepoint, as after [`inbox_finish`](InboxBackend::inbox_finish)).
     async fn inbox_finish_many<'c>(
         conn: &'c mut MySqlConnection,
         rows: &'c ClaimedMany<'c>,
     ) -> Result<u64, sqlx::Error> {
-        release_savepoint(conn).await?;
         if rows.ids.is_empty() {
             return Ok(0);
         }
