@@ -392,3 +392,32 @@ async fn a_duplicate_leaves_the_pooled_connection_clean() {
     .unwrap();
     assert_eq!((autocommit, open), (1, 0), "autocommit, no transaction");
 }
+
+/// The README's sentence: a body that releases a savepoint named `dedup_alive` fails its
+/// own commit, as if InnoDB had rolled the transaction back — the typed error after the
+/// call's attempts, nothing committed — and the message is processed by the next call.
+#[tokio::test]
+async fn a_body_that_releases_the_handlers_savepoint_commits_nothing() {
+    #[idempotent(consumer = "begin-claim-my", key = id)]
+    async fn releases(tx: &mut MySqlConnection, id: &str) -> Result<(), sqlx::Error> {
+        sqlx::query("INSERT INTO begin_claim_effects (message_id) VALUES (?)")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::raw_sql("RELEASE SAVEPOINT dedup_alive")
+            .execute(&mut *tx)
+            .await?;
+        Ok(())
+    }
+
+    let pool = my_pool("SET SESSION sql_mode = DEFAULT").await;
+    let id = dedup_suite::unique("releases");
+    let error = releases(&pool, &id).await.unwrap_err();
+    assert!(
+        dedup_runtime::RolledBack::find(&error).is_some(),
+        "the typed error: {error}"
+    );
+    assert_eq!(my_state(&pool, "begin-claim-my", &id).await, (0, 0));
+    assert!(my_record(&pool, &id).await.unwrap().is_processed());
+    assert_eq!(my_state(&pool, "begin-claim-my", &id).await, (1, 1));
+}
