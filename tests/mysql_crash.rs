@@ -6,9 +6,10 @@
 //! process: four tasks on one pool, each working through its lane of the message
 //! positions, every seventh message delivered twice in a row (a published duplicate), each
 //! acknowledged on stdout (`ack <lane> <position>`) after its call returned. The harness
-//! kills it (SIGKILL) at a random moment — in the body's transaction (which sleeps a
-//! millisecond between its two writes), between a commit and its acknowledgement, in a
-//! duplicate's look — and starts it again from each lane's last acknowledged position, that
+//! kills it (SIGKILL) at a random moment — after 0 to 89 acknowledgements and 0 to 3 ms
+//! more: during its start-up, in the body's transaction (which sleeps a millisecond
+//! between its two writes), between a commit and its acknowledgement, in a duplicate's
+//! look — and starts it again from each lane's last acknowledged position, that
 //! one included: a broker redelivers what was not acknowledged, and sometimes what was.
 //! Asserted: every message's effect (two rows, one per write) exactly once, one dedup row
 //! per message, nothing else under the run's ids.
@@ -109,14 +110,48 @@ async fn consumer_process() {
     println!("done");
 }
 
-/// One life of the consumer: started with each lane's first position, killed after
-/// `kill_after` (or left to finish, `None`). Returns each lane's last acknowledged
-/// position, whether it was killed, and how many deliveries it found processed already.
+/// What a life of the consumer said on its output.
+#[derive(Default)]
+struct Tally {
+    /// Each lane's last acknowledged position.
+    acked: [Option<usize>; LANES],
+    acks: usize,
+    /// Deliveries found processed already.
+    duplicates: usize,
+    /// It finished every lane.
+    done: bool,
+}
+
+impl Tally {
+    fn note(&mut self, line: &str) {
+        if line == "done" {
+            self.done = true;
+        } else if let Some(rest) = line.strip_prefix("ack ") {
+            let mut words = rest.split(' ');
+            let lane: usize = words.next().unwrap().parse().unwrap();
+            let position: usize = words.next().unwrap().parse().unwrap();
+            self.acked[lane] = Some(position);
+            self.acks += 1;
+            self.duplicates += usize::from(words.next() == Some("duplicate"));
+        }
+    }
+}
+
+/// When to kill a life of the consumer: once it has acknowledged `acks` messages (0: during
+/// its start-up), `then` later — in whatever its tasks are doing at that moment.
+struct Kill {
+    acks: usize,
+    then: Duration,
+}
+
+/// One life of the consumer: started with each lane's first position, killed as `kill`
+/// says (or left to finish, `None`). Returns each lane's last acknowledged position,
+/// whether it was killed, and how many deliveries it found processed already.
 fn one_life(
     run: &str,
     messages: usize,
     next: &[usize; LANES],
-    kill_after: Option<Duration>,
+    kill: Option<Kill>,
 ) -> ([Option<usize>; LANES], bool, usize) {
     let from: Vec<String> = next.iter().map(usize::to_string).collect();
     let mut child = Command::new(std::env::current_exe().expect("this test binary"))
@@ -143,45 +178,34 @@ fn one_life(
             }
         }
     });
-    let mut acked = [None; LANES];
-    let mut done = false;
-    let mut duplicates = 0;
-    let mut note = |line: String, acked: &mut [Option<usize>; LANES]| {
-        if line == "done" {
-            done = true;
-        } else if let Some(rest) = line.strip_prefix("ack ") {
-            let mut words = rest.split(' ');
-            let lane: usize = words.next().unwrap().parse().unwrap();
-            let position: usize = words.next().unwrap().parse().unwrap();
-            acked[lane] = Some(position);
-            duplicates += usize::from(words.next() == Some("duplicate"));
-        }
-    };
-    let deadline = Instant::now() + kill_after.unwrap_or(Duration::from_secs(300));
+    let mut tally = Tally::default();
     let mut killed = false;
     loop {
-        match received.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
-            Ok(line) => note(line, &mut acked),
+        if let Some(kill) = &kill
+            && tally.acks >= kill.acks
+        {
+            std::thread::sleep(kill.then);
+            child.kill().expect("SIGKILL the consumer");
+            killed = true;
+            break;
+        }
+        match received.recv_timeout(Duration::from_secs(300)) {
+            Ok(line) => tally.note(&line),
             Err(RecvTimeoutError::Disconnected) => break,
-            Err(RecvTimeoutError::Timeout) => {
-                assert!(kill_after.is_some(), "the consumer did not finish in 300 s");
-                child.kill().expect("SIGKILL the consumer");
-                killed = true;
-                break;
-            }
+            Err(RecvTimeoutError::Timeout) => panic!("the consumer said nothing for 300 s"),
         }
     }
     let status = child.wait().expect("the consumer's end");
     reader.join().expect("the reader thread");
     // What it printed before it died counts: it was acknowledged.
     while let Ok(line) = received.try_recv() {
-        note(line, &mut acked);
+        tally.note(&line);
     }
     assert!(
-        killed || (status.success() && done),
+        killed || (status.success() && tally.done),
         "the consumer failed: {status}"
     );
-    (acked, killed && !done, duplicates)
+    (tally.acked, killed && !tally.done, tally.duplicates)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -211,9 +235,13 @@ async fn mariadb_under_sigkill_processes_every_message_once() {
             let mut next: [usize; LANES] = std::array::from_fn(|lane| lane);
             let (mut lives, mut killed, mut duplicates) = (0, 0, 0);
             loop {
-                let kill_after =
-                    (killed < kills).then(|| Duration::from_millis(20 + random.next_u64() % 180));
-                let (acked, was_killed, found) = one_life(&run, messages, &next, kill_after);
+                // After 0 to 89 acknowledgements (45 on average: 60 kills take 2,700 of the
+                // 3,000 messages, and the last life finishes), then 0 to 3 ms more.
+                let kill = (killed < kills).then(|| Kill {
+                    acks: (random.next_u64() % 90) as usize,
+                    then: Duration::from_micros(random.next_u64() % 3_000),
+                });
+                let (acked, was_killed, found) = one_life(&run, messages, &next, kill);
                 lives += 1;
                 duplicates += found;
                 for (lane, position) in acked.into_iter().enumerate() {
