@@ -71,10 +71,13 @@ async fn my_record(tx: &mut MySqlConnection, id: &str) -> Result<(), sqlx::Error
     Ok(())
 }
 
-async fn pg_pool(settings: &str) -> Pool<Postgres> {
-    drop(dedup_suite::postgres().await); // migrated
+/// A pool of 4 on `url` whose every session first runs `settings`.
+async fn pool_with<DB: sqlx::Database>(url: &str, settings: &str) -> Pool<DB>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+{
     let settings = settings.to_owned();
-    let pool = sqlx::postgres::PgPoolOptions::new()
+    sqlx::pool::PoolOptions::<DB>::new()
         .max_connections(4)
         .after_connect(move |conn, _| {
             let settings = settings.clone();
@@ -85,9 +88,14 @@ async fn pg_pool(settings: &str) -> Pool<Postgres> {
                 Ok(())
             })
         })
-        .connect(&dedup_suite::postgres_url())
+        .connect(url)
         .await
-        .unwrap();
+        .unwrap()
+}
+
+async fn pg_pool(settings: &str) -> Pool<Postgres> {
+    drop(dedup_suite::postgres().await); // migrated
+    let pool = pool_with(&dedup_suite::postgres_url(), settings).await;
     dedup_suite::ddl(
         &pool,
         "CREATE TABLE IF NOT EXISTS begin_claim_effects (message_id text NOT NULL)",
@@ -98,21 +106,7 @@ async fn pg_pool(settings: &str) -> Pool<Postgres> {
 
 async fn my_pool(settings: &str) -> Pool<MySql> {
     drop(dedup_suite::mysql().await); // migrated
-    let settings = settings.to_owned();
-    let pool = sqlx::mysql::MySqlPoolOptions::new()
-        .max_connections(4)
-        .after_connect(move |conn, _| {
-            let settings = settings.clone();
-            Box::pin(async move {
-                sqlx::raw_sql(sqlx::AssertSqlSafe(settings))
-                    .execute(conn)
-                    .await?;
-                Ok(())
-            })
-        })
-        .connect(&dedup_suite::mysql_url())
-        .await
-        .unwrap();
+    let pool = pool_with(&dedup_suite::mysql_url(), settings).await;
     dedup_suite::ddl(
         &pool,
         "CREATE TABLE IF NOT EXISTS begin_claim_effects \
