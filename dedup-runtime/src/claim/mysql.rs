@@ -11,6 +11,14 @@ use crate::dialect::mysql::{ER_BAD_FIELD, ER_DUP_ENTRY, ER_SAVEPOINT_GONE, error
 use crate::rolled_back::RolledBack;
 use crate::stored::{Recalled, Remembered, fetch_recalled};
 
+/// The savepoint every transaction of the handler's own begins with, and its checked
+/// commit releases: one name for the statements below.
+macro_rules! alive {
+    () => {
+        "dedup_alive"
+    };
+}
+
 /// The handler's own transactions run out of autocommit mode. InnoDB rolls the whole
 /// transaction back on a deadlock and ends it: in autocommit mode a body that swallowed
 /// the error would write the rest of its effects one committed statement at a time, with
@@ -18,18 +26,21 @@ use crate::stored::{Recalled, Remembered, fetch_recalled};
 /// commit refuses to commit: the transaction begins with a savepoint, `dedup_alive`, gone
 /// with it, and the commit releases it first ([`CHECKED_COMMIT`]). The savepoint is there
 /// as long as its transaction is, whatever the body does with savepoints of its own (sqlx
-/// names them `_sqlx_savepoint_<n>` and sets them later: rolling back to one keeps it). Every end of the
-/// transaction sets autocommit back ([`RESTORE_ROLLBACK`], [`CHECKED_COMMIT`]); a pooled
-/// connection whose call ends without that is closed (see `ClaimBackend::CHANGES_SESSION`).
-/// An inbox worker's transaction begins the same way and ends with the same commit.
-pub(crate) const BEGIN: &str = "SET autocommit = 0; BEGIN; SAVEPOINT dedup_alive";
+/// names them `_sqlx_savepoint_<n>` and sets them later: rolling back to one keeps it).
+/// Every end of the transaction sets autocommit back ([`RESTORE_ROLLBACK`],
+/// [`CHECKED_COMMIT`]); a pooled connection whose call ends without that is closed (see
+/// `ClaimBackend::CHANGES_SESSION`). An inbox worker's transaction begins the same way and
+/// ends with the same commit.
+pub(crate) const BEGIN: &str = concat!("SET autocommit = 0; BEGIN; SAVEPOINT ", alive!());
 /// With `unique = …`: the session's messages in English first ([`ENGLISH`]), so that a
 /// violated key can be read off its 1062.
-const ENGLISH_THEN_BEGIN: &str =
-    "SET SESSION lc_messages = 'en_US'; SET autocommit = 0; BEGIN; SAVEPOINT dedup_alive";
+const ENGLISH_THEN_BEGIN: &str = concat!(
+    "SET SESSION lc_messages = 'en_US'; SET autocommit = 0; BEGIN; SAVEPOINT ",
+    alive!()
+);
 /// After a claim that found its row: the failed insert's lock released, and a new
 /// transaction with its savepoint.
-const ROLLBACK_THEN_BEGIN: &str = "ROLLBACK; BEGIN; SAVEPOINT dedup_alive";
+const ROLLBACK_THEN_BEGIN: &str = concat!("ROLLBACK; BEGIN; SAVEPOINT ", alive!());
 
 /// The checked commit: `RELEASE SAVEPOINT` fails (1305, [`ER_SAVEPOINT_GONE`]) when the
 /// transaction that set it has ended — a deadlock the body swallowed, a `ROLLBACK` it
@@ -37,7 +48,11 @@ const ROLLBACK_THEN_BEGIN: &str = "ROLLBACK; BEGIN; SAVEPOINT dedup_alive";
 /// Then the commit, and autocommit back, in the same round trip. Reading the dedup row
 /// instead (the form this replaces) cost MariaDB a fifth of its calls per second: a
 /// statement that opens the table, against one that touches no table.
-const CHECKED_COMMIT: &str = "RELEASE SAVEPOINT dedup_alive; COMMIT; SET autocommit = 1";
+const CHECKED_COMMIT: &str = concat!(
+    "RELEASE SAVEPOINT ",
+    alive!(),
+    "; COMMIT; SET autocommit = 1"
+);
 const RESTORE_ROLLBACK: &str = "ROLLBACK; SET autocommit = 1";
 
 /// What the claim's insert remembers for a slow transaction's commit
@@ -47,9 +62,10 @@ const REMEMBER: &str =
     "SET @dedup_consumer = ?, @dedup_message_id = ?, @dedup_claimed_at = UTC_TIMESTAMP(6)";
 
 /// The claim sent with `BEGIN`, one multi-statement query (one round trip): out of
-/// autocommit mode, `BEGIN` and its savepoint, and the claim's insert with its values written in as hex
-/// literals (`X'…'`, binary strings for the `VARBINARY` columns): nothing in an id
-/// reaches the SQL parser as anything but `0-9a-f`, whatever `NO_BACKSLASH_ESCAPES` says.
+/// autocommit mode, `BEGIN` and its savepoint, and the claim's insert with its values
+/// written in as hex literals (`X'…'`, binary strings for the `VARBINARY` columns):
+/// nothing in an id reaches the SQL parser as anything but `0-9a-f`, whatever
+/// `NO_BACKSLASH_ESCAPES` says.
 /// Its duplicate-key error (1062) is the row found there.
 ///
 /// ```sql

@@ -464,8 +464,8 @@ impl InboxBackend for MySql {
     }
 
     /// The owner-checked mark. (Whether the transaction is still the one `inbox_begin`
-    /// began, the commit tells: it releases the savepoint first, [`RolledBack`](crate::RolledBack) if it is
-    /// gone, in the commit's round trip.)
+    /// began, the commit tells: it releases the savepoint first,
+    /// [`RolledBack`](crate::RolledBack) if it is gone, in the commit's round trip.)
     async fn inbox_finish<'c>(
         conn: &'c mut MySqlConnection,
         row: &'c Claimed<'c>,
