@@ -11,7 +11,7 @@
 
 use dedup_runtime::idempotent;
 
-use crate::mysql_swallowed_deadlock::{both_processed, lock_rows};
+use crate::mysql_swallowed_deadlock::{both_processed, lock_rows, swallow_updates};
 use dedup_suite::Runs;
 use sqlx::MySqlConnection;
 use sqlx::mysql::MySqlPool;
@@ -50,16 +50,14 @@ async fn place_order(
         .bind(order)
         .execute(&mut *tx)
         .await?;
-    for (step, name) in [first, second].into_iter().enumerate() {
-        if step == 1 && run == 1 {
-            barrier.wait().await;
-        }
-        // The mistake: the deadlock error is dropped.
-        let _ = sqlx::query("UPDATE regress_bk_deadlock_locks SET n = n + 1 WHERE name = ?")
-            .bind(name)
-            .execute(&mut *tx)
-            .await;
-    }
+    swallow_updates(
+        tx,
+        "regress_bk_deadlock_locks",
+        [first, second],
+        barrier,
+        run,
+    )
+    .await;
     sqlx::query("INSERT INTO regress_bk_deadlock_effects (order_id) VALUES (?)")
         .bind(order)
         .execute(&mut *tx)

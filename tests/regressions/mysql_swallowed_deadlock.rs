@@ -43,21 +43,35 @@ async fn swallow_deadlock(
         .bind(id)
         .execute(&mut *tx)
         .await?;
-    for (step, name) in [first, second].into_iter().enumerate() {
-        if step == 1 && run == 1 {
-            barrier.wait().await;
-        }
-        // The mistake: the deadlock error is dropped.
-        let _ = sqlx::query("UPDATE regress_deadlock_locks SET n = n + 1 WHERE name = ?")
-            .bind(name)
-            .execute(&mut *tx)
-            .await;
-    }
+    swallow_updates(tx, "regress_deadlock_locks", [first, second], barrier, run).await;
     sqlx::query("INSERT INTO regress_deadlock_effects (message_id) VALUES (?)")
         .bind(id)
         .execute(&mut *tx)
         .await?;
     Ok(())
+}
+
+/// The mistake under test: the two lock rows of `table` updated in the given order — on
+/// its first run the call waits for the other task in between, so that the two deadlock
+/// — with each failed update's error dropped.
+pub(crate) async fn swallow_updates(
+    tx: &mut MySqlConnection,
+    table: &str,
+    names: [&str; 2],
+    barrier: &Barrier,
+    run: u32,
+) {
+    for (step, name) in names.into_iter().enumerate() {
+        if step == 1 && run == 1 {
+            barrier.wait().await;
+        }
+        let _ = sqlx::query(AssertSqlSafe(format!(
+            "UPDATE {table} SET n = n + 1 WHERE name = ?"
+        )))
+        .bind(name)
+        .execute(&mut *tx)
+        .await;
+    }
 }
 
 /// (effect rows, dedup rows) of message `id`.
