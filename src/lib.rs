@@ -507,6 +507,28 @@ impl Shuffle {
     }
 }
 
+/// A crash harness's size from the environment: `name` parsed, or `default` when it is
+/// unset or not a number.
+pub fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
+}
+
+/// A crash harness's seed for its random choices: `DEDUP_CRASH_SEED`, or the clock (a run
+/// prints its seed, so that `DEDUP_CRASH_SEED` repeats it).
+pub fn crash_seed() -> u64 {
+    std::env::var("DEDUP_CRASH_SEED")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| {
+            SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(1, |elapsed| elapsed.as_nanos() as u64)
+        })
+}
+
 /// Holds a leased handler's body until the test lets it go, and says when it is in: a
 /// copy of the message can then arrive while the lease runs.
 #[derive(Default)]

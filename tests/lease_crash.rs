@@ -27,30 +27,12 @@ use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use dedup_runtime::{Ledger, UnresolvedStatus};
-use dedup_suite::Shuffle;
 use dedup_suite::partner::{Keys, Partner};
+use dedup_suite::{Shuffle, crash_seed, env_number};
 use sqlx::PgPool;
-
-fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(default)
-}
-
-fn seed() -> u64 {
-    std::env::var("DEDUP_CRASH_SEED")
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or_else(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(1, |elapsed| elapsed.as_nanos() as u64)
-        })
-}
 
 /// What the child processes reported over all their lives.
 #[derive(Default, Debug)]
@@ -197,7 +179,7 @@ struct Harness {
 async fn harness(policy: &str, keys: Keys) -> Harness {
     let messages = env_number("DEDUP_LEASE_CRASH_MESSAGES", 1_000);
     let kills = env_number("DEDUP_LEASE_CRASH_KILLS", 50);
-    let seed = seed();
+    let seed = crash_seed();
     println!("== lease, {policy}: crash harness (seed {seed})");
     let pool = dedup_suite::postgres().await;
     dedup_suite::ddl(

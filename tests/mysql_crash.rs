@@ -21,10 +21,10 @@
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use dedup_runtime::idempotent;
-use dedup_suite::Shuffle;
+use dedup_suite::{Shuffle, crash_seed, env_number};
 use sqlx::MySqlConnection;
 
 /// The consumer's tasks, each with its lane of positions (`lane`, `lane + LANES`, …).
@@ -34,13 +34,6 @@ const CHILD: &str = "DEDUP_MYSQL_CRASH_CHILD";
 /// The effects table: no key, so that an effect applied twice shows.
 const EFFECTS: &str = "CREATE TABLE IF NOT EXISTS mysql_crash_effects \
      (message_id VARBINARY(255) NOT NULL, part INT NOT NULL, KEY (message_id)) ENGINE = InnoDB";
-
-fn env_number(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(default)
-}
 
 /// Two writes, a millisecond apart: a kill between them leaves half an effect in an open
 /// transaction, which the server rolls back with the connection.
@@ -214,15 +207,7 @@ async fn mariadb_under_sigkill_processes_every_message_once() {
     dedup_suite::ddl(&pool, EFFECTS).await;
     let messages = env_number("DEDUP_MYSQL_CRASH_MESSAGES", 3_000);
     let kills = env_number("DEDUP_MYSQL_CRASH_KILLS", 60);
-    let seed = std::env::var("DEDUP_CRASH_SEED")
-        .ok()
-        .and_then(|seed| seed.parse().ok())
-        .unwrap_or_else(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
+    let seed = crash_seed();
     let run = dedup_suite::unique("mysql-crash");
     let started = Instant::now();
 
