@@ -287,3 +287,9 @@ mod migrate_waited_for_open_writers;
 #[cfg(feature = "brokers")]
 #[path = "regressions/batch_examples_dropped_forward_to.rs"]
 mod batch_examples_dropped_forward_to;
+
+// Issue 39, item 3: `receive_batch` answered the second copy of an id refused for its
+// stored fingerprint `DuplicateInBatch` (acknowledge) while `receive` refused the same
+// copy. Fixed in "receive_batch refuses every copy of a mismatching id".
+#[path = "regressions/receive_batch_acknowledged_a_mismatch_copy.rs"]
+mod receive_batch_acknowledged_a_mismatch_copy;

@@ -640,7 +640,10 @@ impl<DB: Backend> Inbox<DB> {
     /// (a bad id, a payload over the limit, an id stored already with another payload)
     /// gets its `Err` and the others are stored; the same id twice in the batch is one
     /// row, and the second answer says [`Received::DuplicateInBatch`] (with another
-    /// payload: [`Refused::FingerprintMismatch`]). `Err` for the whole call only when the database
+    /// payload: [`Refused::FingerprintMismatch`]). Every copy of an id that is refused for
+    /// the fingerprint stored with it is refused, the second as the first, so that no copy
+    /// is acknowledged that [`receive`](Self::receive) would refuse. `Err` for the whole
+    /// call only when the database
     /// failed: then nothing is known to be stored (a deadlock or lock timeout, which
     /// stored nothing, is tried again first).
     ///
@@ -729,10 +732,20 @@ impl<DB: Backend> Inbox<DB> {
                 }));
             }
         }
-        let answers: Vec<Result<Received, Refused>> = answers
+        // A copy of an id refused for its stored fingerprint is refused too: it carries
+        // the first copy's payload (another one was refused above), so it is the same
+        // mismatch, and acknowledging it would drop what `receive` refuses.
+        let mut answers: Vec<Result<Received, Refused>> = answers
             .into_iter()
             .map(|answer| answer.expect("every message has its answer"))
             .collect();
+        for index in 0..answers.len() {
+            if let Ok(Received::DuplicateInBatch { first }) = answers[index]
+                && let Err(Refused::FingerprintMismatch(mismatch)) = &answers[first]
+            {
+                answers[index] = Err(Refused::FingerprintMismatch(mismatch.clone()));
+            }
+        }
         let count = |wanted: fn(&Result<Received, Refused>) -> bool| {
             answers.iter().filter(|answer| wanted(answer)).count() as u64
         };
