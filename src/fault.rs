@@ -41,6 +41,12 @@ pub enum Fault {
         /// What the client sends next, whose reply is lost.
         then: Vec<u8>,
     },
+    /// The statement whose text carries the marker is prepared as usual (the client's
+    /// bytes that carry it, and their reply, pass); the client's next bytes — the
+    /// statement's execution — reach the server, and their reply is lost: the statement
+    /// ran (autocommitted), and the client cannot know. For a statement the pool has not
+    /// prepared before (a fresh pool): a cached one sends no text.
+    LoseExecutionReply(Vec<u8>),
     /// The client's first bytes that carry the marker never reach the server: the
     /// connection is cut before the statement ran.
     CutBefore(Vec<u8>),
@@ -120,6 +126,8 @@ impl FaultProxy {
 struct Stage {
     /// `LoseReplyAfter`: the server's reply carried `seen` on this connection.
     seen: bool,
+    /// `LoseExecutionReply`: the client sent the statement's text on this connection.
+    prepared: bool,
     /// The client gets nothing more.
     mute: bool,
 }
@@ -165,6 +173,15 @@ async fn connection(
                         {
                             *armed = None;
                             lose_reply = true;
+                        }
+                        Some(Fault::LoseExecutionReply(_))
+                            if stage.lock().expect("not poisoned").prepared =>
+                        {
+                            *armed = None;
+                            lose_reply = true;
+                        }
+                        Some(Fault::LoseExecutionReply(marker)) if contains(bytes, marker) => {
+                            stage.lock().expect("not poisoned").prepared = true;
                         }
                         _ => {}
                     }

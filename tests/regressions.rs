@@ -293,3 +293,9 @@ mod batch_examples_dropped_forward_to;
 // copy. Fixed in "receive_batch refuses every copy of a mismatching id".
 #[path = "regressions/receive_batch_acknowledged_a_mismatch_copy.rs"]
 mod receive_batch_acknowledged_a_mismatch_copy;
+
+// Issue 39, item 7: a mark whose reply was lost (committed by the server) was tried
+// again, found none of its rows still claimed, and the relay counted its own rows `lost`.
+// Fixed in "A retried relay mark counts the rows sent under its claim".
+#[path = "regressions/relay_lost_mark_reply_counted_lost.rs"]
+mod relay_lost_mark_reply_counted_lost;

@@ -79,9 +79,22 @@ pub trait OutboxBackend: Database {
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
 
     /// Marks the rows `ids` (at most 1,000) sent, those still `owner`'s claim, in one
-    /// statement; how many.
+    /// statement; how many. A sent row keeps the owner token (its lease is cleared), so
+    /// that a mark tried again can count what the lost try marked
+    /// ([`outbox_sent_count`](Self::outbox_sent_count)).
     #[doc(hidden)]
     fn outbox_sent<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        ids: &'a [OutgoingId],
+        owner: &'a Owner,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'a;
+
+    /// How many of the rows `ids` are sent under `owner`'s claim: what a mark tried again
+    /// after its reply was lost counts (the lost try's rows included; a row keeps its
+    /// claim's owner token once sent).
+    #[doc(hidden)]
+    fn outbox_sent_count<'a>(
         pool: &'a Pool<Self>,
         table: &'a Table,
         ids: &'a [OutgoingId],

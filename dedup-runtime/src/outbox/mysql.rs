@@ -316,7 +316,7 @@ impl OutboxBackend for MySql {
         }
         let sql = format!(
             "UPDATE {} FORCE INDEX (PRIMARY) SET state = 2, sent_at = UTC_TIMESTAMP(6), \
-             owner = NULL, lease_until = NULL WHERE id IN ({}) AND owner = ? AND state = 1",
+             lease_until = NULL WHERE id IN ({}) AND owner = ? AND state = 1",
             table.name(),
             placeholders(ids.len())
         );
@@ -326,6 +326,29 @@ impl OutboxBackend for MySql {
         }
         let done = query.bind(&owner[..]).execute(pool).await?;
         Ok(done.rows_affected())
+    }
+
+    async fn outbox_sent_count<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        ids: &'a [OutgoingId],
+        owner: &'a Owner,
+    ) -> Result<u64, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let sql = format!(
+            "SELECT COUNT(*) FROM {} FORCE INDEX (PRIMARY) WHERE id IN ({}) AND owner = ? \
+             AND state = 2",
+            table.name(),
+            placeholders(ids.len())
+        );
+        let mut query = sqlx::query_scalar(AssertSqlSafe(sql));
+        for id in ids {
+            query = query.bind(id.as_uuid().as_bytes().to_vec());
+        }
+        let count: i64 = query.bind(&owner[..]).fetch_one(pool).await?;
+        Ok(count.unsigned_abs())
     }
 
     async fn outbox_fail<'a>(

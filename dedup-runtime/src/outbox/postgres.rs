@@ -289,8 +289,8 @@ impl OutboxBackend for Postgres {
         // rows, walks the claimed rows' index and tests each against the whole array
         // (500 × 500 comparisons: 90 ms for a claim of 500); the join is linear (5 ms).
         let sql = format!(
-            "UPDATE {} AS t SET state = 2, sent_at = clock_timestamp(), owner = NULL, \
-             lease_until = NULL FROM unnest($1::text[]::uuid[]) AS s (id) \
+            "UPDATE {} AS t SET state = 2, sent_at = clock_timestamp(), lease_until = NULL \
+             FROM unnest($1::text[]::uuid[]) AS s (id) \
              WHERE t.id = s.id AND t.owner = $2 AND t.state = 1",
             table.name()
         );
@@ -301,6 +301,26 @@ impl OutboxBackend for Postgres {
             .execute(pool)
             .await?;
         Ok(done.rows_affected())
+    }
+
+    async fn outbox_sent_count<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        ids: &'a [OutgoingId],
+        owner: &'a Owner,
+    ) -> Result<u64, sqlx::Error> {
+        let sql = format!(
+            "SELECT count(*) FROM {} AS t JOIN unnest($1::text[]::uuid[]) AS s (id) \
+             ON t.id = s.id WHERE t.owner = $2 AND t.state = 2",
+            table.name()
+        );
+        let ids: Vec<String> = ids.iter().map(ToString::to_string).collect();
+        let count: i64 = sqlx::query_scalar(AssertSqlSafe(sql))
+            .bind(ids)
+            .bind(&owner[..])
+            .fetch_one(pool)
+            .await?;
+        Ok(count.unsigned_abs())
     }
 
     async fn outbox_fail<'a>(

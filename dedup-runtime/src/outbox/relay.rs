@@ -442,11 +442,25 @@ impl<DB: Backend> Relay<DB> {
                     span.record("failed", failed.len());
                 }
                 if !sent.is_empty() {
-                    let marked =
-                        retry_reachable::<DB, _, _>(|| DB::outbox_sent(pool, table, &sent, &owner))
-                            .await
-                            .map_err(|error| self.classify(error))?
-                            as usize;
+                    // Tried again after a lost connection: a try whose reply was lost may
+                    // have marked the rows, so the retry counts every row of `sent` marked
+                    // under this claim's owner token, not only what it marked itself.
+                    let tried = std::sync::atomic::AtomicBool::new(false);
+                    let marked = retry_reachable::<DB, _, _>(|| {
+                        let again = tried.swap(true, std::sync::atomic::Ordering::Relaxed);
+                        let (sent, owner) = (&sent, &owner);
+                        async move {
+                            let marked = DB::outbox_sent(pool, table, sent, owner).await?;
+                            if again {
+                                DB::outbox_sent_count(pool, table, sent, owner).await
+                            } else {
+                                Ok(marked)
+                            }
+                        }
+                    })
+                    .await
+                    .map_err(|error| self.classify(error))?
+                        as usize;
                     relayed.sent += marked;
                     if marked < sent.len() {
                         relayed.lost += sent.len() - marked;

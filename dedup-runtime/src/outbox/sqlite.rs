@@ -291,7 +291,7 @@ impl OutboxBackend for Sqlite {
             .map(|index| format!("?{}", index + 2))
             .collect();
         let sql = format!(
-            "UPDATE {} SET state = 2, sent_at = {NOW}, owner = NULL, lease_until = NULL \
+            "UPDATE {} SET state = 2, sent_at = {NOW}, lease_until = NULL \
              WHERE id IN ({}) AND owner = ?1 AND state = 1",
             table.name(),
             list.join(", ")
@@ -302,6 +302,31 @@ impl OutboxBackend for Sqlite {
         }
         let done = query.execute(pool).await?;
         Ok(done.rows_affected())
+    }
+
+    async fn outbox_sent_count<'a>(
+        pool: &'a Pool<Self>,
+        table: &'a Table,
+        ids: &'a [OutgoingId],
+        owner: &'a Owner,
+    ) -> Result<u64, sqlx::Error> {
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let list: Vec<String> = (0..ids.len())
+            .map(|index| format!("?{}", index + 2))
+            .collect();
+        let sql = format!(
+            "SELECT COUNT(*) FROM {} WHERE id IN ({}) AND owner = ?1 AND state = 2",
+            table.name(),
+            list.join(", ")
+        );
+        let mut query = sqlx::query_scalar(AssertSqlSafe(sql)).bind(&owner[..]);
+        for id in ids {
+            query = query.bind(id.as_uuid().as_bytes().to_vec());
+        }
+        let count: i64 = query.fetch_one(pool).await?;
+        Ok(count.unsigned_abs())
     }
 
     async fn outbox_fail<'a>(
