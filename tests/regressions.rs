@@ -287,3 +287,11 @@ mod migrate_waited_for_open_writers;
 #[cfg(feature = "brokers")]
 #[path = "regressions/batch_examples_dropped_forward_to.rs"]
 mod batch_examples_dropped_forward_to;
+
+// Issue 39, item 4: a row claimed under a send-first lease without a fingerprint (a
+// rolling upgrade), its owner dead, taken over by a leased or a batch handler with
+// `fingerprint = …`: the take-over wrote no fingerprint, and a later copy with another
+// payload was `Replayed` / `Duplicate` instead of a mismatch. Fixed in the commit that adds
+// this fixture ("Take-overs write the fingerprint as the first claim does").
+#[path = "regressions/takeover_kept_no_fingerprint.rs"]
+mod takeover_kept_no_fingerprint;
