@@ -102,7 +102,8 @@
 //!   processed with the batch.
 //!
 //! - **Payload fingerprints** ([`Batch::fingerprint`]): each message's fingerprint is
-//!   written with the row the claim inserts (the same one statement, one column more),
+//!   written with the row the claim inserts (the same one statement, one column more) or
+//!   the expired send-first lease it takes over (claimed, perhaps, without one),
 //!   and read with the rows it found (the same one statement); a message whose id has a
 //!   row with another fingerprint, or an earlier copy in the batch with another payload,
 //!   is [`BatchItem::FingerprintMismatch`] and is neither processed nor acknowledged.
@@ -180,12 +181,15 @@ pub trait BatchBackend: Database {
 
     /// Takes over the expired send-first lease of `id` as this transaction's claim (MySQL:
     /// with `token` as its owner, as [`seal_many`](Self::seal_many) checks); `Ok(false)`
-    /// when the row is not one (any more).
+    /// when the row is not one (any more). `print`: the message's fingerprint, written as
+    /// the claim writes it (the lease may have been claimed without one), and only over a
+    /// row that has none or the same one; `None`: the statement without the column.
     fn take_over_one<'c>(
         conn: &'c mut Self::Connection,
         table: &'c Table,
         consumer: &'c str,
         id: &'c str,
+        print: Option<&'c [u8]>,
         token: &'c [u8; 16],
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
 
@@ -877,7 +881,10 @@ impl<P> Batch<P> {
                     seen.push((k, Seen::Duplicate(Duplicate::OutcomeUnknown)));
                 }
                 Some(_) => {
-                    if DB::take_over_one(conn, &self.table, &self.consumer, id, token).await? {
+                    let print = prints.map(|prints| &prints[ids[k].1][..]);
+                    if DB::take_over_one(conn, &self.table, &self.consumer, id, print, token)
+                        .await?
+                    {
                         tracing::warn!(
                             consumer = self.consumer,
                             message_id = id,

@@ -95,7 +95,9 @@ pub trait LeaseBackend: Database {
         version: i32,
     ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + 'c;
 
-    /// Takes over an expired send-first lease; `Ok(false)` when there was none.
+    /// Takes over an expired send-first lease, writing the payload's `fingerprint` as the
+    /// claim does (then through [`LeaseSql::take_over_printed`], which leaves alone a row
+    /// printed with another one); `Ok(false)` when there was none.
     #[doc(hidden)]
     fn lease_take_over<'c>(
         conn: &'c mut Self::Connection,
@@ -103,6 +105,7 @@ pub trait LeaseBackend: Database {
         key: LeaseKey<'c>,
         state: i16,
         lease_us: i64,
+        fingerprint: Option<&'c [u8]>,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
 
     /// The row's state, `None` when there is no row.
@@ -512,8 +515,9 @@ impl<'k> LeaseRun<'k> {
         self
     }
 
-    /// `fingerprint = …`: written with the claim, compared by every claim that finds the
-    /// row (in progress, processed, outcome unknown).
+    /// `fingerprint = …`: written with the claim (and by a take-over of an expired
+    /// send-first lease), compared by every claim that finds the row (in progress,
+    /// processed, outcome unknown).
     pub fn fingerprint(mut self, fingerprint: Fingerprint) -> Self {
         self.memory.fingerprint = Some(fingerprint);
         self
@@ -630,16 +634,10 @@ impl<'k> LeaseRun<'k> {
         let state = claim.policy.state();
         let lease_us = micros(claim.lease);
         let mut conn = pool.acquire().await?;
-        let printed = self.memory.fingerprint;
-        let mut owned = DB::lease_claim(
-            &mut conn,
-            sql,
-            key,
-            state,
-            lease_us,
-            printed.as_ref().map(|fingerprint| &fingerprint[..]),
-        )
-        .await?;
+        // Written by the claim and by a take-over alike.
+        let fingerprint = self.memory.fingerprint;
+        let printed = fingerprint.as_ref().map(|fingerprint| &fingerprint[..]);
+        let mut owned = DB::lease_claim(&mut conn, sql, key, state, lease_us, printed).await?;
         if !owned {
             if self.memory.recalls() {
                 // What the row remembers, first: another payload under this id is refused
@@ -655,7 +653,7 @@ impl<'k> LeaseRun<'k> {
                 self.memory.recalled = recalled;
             }
             let claim = &self.claim;
-            owned = DB::lease_take_over(&mut conn, sql, key, state, lease_us)
+            owned = DB::lease_take_over(&mut conn, sql, key, state, lease_us, printed)
                 .await
                 .inspect(|taken| {
                     if *taken {

@@ -111,28 +111,39 @@ impl BatchBackend for MySql {
         Ok(found)
     }
 
-    /// The row's `owner` becomes this transaction's token: the seal checks it.
+    /// The row's `owner` becomes this transaction's token: the seal checks it. The
+    /// fingerprint is bound twice (positional parameters).
     async fn take_over_one<'c>(
         conn: &'c mut MySqlConnection,
         table: &'c Table,
         consumer: &'c str,
         id: &'c str,
+        print: Option<&'c [u8]>,
         token: &'c [u8; 16],
     ) -> Result<bool, sqlx::Error> {
+        let (set, only) = match print {
+            Some(_) => (
+                ", fingerprint = ?",
+                " AND (fingerprint IS NULL OR fingerprint = ?)",
+            ),
+            None => ("", ""),
+        };
         let sql = format!(
             "UPDATE {} SET state = NULL, owner = ?, expires_at = NULL, \
-             processed_at = UTC_TIMESTAMP(6) \
+             processed_at = UTC_TIMESTAMP(6){set} \
              WHERE consumer = ? AND message_id = ? AND state = 1 \
-             AND expires_at <= UTC_TIMESTAMP(6)",
+             AND expires_at <= UTC_TIMESTAMP(6){only}",
             table.name()
         );
-        let done = sqlx::query(AssertSqlSafe(sql))
-            .bind(&token[..])
-            .bind(consumer)
-            .bind(id)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(&token[..]);
+        if let Some(print) = print {
+            query = query.bind(print);
+        }
+        query = query.bind(consumer).bind(id);
+        if let Some(print) = print {
+            query = query.bind(print);
+        }
+        Ok(query.execute(conn).await?.rows_affected() == 1)
     }
 
     async fn seal_many<'c>(

@@ -93,21 +93,28 @@ impl BatchBackend for Postgres {
         table: &'c Table,
         consumer: &'c str,
         id: &'c str,
+        print: Option<&'c [u8]>,
         _: &'c [u8; 16],
     ) -> Result<bool, sqlx::Error> {
+        let (set, only) = match print {
+            Some(_) => (
+                ", fingerprint = $3",
+                " AND (fingerprint IS NULL OR fingerprint = $3)",
+            ),
+            None => ("", ""),
+        };
         let sql = format!(
             "UPDATE {} SET state = NULL, owner = NULL, expires_at = NULL, \
-             processed_at = clock_timestamp() \
+             processed_at = clock_timestamp(){set} \
              WHERE consumer = $1 AND message_id = $2 AND state = 1 \
-             AND expires_at <= clock_timestamp()",
+             AND expires_at <= clock_timestamp(){only}",
             table.name()
         );
-        let done = sqlx::query(AssertSqlSafe(sql))
-            .bind(consumer)
-            .bind(id)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(consumer).bind(id);
+        if let Some(print) = print {
+            query = query.bind(print);
+        }
+        Ok(query.execute(conn).await?.rows_affected() == 1)
     }
 
     async fn seal_many<'c>(

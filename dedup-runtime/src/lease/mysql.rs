@@ -60,15 +60,25 @@ impl LeaseBackend for MySql {
         key: LeaseKey<'c>,
         state: i16,
         lease_us: i64,
+        fingerprint: Option<&'c [u8]>,
     ) -> Result<bool, sqlx::Error> {
-        let done = sqlx::query(sql.take_over)
+        let statement = if fingerprint.is_some() {
+            sql.take_over_printed
+        } else {
+            sql.take_over
+        };
+        let mut query = sqlx::query(statement)
             .bind(&key.owner[..])
             .bind(state)
-            .bind(lease_us)
-            .bind(key.consumer)
-            .bind(key.id)
-            .execute(conn)
-            .await?;
+            .bind(lease_us);
+        if let Some(fingerprint) = fingerprint {
+            query = query.bind(fingerprint);
+        }
+        query = query.bind(key.consumer).bind(key.id);
+        if let Some(fingerprint) = fingerprint {
+            query = query.bind(fingerprint);
+        }
+        let done = query.execute(conn).await?;
         Ok(done.rows_affected() == 1)
     }
 

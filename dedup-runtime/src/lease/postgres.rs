@@ -54,9 +54,26 @@ impl LeaseBackend for Postgres {
         key: LeaseKey<'c>,
         state: i16,
         lease_us: i64,
+        fingerprint: Option<&'c [u8]>,
     ) -> Result<bool, sqlx::Error> {
-        let rows = execute_numbered::<Self>(conn, sql.take_over, key, Some(state), Some(lease_us));
-        Ok(rows.await?.rows_affected() == 1)
+        let done = match fingerprint {
+            None => {
+                execute_numbered::<Self>(conn, sql.take_over, key, Some(state), Some(lease_us))
+                    .await?
+            }
+            Some(fingerprint) => {
+                sqlx::query(sql.take_over_printed)
+                    .bind(key.consumer)
+                    .bind(key.id)
+                    .bind(state)
+                    .bind(&key.owner[..])
+                    .bind(lease_us)
+                    .bind(fingerprint)
+                    .execute(conn)
+                    .await?
+            }
+        };
+        Ok(done.rows_affected() == 1)
     }
 
     async fn lease_inspect<'c>(

@@ -31,6 +31,11 @@ pub struct LeaseSql {
     pub check: &'static str,
     /// `claim` with the payload's fingerprint (`fingerprint = …`), the last parameter.
     pub claim_printed: &'static str,
+    /// `take_over` with the payload's fingerprint, the last parameter: written as
+    /// `claim_printed` writes it (the row may have been claimed without one, by a
+    /// handler of before `fingerprint = …`), and only over a row that has none or the
+    /// same one (its recall compared them before; this keeps it so in between).
+    pub take_over_printed: &'static str,
     /// What the row remembers: its result, the result's version, its fingerprint.
     pub recall: &'static str,
     /// Writes the result and its version, owner-checked, in the completion transaction.
@@ -86,6 +91,15 @@ macro_rules! __lease_statements {
                          clock_timestamp() + $5::float8 * interval '1 microsecond', $6) \
                          ON CONFLICT DO NOTHING"
                     ),
+                    take_over_printed: ::core::concat!(
+                        "UPDATE ", $table,
+                        " SET owner = $4, state = $3, processed_at = clock_timestamp(), \
+                         expires_at = clock_timestamp() + $5::float8 * interval '1 microsecond', \
+                         fingerprint = $6 \
+                         WHERE consumer = $1 AND message_id = $2 AND state = 1 \
+                         AND expires_at <= clock_timestamp() \
+                         AND (fingerprint IS NULL OR fingerprint = $6)"
+                    ),
                     recall: ::core::concat!(
                         "SELECT result, result_version, fingerprint FROM ", $table,
                         " WHERE consumer = $1 AND message_id = $2"
@@ -140,6 +154,16 @@ macro_rules! __lease_statements {
                          VALUES (?1, ?2, ?3, ?4, strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
                          printf('%+.6f seconds', ?5 / 1000000.0)), ?6) ON CONFLICT DO NOTHING"
                     ),
+                    take_over_printed: ::core::concat!(
+                        "UPDATE ", $table,
+                        " SET owner = ?4, state = ?3, \
+                         processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now'), \
+                         expires_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now', \
+                         printf('%+.6f seconds', ?5 / 1000000.0)), fingerprint = ?6 \
+                         WHERE consumer = ?1 AND message_id = ?2 AND state = 1 \
+                         AND expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+                         AND (fingerprint IS NULL OR fingerprint = ?6)"
+                    ),
                     recall: ::core::concat!(
                         "SELECT result, result_version, fingerprint FROM ", $table,
                         " WHERE consumer = ?1 AND message_id = ?2"
@@ -193,6 +217,15 @@ macro_rules! __lease_statements {
                         " (consumer, message_id, processed_at, state, owner, expires_at, fingerprint) \
                          VALUES (?, ?, UTC_TIMESTAMP(6), ?, ?, \
                          UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, ?)"
+                    ),
+                    // The fingerprint twice: MySQL's parameters are positional.
+                    take_over_printed: ::core::concat!(
+                        "UPDATE ", $table,
+                        " SET owner = ?, state = ?, processed_at = UTC_TIMESTAMP(6), \
+                         expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, fingerprint = ? \
+                         WHERE consumer = ? AND message_id = ? AND state = 1 \
+                         AND expires_at <= UTC_TIMESTAMP(6) \
+                         AND (fingerprint IS NULL OR fingerprint = ?)"
                     ),
                     recall: ::core::concat!(
                         "SELECT result, result_version, fingerprint FROM ", $table,
