@@ -299,6 +299,7 @@ mod receive_batch_acknowledged_a_mismatch_copy;
 // Fixed in "A retried relay mark counts the rows sent under its claim".
 #[path = "regressions/relay_lost_mark_reply_counted_lost.rs"]
 mod relay_lost_mark_reply_counted_lost;
+
 // Issue 39, item 4: a row claimed under a send-first lease without a fingerprint (a
 // rolling upgrade), its owner dead, taken over by a leased or a batch handler with
 // `fingerprint = …`: the take-over wrote no fingerprint, and a later copy with another
