@@ -141,11 +141,9 @@ async fn relay<DB: Backend, P: Publisher>(
 async fn with_publisher<DB: Backend>(pool: Pool<DB>, outbox: Outbox) -> Result<(), Error> {
     let exit_when_idle = consumer::exit_when_idle()?;
     if let Ok(url) = std::env::var("DEDUP_AMQP_URL") {
-        let connection =
-            lapin::Connection::connect(&url, lapin::ConnectionProperties::default()).await?;
         let exchange = std::env::var("DEDUP_AMQP_EXCHANGE").unwrap_or_default();
-        let publisher =
-            RabbitMqPublisher::new(connection.create_channel().await?, &exchange).await?;
+        let properties = lapin::ConnectionProperties::default();
+        let publisher = RabbitMqPublisher::connect(&url, properties, &exchange).await?;
         relay(&pool, &outbox, publisher, exit_when_idle).await
     } else if let Ok(url) = std::env::var("DEDUP_NATS_URL") {
         let client = async_nats::connect(&url).await?;

@@ -57,9 +57,13 @@ mod rabbitmq {
     use lapin::options::{BasicGetOptions, ExchangeDeleteOptions, QueueDeleteOptions};
     use lapin::{Connection, ConnectionProperties};
 
+    fn amqp_url() -> String {
+        std::env::var("DEDUP_TEST_AMQP_URL")
+            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned())
+    }
+
     async fn connect() -> Connection {
-        let url = std::env::var("DEDUP_TEST_AMQP_URL")
-            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+        let url = amqp_url();
         Connection::connect(&url, ConnectionProperties::default())
             .await
             .unwrap_or_else(|error| {
@@ -78,9 +82,10 @@ mod rabbitmq {
         dedup_suite::rabbitmq::declare(&setup, &queue, false).await;
         let payloads: [&[u8]; 3] = [b"first", b"\x00\xff binary", br#"{"json": true}"#];
         let (db, outbox, ids) = outbox_with(&queue, &payloads).await;
-        let publisher = RabbitMqPublisher::new(connection.create_channel().await.unwrap(), "")
-            .await
-            .unwrap();
+        let publisher =
+            RabbitMqPublisher::connect(&amqp_url(), ConnectionProperties::default(), "")
+                .await
+                .unwrap();
         let relayed = outbox.relay(&*db).relay_batch(&publisher).await.unwrap();
         assert_eq!((relayed.claimed, relayed.sent), (3, 3), "{relayed:?}");
 
@@ -251,9 +256,10 @@ mod rabbitmq {
             .await
             .unwrap();
         let (db, outbox, ids) = outbox_with(&queue, &[b"one", b"two", b"three"]).await;
-        let publisher = RabbitMqPublisher::new(connection.create_channel().await.unwrap(), "")
-            .await
-            .unwrap();
+        let publisher =
+            RabbitMqPublisher::connect(&amqp_url(), ConnectionProperties::default(), "")
+                .await
+                .unwrap();
         let relayed = outbox.relay(&*db).relay_batch(&publisher).await.unwrap();
         assert_eq!(
             (relayed.claimed, relayed.sent, relayed.failed),
@@ -281,9 +287,10 @@ mod rabbitmq {
         let connection = connect().await;
         let missing = dedup_suite::unique("outbox-nowhere");
         let (db, outbox, ids) = outbox_with(&missing, &[b"lost?"]).await;
-        let publisher = RabbitMqPublisher::new(connection.create_channel().await.unwrap(), "")
-            .await
-            .unwrap();
+        let publisher =
+            RabbitMqPublisher::connect(&amqp_url(), ConnectionProperties::default(), "")
+                .await
+                .unwrap();
         let relayed = outbox.relay(&*db).relay_batch(&publisher).await.unwrap();
         assert_eq!((relayed.sent, relayed.failed), (0, 1), "{relayed:?}");
         let (row_state, last_error) = state(&db, ids[0]).await;

@@ -307,3 +307,11 @@ mod relay_lost_mark_reply_counted_lost;
 // this fixture ("Take-overs write the fingerprint as the first claim does").
 #[path = "regressions/takeover_kept_no_fingerprint.rs"]
 mod takeover_kept_no_fingerprint;
+
+// Issue 39, item 1: the RabbitMQ publisher took a returned (unroutable) message for the
+// return of whichever confirm completed next: unroutable rows marked sent, routed rows
+// failed. Fixed in "RabbitMQ publisher: returns matched by message-id; it owns and
+// renews its connection".
+#[cfg(feature = "brokers")]
+#[path = "regressions/rabbitmq_return_pinned_on_the_wrong_row.rs"]
+mod rabbitmq_return_pinned_on_the_wrong_row;

@@ -34,9 +34,12 @@ impl Brokers {
                 lapin::types::FieldTable::default(),
             )
             .await?;
-        let rabbitmq =
-            dedup_runtime::lapin::RabbitMqPublisher::new(connection.create_channel().await?, "")
-                .await?;
+        let rabbitmq = dedup_runtime::lapin::RabbitMqPublisher::connect(
+            &amqp,
+            lapin::ConnectionProperties::default(),
+            "",
+        )
+        .await?;
         let client = async_nats::connect(&nats)
             .await
             .map_err(|error| format!("NATS at {nats}: {error}"))?;

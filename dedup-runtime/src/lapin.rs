@@ -257,7 +257,18 @@ mod tests {
 /// queue of that name — persistent, `mandatory`, with the outgoing id as the AMQP
 /// `message-id`, the key the consumer downstream dedups on. A send is `Ok` only once the
 /// broker confirmed it (publisher confirms): a `nack`, or a return because nothing
-/// routed it, is an error, and the relay tries again later.
+/// routed it, is an error, and the relay tries again later. A return is matched to its
+/// row **by the `message-id` it carries**, never by the order the broker's answers came
+/// in (RabbitMQ returns an unroutable message at once, before the confirms of messages
+/// published earlier).
+///
+/// The publisher owns its connection: it connects with the URI and properties given to
+/// [`connect`](Self::connect), and when the connection or its channel is lost (a broker
+/// restart, a cut network, a channel closed by the broker) it connects again for the
+/// next claim. A claim sent while the broker cannot be reached fails with an error the
+/// relay takes for that ([`PublishError::is_unreachable`]): its rows go back with their
+/// attempts not counted. A claim whose confirms did not all come back in time leaves
+/// its channel too, so that no late answer of one claim is read as another's.
 ///
 /// The row's trace context, if it has one
 /// ([`OutboxMessage::traceparent`](crate::outbox::OutboxMessage::traceparent)), goes as the
@@ -268,30 +279,77 @@ mod tests {
 /// ```no_run
 /// use dedup_runtime::lapin::RabbitMqPublisher;
 /// use dedup_runtime::outbox::Outbox;
+/// use lapin::ConnectionProperties;
 ///
-/// # async fn relay(pool: sqlx::PgPool, connection: lapin::Connection) -> Result<(), Box<dyn std::error::Error>> {
-/// let publisher = RabbitMqPublisher::new(connection.create_channel().await?, "").await?;
+/// # async fn relay(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let uri = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// let publisher = RabbitMqPublisher::connect(uri, ConnectionProperties::default(), "").await?;
 /// Outbox::new().relay(&pool).run(&publisher, std::future::pending()).await?;
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct RabbitMqPublisher {
-    channel: ::lapin::Channel,
+    uri: String,
+    properties: ::lapin::ConnectionProperties,
     exchange: String,
     confirm_timeout: std::time::Duration,
+    /// The connection and its confirm-mode channel; `None` once lost, until the next
+    /// claim connects again. Clones share it.
+    link: std::sync::Arc<tokio::sync::Mutex<Option<Link>>>,
+}
+
+/// A connection and the channel the publisher sends on.
+struct Link {
+    connection: ::lapin::Connection,
+    channel: ::lapin::Channel,
+}
+
+impl Link {
+    fn up(&self) -> bool {
+        self.connection.status().connected() && self.channel.status().connected()
+    }
+
+    /// Closes the connection, if it still answers within a second.
+    async fn close(self) {
+        let closing = self.connection.close(200, "dedup: reconnecting".into());
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), closing).await;
+    }
+}
+
+impl std::fmt::Debug for RabbitMqPublisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the URI: it may hold a password.
+        f.debug_struct("RabbitMqPublisher")
+            .field("exchange", &self.exchange)
+            .field("confirm_timeout", &self.confirm_timeout)
+            .finish_non_exhaustive()
+    }
 }
 
 impl RabbitMqPublisher {
-    /// A publisher on `channel` (put in confirm mode here) to `exchange`.
-    pub async fn new(channel: ::lapin::Channel, exchange: &str) -> Result<Self, ::lapin::Error> {
-        channel
-            .confirm_select(::lapin::options::ConfirmSelectOptions::default())
-            .await?;
-        Ok(RabbitMqPublisher {
-            channel,
+    /// Connects to the broker at `uri` (an `amqp://` URI, as
+    /// [`lapin::Connection::connect`](::lapin::Connection::connect) takes it) with
+    /// `properties`, opens a channel in confirm mode, and publishes to `exchange`. The
+    /// same URI and properties serve every later connection.
+    ///
+    /// # Errors
+    /// The first connection's error: a wrong URI or credentials, or a broker not there
+    /// at start (a service would rather fail at start than run without its broker).
+    pub async fn connect(
+        uri: &str,
+        properties: ::lapin::ConnectionProperties,
+        exchange: &str,
+    ) -> Result<Self, ::lapin::Error> {
+        let publisher = RabbitMqPublisher {
+            uri: uri.to_owned(),
+            properties,
             exchange: exchange.to_owned(),
             confirm_timeout: std::time::Duration::from_secs(30),
-        })
+            link: std::sync::Arc::default(),
+        };
+        let link = publisher.open().await?;
+        *publisher.link.lock().await = Some(link);
+        Ok(publisher)
     }
 
     /// How long a send waits for the broker's confirm (30 s by default): a confirm not
@@ -303,13 +361,27 @@ impl RabbitMqPublisher {
             ..self
         }
     }
+
+    /// A new connection and confirm-mode channel.
+    async fn open(&self) -> Result<Link, ::lapin::Error> {
+        let connection = ::lapin::Connection::connect(&self.uri, self.properties.clone()).await?;
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(::lapin::options::ConfirmSelectOptions::default())
+            .await?;
+        Ok(Link {
+            connection,
+            channel,
+        })
+    }
 }
 
 /// Why [`RabbitMqPublisher`] could not send a message.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum PublishError {
-    /// The client or the connection failed.
+    /// The client or the connection failed (see [`is_unreachable`](Self::is_unreachable)),
+    /// or the broker closed the channel over this message (an AMQP channel error).
     Lapin(::lapin::Error),
     /// The broker refused the message (`basic.nack`).
     Nacked,
@@ -319,6 +391,35 @@ pub enum PublishError {
     /// [`confirm_timeout`](RabbitMqPublisher::confirm_timeout): the broker may have the
     /// message or not; it is sent again later, with the same id.
     ConfirmTimedOut,
+}
+
+impl PublishError {
+    /// Whether the broker could not be reached: no connection could be made, or it was
+    /// lost (an I/O error, a missed heartbeat, the broker closing the connection with
+    /// `CONNECTION_FORCED`, as it does when it stops), or the channel was already closed
+    /// when the message was to go out. The relay counts no attempt for these
+    /// ([`Publisher::unreachable`](crate::outbox::Publisher::unreachable)); a refusal of
+    /// the message itself (a nack, a return, an AMQP channel error such as an unknown
+    /// exchange) and a confirm not back in time are not.
+    pub fn is_unreachable(&self) -> bool {
+        use ::lapin::ErrorKind;
+
+        /// AMQP's `connection-forced`: an operator or a stopping broker closed it.
+        const CONNECTION_FORCED: u16 = 320;
+        let PublishError::Lapin(error) = self else {
+            return false;
+        };
+        match error.kind() {
+            ErrorKind::IOError(_)
+            | ErrorKind::RuntimeShutdownError(_)
+            | ErrorKind::InvalidConnectionState(_)
+            | ErrorKind::InvalidChannelState(..)
+            | ErrorKind::InvalidChannel(_)
+            | ErrorKind::MissingHeartbeatError => true,
+            ErrorKind::ProtocolError(amqp) => amqp.get_id() == CONNECTION_FORCED,
+            _ => false,
+        }
+    }
 }
 
 impl std::fmt::Display for PublishError {
@@ -351,10 +452,18 @@ impl From<::lapin::Error> for PublishError {
     }
 }
 
+/// What the broker answered for one message, before returns are matched by id.
+enum Answer {
+    /// `basic.ack`.
+    Acked,
+    Failed(PublishError),
+}
+
 impl RabbitMqPublisher {
-    /// Puts `message` on the channel; the confirm to await.
+    /// Puts `message` on `channel`; the confirm to await.
     async fn start(
         &self,
+        channel: &::lapin::Channel,
         message: &crate::outbox::OutboxMessage,
     ) -> Result<::lapin::PublisherConfirm, ::lapin::Error> {
         use ::lapin::BasicProperties;
@@ -376,7 +485,7 @@ impl RabbitMqPublisher {
             mandatory: true,
             ..BasicPublishOptions::default()
         };
-        self.channel
+        channel
             .basic_publish(
                 self.exchange.as_str().into(),
                 message.destination().into(),
@@ -387,20 +496,34 @@ impl RabbitMqPublisher {
             .await
     }
 
-    /// A confirm, awaited until `deadline`.
+    /// A confirm, awaited until `deadline`; a returned message it carries — whichever
+    /// message of the claim that was — goes into `returned` by its `message-id`
+    /// (`None`: one came back without an id).
     async fn confirmed(
         confirm: ::lapin::PublisherConfirm,
         deadline: tokio::time::Instant,
-    ) -> Result<(), PublishError> {
+        returned: &mut Vec<Option<String>>,
+    ) -> Answer {
         use ::lapin::Confirmation;
 
-        match tokio::time::timeout_at(deadline, confirm).await {
-            Err(_) => Err(PublishError::ConfirmTimedOut),
-            Ok(confirmation) => match confirmation? {
-                Confirmation::Ack(None) => Ok(()),
-                Confirmation::Ack(Some(_)) => Err(PublishError::Unroutable),
-                Confirmation::Nack(_) | Confirmation::NotRequested => Err(PublishError::Nacked),
-            },
+        let confirmation = match tokio::time::timeout_at(deadline, confirm).await {
+            Err(_) => return Answer::Failed(PublishError::ConfirmTimedOut),
+            Ok(Err(error)) => return Answer::Failed(error.into()),
+            Ok(Ok(confirmation)) => confirmation,
+        };
+        let (acked, carried) = match confirmation {
+            Confirmation::Ack(carried) => (true, carried),
+            Confirmation::Nack(carried) => (false, carried),
+            Confirmation::NotRequested => (false, None),
+        };
+        if let Some(message) = carried {
+            let id = message.delivery.properties.message_id().as_ref();
+            returned.push(id.map(|id| id.as_str().to_owned()));
+        }
+        if acked {
+            Answer::Acked
+        } else {
+            Answer::Failed(PublishError::Nacked)
         }
     }
 }
@@ -409,30 +532,82 @@ impl crate::outbox::Publisher for RabbitMqPublisher {
     type Error = PublishError;
     const SYSTEM: &'static str = "rabbitmq";
 
+    fn unreachable(error: &PublishError) -> bool {
+        error.is_unreachable()
+    }
+
     async fn publish(&self, message: &crate::outbox::OutboxMessage) -> Result<(), PublishError> {
-        let confirm = self.start(message).await?;
-        Self::confirmed(confirm, tokio::time::Instant::now() + self.confirm_timeout).await
+        self.publish_batch(std::slice::from_ref(message))
+            .await
+            .pop()
+            .unwrap_or(Err(PublishError::ConfirmTimedOut))
     }
 
     /// Every message on the channel first, then their confirms, awaited together until
     /// the [`confirm_timeout`](RabbitMqPublisher::confirm_timeout): a `nack`, a return
-    /// or a confirm not back in time fails that message only.
+    /// (matched by the `message-id` it carries) or a confirm not back in time fails that
+    /// message only. Connects again first if the connection or channel was lost.
     async fn publish_batch(
         &self,
         messages: &[crate::outbox::OutboxMessage],
     ) -> Vec<Result<(), PublishError>> {
+        let mut link = self.link.lock().await;
+        if !link.as_ref().is_some_and(Link::up) {
+            if let Some(lost) = link.take() {
+                lost.close().await;
+            }
+            match self.open().await {
+                Ok(opened) => *link = Some(opened),
+                Err(error) => {
+                    return messages
+                        .iter()
+                        .map(|_| Err(PublishError::Lapin(error.clone())))
+                        .collect();
+                }
+            }
+        }
+        let channel = &link.as_ref().expect("connected just now").channel;
         let mut confirms = Vec::with_capacity(messages.len());
         for message in messages {
-            confirms.push(self.start(message).await);
+            confirms.push(self.start(channel, message).await);
         }
         let deadline = tokio::time::Instant::now() + self.confirm_timeout;
+        let mut returned = Vec::new();
         let mut answers = Vec::with_capacity(messages.len());
         for confirm in confirms {
             answers.push(match confirm {
-                Ok(confirm) => Self::confirmed(confirm, deadline).await,
-                Err(error) => Err(error.into()),
+                Ok(confirm) => Self::confirmed(confirm, deadline, &mut returned).await,
+                Err(error) => Answer::Failed(error.into()),
             });
         }
-        answers
+        // A confirm not back in time may come later, with a return another claim would
+        // take for its own: this channel is done. So is one the broker closed.
+        let abandoned = answers.iter().any(|answer| match answer {
+            Answer::Failed(error) => {
+                matches!(error, PublishError::ConfirmTimedOut) || error.is_unreachable()
+            }
+            Answer::Acked => false,
+        });
+        if abandoned && let Some(done) = link.take() {
+            done.close().await;
+        }
+        drop(link);
+        // A return without an id cannot be placed: every message acknowledged with it is
+        // sent again (the consumer dedups what had arrived).
+        let unplaced = returned.iter().any(Option::is_none);
+        let returned: std::collections::HashSet<String> = returned.into_iter().flatten().collect();
+        messages
+            .iter()
+            .zip(answers)
+            .map(|(message, answer)| match answer {
+                Answer::Acked
+                    if unplaced || returned.contains(message.id().to_string().as_str()) =>
+                {
+                    Err(PublishError::Unroutable)
+                }
+                Answer::Acked => Ok(()),
+                Answer::Failed(error) => Err(error),
+            })
+            .collect()
     }
 }

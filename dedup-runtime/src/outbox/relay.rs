@@ -104,6 +104,21 @@ pub trait Publisher: Send + Sync {
     /// …): the relay's `send` span carries it. `"unknown"` unless a publisher says.
     const SYSTEM: &'static str = "unknown";
 
+    /// Whether `error` says the broker could not be reached — no connection could be
+    /// made, or the one in use was lost or closed by the broker — rather than anything
+    /// about the message: such a failure costs the row no attempt. The relay gives the
+    /// claim's unsent rows back at once, their attempts not counted
+    /// ([`Relayed::unreachable`]), and [`Relay::run`] waits before it claims again, so
+    /// that a broker down for an hour buries nothing. `false` by default: every failure
+    /// counts. The publishers of this crate say `true` for their clients' connection
+    /// errors, and `false` for a refusal (a nack, a return, an error reply) and for a
+    /// confirm not back in time (a stalled broker, or a message it will never confirm:
+    /// counted, so that such a message ends dead rather than holding its claim for ever).
+    fn unreachable(error: &Self::Error) -> bool {
+        let _ = error;
+        false
+    }
+
     /// Sends one message; `Ok` once the broker has it.
     fn publish<'a>(
         &'a self,
@@ -193,8 +208,12 @@ pub struct Relayed {
     /// Failed on their last attempt, or found claimed by a relay that stopped during its
     /// last attempt: dead, kept for an operator.
     pub dead: usize,
-    /// Claimed rows released unsent at shutdown, their attempt not counted.
+    /// Claimed rows released unsent at shutdown, or after the broker could not be
+    /// reached (the rest of the claim), their attempt not counted.
     pub released: usize,
+    /// Not sent because the broker could not be reached ([`Publisher::unreachable`]):
+    /// given back unsent with their attempt not counted, for a later claim.
+    pub unreachable: usize,
 }
 
 /// Publishes an outbox's rows. Build it with [`Outbox::relay`]; run
@@ -343,9 +362,12 @@ impl<DB: Backend> Relay<DB> {
     /// publishers of this crate put every message out before they await a confirm), and
     /// the rows the broker has are marked sent in **one** statement, by their ids and this
     /// claim's owner token; a row whose send failed (a nack, a confirm not back in time)
-    /// fails alone: its next attempt after its backoff, or dead after its last. A batch
-    /// that ends on a database failure releases its rows not marked, their attempt given
-    /// back. Returns what it did; `claimed == 0` when nothing was due.
+    /// fails alone: its next attempt after its backoff, or dead after its last. A send
+    /// that failed because the broker could not be reached ([`Publisher::unreachable`])
+    /// costs no attempt: the claim's rows not sent go back at once
+    /// ([`Relayed::unreachable`], [`Relayed::released`]). A batch that ends on a
+    /// database failure releases its rows not marked, their attempt given back. Returns
+    /// what it did; `claimed == 0` when nothing was due.
     pub async fn relay_batch<P: Publisher>(&self, publisher: &P) -> Result<Relayed, OutboxError> {
         self.relay_until(publisher, None).await
     }
@@ -428,9 +450,15 @@ impl<DB: Backend> Relay<DB> {
                     .into_iter();
                 let mut sent = Vec::with_capacity(part.len());
                 let mut failed = Vec::new();
+                let mut unreachable = None;
+                let mut unreachable_rows = 0;
                 for message in part {
                     match answers.next() {
                         Some(Ok(())) => sent.push(message.id),
+                        Some(Err(error)) if P::unreachable(&error) => {
+                            unreachable_rows += 1;
+                            unreachable.get_or_insert_with(|| error.to_string());
+                        }
                         Some(Err(error)) => {
                             failed.push((message, crate::queue::error_text(error.to_string())));
                         }
@@ -478,6 +506,25 @@ impl<DB: Backend> Relay<DB> {
                         Delivery::Dead => relayed.dead += 1,
                     }
                 }
+                if let Some(error) = unreachable {
+                    // Nothing was wrong with the messages: the rows not sent, this part's
+                    // and the later parts', go back with their attempt not counted, and
+                    // `run` waits before it claims again.
+                    let released =
+                        retry_reachable::<DB, _, _>(|| DB::outbox_release(pool, table, &owner))
+                            .await
+                            .map_err(|error| self.classify(error))?
+                            as usize;
+                    relayed.unreachable += unreachable_rows;
+                    relayed.released += released.saturating_sub(unreachable_rows);
+                    tracing::warn!(
+                        rows = released,
+                        %error,
+                        "outbox relay: the broker could not be reached; the claim is given \
+                         back, its attempts not counted"
+                    );
+                    break;
+                }
             }
             Ok::<(), OutboxError>(())
         };
@@ -504,6 +551,7 @@ impl<DB: Backend> Relay<DB> {
             ("failed", relayed.failed),
             ("dead", relayed.dead),
             ("released", relayed.released),
+            ("unreachable", relayed.unreachable),
         ] {
             crate::metrics::outbox_count(table.name(), outcome, count as u64);
         }
@@ -558,7 +606,10 @@ impl<DB: Backend> Relay<DB> {
     /// claim whose sends had begun is finished (its confirms awaited, its rows marked), a
     /// claim whose sends had not begun is released at once for another relay, and `run`
     /// returns `Ok(())`. A database failure is logged and retried after the
-    /// poll interval, so that a relay outlives an outage: the only `Err` is a
+    /// poll interval, so that a relay outlives an outage; so is a broker that cannot be
+    /// reached ([`Publisher::unreachable`]): the claim goes back with its attempts not
+    /// counted, and the next claim waits the poll interval, doubled for each claim in a
+    /// row that found the broker away, up to 4 × it. The only `Err` is a
     /// configuration refused at the start, before anything is claimed (a
     /// [`heartbeat`](Self::heartbeat) not shorter than the [`lease`](Self::lease):
     /// [`OutboxError::HeartbeatNotUnderLease`]).
@@ -575,12 +626,28 @@ impl<DB: Backend> Relay<DB> {
         let mut shutdown = Shutdown::new(signal, Duration::MAX);
         // PostgreSQL: a LISTEN connection for the handlers' hints (`Outbox::hint`).
         let mut idle = Idle::new(&self.pool, &self.outbox.table, self.poll, self.max_poll).await;
+        // Claims in a row the broker could not be reached for: the wait before the next.
+        let mut away = 0u32;
         loop {
             if shutdown.check() {
                 return Ok(());
             }
             let nothing = match self.relay_until(publisher, Some(&mut shutdown)).await {
-                Ok(relayed) => relayed.claimed == 0,
+                Ok(relayed) if relayed.unreachable > 0 => {
+                    let wait = self
+                        .poll
+                        .saturating_mul(1 << away.min(8))
+                        .min(self.max_poll.max(self.poll));
+                    away = away.saturating_add(1);
+                    if !pause(&mut shutdown, wait).await {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                Ok(relayed) => {
+                    away = 0;
+                    relayed.claimed == 0
+                }
                 Err(error) => {
                     tracing::warn!(%error, "outbox relay: claiming or marking failed; trying again");
                     true
@@ -595,6 +662,20 @@ impl<DB: Backend> Relay<DB> {
             }
         }
     }
+}
+
+/// Waits `wait`; `false` once the shutdown signal has completed.
+async fn pause(shutdown: &mut Shutdown<'_>, wait: Duration) -> bool {
+    let mut sleep = std::pin::pin!(tokio::time::sleep(wait));
+    let stopped = std::future::poll_fn(|context| {
+        if shutdown.future.as_mut().poll(context).is_ready() {
+            return std::task::Poll::Ready(true);
+        }
+        sleep.as_mut().poll(context).map(|()| false)
+    })
+    .await;
+    shutdown.done |= stopped;
+    !stopped
 }
 
 /// How one send ended.
