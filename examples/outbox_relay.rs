@@ -150,13 +150,10 @@ async fn with_publisher<DB: Backend>(pool: Pool<DB>, outbox: Outbox) -> Result<(
         let publisher = JetStreamPublisher::new(async_nats::jetstream::new(client));
         relay(&pool, &outbox, publisher, exit_when_idle).await
     } else if let Ok(brokers) = std::env::var("DEDUP_KAFKA_BROKERS") {
-        let producer = KafkaPublisher::producer_config(&brokers).create()?;
-        let publisher = KafkaPublisher::new(producer);
+        let publisher = KafkaPublisher::new(KafkaPublisher::producer_config(&brokers))?;
         relay(&pool, &outbox, publisher, exit_when_idle).await
     } else if let Ok(url) = std::env::var("DEDUP_REDIS_URL") {
-        let client = redis::Client::open(url.as_str())?;
-        let connection = client.get_multiplexed_async_connection().await?;
-        let publisher = RedisStreamsPublisher::new(connection);
+        let publisher = RedisStreamsPublisher::new(redis::Client::open(url.as_str())?);
         relay(&pool, &outbox, publisher, exit_when_idle).await
     } else if let Ok(url) = std::env::var("DEDUP_MQTT_URL") {
         let address = url

@@ -20,6 +20,7 @@
 //! | `mosquitto::Mosquitto` (feature `brokers`) | a Mosquitto of the test's own on a free port: restarted, paused, killed when dropped |
 //! | `consumer` | what the broker examples share: settings from the environment, idle tracking, the lines the crash harness reads |
 //! | `fault::FaultProxy` | a TCP proxy between a pool and its server that loses one reply or cuts one request on cue |
+//! | `outage::Outage` | a TCP proxy that cuts every connection to a server, or stalls them, until restored: a broker restart, a cut network, a server that stopped answering |
 //! | `rabbitmq::declare` (feature `brokers`) | the RabbitMQ topology of `examples/rabbitmq.rs`: a queue, its dead-letter exchange and queue |
 
 #![warn(missing_docs)]
@@ -30,6 +31,7 @@ pub mod fault;
 pub mod jetstream;
 #[cfg(feature = "brokers")]
 pub mod mosquitto;
+pub mod outage;
 #[cfg(feature = "http")]
 pub mod partner;
 #[cfg(feature = "brokers")]

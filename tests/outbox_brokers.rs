@@ -284,7 +284,6 @@ mod rabbitmq {
     /// send, kept and retried, never marked sent.
     #[tokio::test]
     async fn an_unroutable_message_is_a_failed_send_not_a_loss() {
-        let connection = connect().await;
         let missing = dedup_suite::unique("outbox-nowhere");
         let (db, outbox, ids) = outbox_with(&missing, &[b"lost?"]).await;
         let publisher =
@@ -417,10 +416,7 @@ mod kafka {
             ids.push(message.id());
         }
         tx.commit().await.unwrap();
-        let producer = KafkaPublisher::producer_config(&brokers())
-            .create()
-            .unwrap();
-        let publisher = KafkaPublisher::new(producer);
+        let publisher = KafkaPublisher::new(KafkaPublisher::producer_config(&brokers())).unwrap();
         let relayed = outbox.relay(&*db).relay_batch(&publisher).await.unwrap();
         assert_eq!((relayed.claimed, relayed.sent), (3, 3), "{relayed:?}");
         for id in &ids {
@@ -501,7 +497,7 @@ mod redis_streams {
         let stream = dedup_suite::unique("outbox-redis");
         let payloads: [&[u8]; 3] = [b"first", b"\x00\xff binary", b"third"];
         let (db, outbox, ids) = outbox_with(&stream, &payloads).await;
-        let publisher = RedisStreamsPublisher::new(connection.clone());
+        let publisher = RedisStreamsPublisher::new(client.clone());
         let relayed = outbox.relay(&*db).relay_batch(&publisher).await.unwrap();
         assert_eq!((relayed.claimed, relayed.sent), (3, 3), "{relayed:?}");
         for id in &ids {

@@ -315,3 +315,18 @@ mod takeover_kept_no_fingerprint;
 #[cfg(feature = "brokers")]
 #[path = "regressions/rabbitmq_return_pinned_on_the_wrong_row.rs"]
 mod rabbitmq_return_pinned_on_the_wrong_row;
+
+// Issue 39, item 2: after a broker restart or a cut connection the RabbitMQ and Redis
+// Streams publishers failed every later claim, and the relay buried every row after its
+// attempts. Fixed in "Every publisher connects again; an unreachable broker costs no
+// attempt" (with the RabbitMQ publisher's own connection in ee7edf8).
+#[cfg(feature = "brokers")]
+#[path = "regressions/publishers_died_with_their_connection.rs"]
+mod publishers_died_with_their_connection;
+
+// Issue 39, item 6: the JetStream publisher awaited a claim's acknowledgements one after
+// the other, each with its own time-out: a stalled server held a claim for one time-out
+// per message. Fixed in "JetStream publisher: one deadline per claim".
+#[cfg(feature = "brokers")]
+#[path = "regressions/jetstream_stall_held_a_claim_per_message.rs"]
+mod jetstream_stall_held_a_claim_per_message;

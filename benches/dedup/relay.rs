@@ -202,7 +202,7 @@ impl Clients {
             .map_err(|error| format!("Kafka at {servers}: {error}"))?;
         Ok(Clients {
             brokers: crate::brokers::Brokers::connect().await?,
-            kafka: dedup_runtime::rdkafka::KafkaPublisher::new(config.create()?),
+            kafka: dedup_runtime::rdkafka::KafkaPublisher::new(config.clone())?,
             kafka_producer: config.create()?,
         })
     }

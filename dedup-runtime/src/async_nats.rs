@@ -177,6 +177,13 @@ mod tests {
 /// message).
 /// The row's trace context, if it has one, goes as the header `traceparent`.
 ///
+/// A claim's acknowledgements share **one** deadline, the
+/// [`ack_timeout`](Self::ack_timeout): a stalled server holds a claim for one time-out,
+/// not one per message. The async-nats client reconnects by itself; a claim during which
+/// it was not connected fails with errors the relay takes for an unreachable broker
+/// ([`JetStreamPublishError::is_unreachable`]): its rows go back with their attempts not
+/// counted.
+///
 /// The row's headers are not sent (their encoding is yours): wrap this publisher in a
 /// [`Publisher`](crate::outbox::Publisher) of your own to map them onto NATS headers.
 ///
@@ -192,16 +199,29 @@ mod tests {
 #[derive(Debug, Clone)]
 pub struct JetStreamPublisher {
     context: ::async_nats::jetstream::Context,
+    ack_timeout: std::time::Duration,
 }
 
 impl JetStreamPublisher {
-    /// A publisher on `context`.
+    /// A publisher on `context`, with an [`ack_timeout`](Self::ack_timeout) of 5 s.
     pub fn new(context: ::async_nats::jetstream::Context) -> Self {
-        JetStreamPublisher { context }
+        JetStreamPublisher {
+            context,
+            ack_timeout: std::time::Duration::from_secs(5),
+        }
     }
-}
 
-impl JetStreamPublisher {
+    /// How long a claim waits for the stream's acknowledgements, all of them together
+    /// (5 s by default, async-nats' own time-out for one): a message not acknowledged by
+    /// then fails, and the relay sends it again later with the same id. The context's
+    /// own time-out still bounds each acknowledgement; set it no shorter than this.
+    pub fn ack_timeout(self, timeout: std::time::Duration) -> Self {
+        JetStreamPublisher {
+            ack_timeout: timeout,
+            ..self
+        }
+    }
+
     /// Publishes `message` to its subject; the stream's acknowledgement to await.
     async fn start(
         &self,
@@ -227,32 +247,108 @@ impl JetStreamPublisher {
     }
 }
 
-impl crate::outbox::Publisher for JetStreamPublisher {
-    type Error = ::async_nats::jetstream::context::PublishError;
-    const SYSTEM: &'static str = "nats";
+/// Why [`JetStreamPublisher`] could not send a message: async-nats' error, and whether
+/// the server could not be reached meanwhile.
+#[derive(Debug)]
+pub struct JetStreamPublishError {
+    error: ::async_nats::jetstream::context::PublishError,
+    unreachable: bool,
+}
 
-    async fn publish(&self, message: &crate::outbox::OutboxMessage) -> Result<(), Self::Error> {
-        self.start(message).await?.await?;
-        Ok(())
+impl JetStreamPublishError {
+    /// async-nats' error.
+    pub fn error(&self) -> &::async_nats::jetstream::context::PublishError {
+        &self.error
     }
 
-    /// Every message published first, then the stream's acknowledgements awaited (each
-    /// within the context's timeout): a message not acknowledged fails alone.
+    /// Whether the server could not be reached: the client was not connected when the
+    /// claim went out, lost its connection (or connected again) before the claim's
+    /// acknowledgements were in, or the connection broke under the message. A message
+    /// not acknowledged by a server that stayed connected (a stalled server, a stream
+    /// that does not answer) is not: that failure counts an attempt.
+    pub fn is_unreachable(&self) -> bool {
+        self.unreachable
+    }
+}
+
+impl std::fmt::Display for JetStreamPublishError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.unreachable {
+            write!(f, "NATS server not reachable: {}", self.error)
+        } else {
+            write!(f, "NATS JetStream: {}", self.error)
+        }
+    }
+}
+
+impl std::error::Error for JetStreamPublishError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl crate::outbox::Publisher for JetStreamPublisher {
+    type Error = JetStreamPublishError;
+    const SYSTEM: &'static str = "nats";
+
+    fn unreachable(error: &JetStreamPublishError) -> bool {
+        error.is_unreachable()
+    }
+
+    async fn publish(&self, message: &crate::outbox::OutboxMessage) -> Result<(), Self::Error> {
+        let mut answers = self.publish_batch(std::slice::from_ref(message)).await;
+        answers.pop().unwrap_or(Ok(()))
+    }
+
+    /// Every message published first, then the stream's acknowledgements awaited until
+    /// one deadline for all ([`ack_timeout`](JetStreamPublisher::ack_timeout)): a message
+    /// not acknowledged fails alone.
     async fn publish_batch(
         &self,
         messages: &[crate::outbox::OutboxMessage],
     ) -> Vec<Result<(), Self::Error>> {
+        use ::async_nats::connection::State;
+        use ::async_nats::jetstream::context::{PublishError, PublishErrorKind};
+        use std::sync::atomic::Ordering;
+
+        let client = self.context.client();
+        let statistics = client.statistics();
+        let connects = statistics.connects.load(Ordering::Relaxed);
+        let was_up = client.connection_state() == State::Connected;
+        let deadline = tokio::time::Instant::now() + self.ack_timeout;
         let mut acks = Vec::with_capacity(messages.len());
         for message in messages {
-            acks.push(self.start(message).await);
+            acks.push(tokio::time::timeout_at(deadline, self.start(message)).await);
         }
         let mut answers = Vec::with_capacity(messages.len());
         for ack in acks {
-            answers.push(match ack {
-                Ok(ack) => ack.await.map(|_| ()),
-                Err(error) => Err(error),
-            });
+            // Each acknowledgement's own time-out starts when it is first awaited: the
+            // shared deadline is what bounds the claim.
+            let answer = match ack {
+                Ok(Ok(ack)) => match tokio::time::timeout_at(deadline, ack).await {
+                    Ok(answer) => answer.map(|_| ()),
+                    Err(_) => Err(PublishError::new(PublishErrorKind::TimedOut)),
+                },
+                Ok(Err(error)) => Err(error),
+                Err(_) => Err(PublishError::new(PublishErrorKind::TimedOut)),
+            };
+            answers.push(answer);
         }
+        let away = !was_up
+            || client.connection_state() != State::Connected
+            || statistics.connects.load(Ordering::Relaxed) != connects;
         answers
+            .into_iter()
+            .map(|answer| {
+                answer.map_err(|error| {
+                    let unreachable = match error.kind() {
+                        PublishErrorKind::BrokenPipe => true,
+                        PublishErrorKind::TimedOut | PublishErrorKind::Other => away,
+                        _ => false,
+                    };
+                    JetStreamPublishError { error, unreachable }
+                })
+            })
+            .collect()
     }
 }

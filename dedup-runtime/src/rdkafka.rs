@@ -23,19 +23,27 @@ use crate::outbox::{OutboxMessage, Publisher};
 /// A claim's records are all handed to the producer before any delivery is awaited.
 /// The row's headers are not sent (their encoding is yours).
 ///
+/// The publisher makes its producer from the configuration given to
+/// [`new`](Self::new), and makes a new one when librdkafka reports the producer's
+/// state lost for good (a fatal error: an idempotent producer fenced or out of
+/// sequence after a broker restart); librdkafka itself reconnects to the brokers. A
+/// record that failed for the brokers' absence or the producer's state, not for
+/// anything in it, costs its row no attempt ([`Publisher::unreachable`]).
+///
 /// ```no_run
 /// use dedup_runtime::outbox::Outbox;
 /// use dedup_runtime::rdkafka::KafkaPublisher;
 ///
 /// # async fn relay(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-/// let producer = KafkaPublisher::producer_config("127.0.0.1:9092").create()?;
-/// let publisher = KafkaPublisher::new(producer);
+/// let publisher = KafkaPublisher::new(KafkaPublisher::producer_config("127.0.0.1:9092"))?;
 /// Outbox::new().relay(&pool).run(&publisher, std::future::pending()).await?;
 /// # Ok(()) }
 /// ```
 #[derive(Clone)]
 pub struct KafkaPublisher {
-    producer: FutureProducer,
+    config: ClientConfig,
+    /// The producer in use; replaced after a fatal error. Clones share it.
+    producer: std::sync::Arc<std::sync::Mutex<FutureProducer>>,
 }
 
 impl std::fmt::Debug for KafkaPublisher {
@@ -45,15 +53,65 @@ impl std::fmt::Debug for KafkaPublisher {
 }
 
 impl KafkaPublisher {
-    /// A publisher through `producer`.
-    pub fn new(producer: FutureProducer) -> Self {
-        KafkaPublisher { producer }
+    /// A publisher through a producer made from `config` (see
+    /// [`producer_config`](Self::producer_config)); the same configuration makes the
+    /// producer that replaces one lost to a fatal error.
+    ///
+    /// # Errors
+    /// librdkafka's, when it refuses the configuration.
+    pub fn new(config: ClientConfig) -> Result<Self, KafkaError> {
+        let producer = config.create()?;
+        Ok(KafkaPublisher {
+            config,
+            producer: std::sync::Arc::new(std::sync::Mutex::new(producer)),
+        })
+    }
+
+    /// The producer to send through: the one in use, or — when it reported a fatal
+    /// error — a new one.
+    fn producer(&self) -> Result<FutureProducer, KafkaError> {
+        use ::rdkafka::producer::Producer as _;
+
+        let mut producer = self.producer.lock().expect("not poisoned");
+        if let Some(fatal) = producer.client().fatal_error() {
+            tracing::warn!(
+                error = %fatal.1,
+                "outbox: the Kafka producer reported a fatal error; making a new one"
+            );
+            *producer = self.config.create()?;
+        }
+        Ok(producer.clone())
+    }
+
+    /// Replaces `lost`, the producer a claim went through, after a record failed with an
+    /// error of the producer's state (fenced, out of sequence, an unknown producer id):
+    /// librdkafka reports these on each record, not always as a fatal error, and the same
+    /// producer would fail every later record with them.
+    fn replace(&self, lost: &FutureProducer, error: &KafkaError) {
+        use ::rdkafka::producer::Producer as _;
+
+        let mut producer = self.producer.lock().expect("not poisoned");
+        // Another claim may have replaced it already.
+        if !std::ptr::eq(producer.client().native_ptr(), lost.client().native_ptr()) {
+            return;
+        }
+        match self.config.create() {
+            Ok(fresh) => {
+                tracing::warn!(%error, "outbox: the Kafka producer's state was lost; made a new one");
+                *producer = fresh;
+            }
+            Err(create) => tracing::warn!(
+                %error, %create,
+                "outbox: the Kafka producer's state was lost, and a new one could not be made"
+            ),
+        }
     }
 
     /// A producer's configuration for the outbox: `bootstrap.servers`, `acks=all`,
     /// `enable.idempotence=true` and a 30 s `message.timeout.ms` (a record not
     /// acknowledged in that time fails its row, which the relay sends again later with the
-    /// same id). Add your own settings (TLS, SASL, compression) before `create()`.
+    /// same id). Add your own settings (TLS, SASL, compression) before
+    /// [`new`](Self::new).
     pub fn producer_config(bootstrap_servers: &str) -> ClientConfig {
         let mut config = ClientConfig::new();
         config
@@ -65,12 +123,56 @@ impl KafkaPublisher {
     }
 }
 
+/// An error of the producer's own state rather than of the record or the brokers'
+/// reach: a new producer does not have it.
+fn producer_lost(error: &KafkaError) -> bool {
+    matches!(
+        error,
+        KafkaError::MessageProduction(
+            RDKafkaErrorCode::Fatal
+                | RDKafkaErrorCode::ProducerFenced
+                | RDKafkaErrorCode::InvalidProducerEpoch
+                | RDKafkaErrorCode::OutOfOrderSequenceNumber
+                | RDKafkaErrorCode::UnknownProducerId
+        )
+    )
+}
+
 /// How long a record may wait for room in the producer's queue before its send fails.
 const QUEUE_WAIT: Duration = Duration::from_secs(30);
 
 impl Publisher for KafkaPublisher {
     type Error = KafkaError;
     const SYSTEM: &'static str = "kafka";
+
+    /// librdkafka reconnects by itself; a record it could not deliver because no broker
+    /// answered — `message.timeout.ms` passed (`MessageTimedOut`), every broker down, a
+    /// transport failure, a queue that stayed full — failed for the broker's absence, and
+    /// costs its row no attempt. A refusal (a record too large, an unknown topic, an
+    /// authorisation error) counts.
+    ///
+    /// So does an error of the producer's own state, which the next claim's new producer
+    /// does not have: fenced, out of sequence, an unknown producer id, a fatal error.
+    fn unreachable(error: &KafkaError) -> bool {
+        matches!(
+            error,
+            KafkaError::MessageProduction(
+                RDKafkaErrorCode::MessageTimedOut
+                    | RDKafkaErrorCode::AllBrokersDown
+                    | RDKafkaErrorCode::BrokerTransportFailure
+                    | RDKafkaErrorCode::QueueFull
+                    | RDKafkaErrorCode::NetworkException
+                    | RDKafkaErrorCode::RequestTimedOut
+                    | RDKafkaErrorCode::Fatal
+                    | RDKafkaErrorCode::ProducerFenced
+                    | RDKafkaErrorCode::InvalidProducerEpoch
+                    | RDKafkaErrorCode::OutOfOrderSequenceNumber
+                    | RDKafkaErrorCode::UnknownProducerId
+                    | RDKafkaErrorCode::PurgeQueue
+                    | RDKafkaErrorCode::PurgeInflight
+            ) | KafkaError::Canceled
+        )
+    }
 
     async fn publish(&self, message: &OutboxMessage) -> Result<(), KafkaError> {
         self.publish_batch(std::slice::from_ref(message))
@@ -86,6 +188,10 @@ impl Publisher for KafkaPublisher {
             .iter()
             .map(|message| message.id().to_string())
             .collect();
+        let producer = match self.producer() {
+            Ok(producer) => producer,
+            Err(error) => return messages.iter().map(|_| Err(error.clone())).collect(),
+        };
         let mut deliveries = Vec::with_capacity(messages.len());
         for (message, id) in messages.iter().zip(&ids) {
             let mut headers = OwnedHeaders::new().insert(Header {
@@ -107,7 +213,7 @@ impl Publisher for KafkaPublisher {
             // Handed over at once (`send_result`); a full queue is waited out.
             let waited = tokio::time::Instant::now() + QUEUE_WAIT;
             let delivery = loop {
-                match self.producer.send_result(record) {
+                match producer.send_result(record) {
                     Ok(delivery) => break Ok(delivery),
                     Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
                         if tokio::time::Instant::now() < waited =>
@@ -130,6 +236,12 @@ impl Publisher for KafkaPublisher {
                 },
                 Err(error) => Err(error),
             });
+        }
+        if let Some(error) = answers
+            .iter()
+            .find_map(|answer| answer.as_ref().err().filter(|error| producer_lost(error)))
+        {
+            self.replace(&producer, error);
         }
         answers
     }

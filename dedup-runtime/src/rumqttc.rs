@@ -275,6 +275,17 @@ impl Publisher for MqttPublisher {
     type Error = MqttPublishError;
     const SYSTEM: &'static str = "mqtt";
 
+    /// [`MqttPublishError::Connection`] and [`MqttPublishError::Client`] (the connection
+    /// could not be made, or was lost with the claim out): the broker could not be
+    /// reached, and the rows cost no attempt. A PUBACK not back in time, a packet too
+    /// large, a topic that cannot be published to count.
+    fn unreachable(error: &MqttPublishError) -> bool {
+        matches!(
+            error,
+            MqttPublishError::Connection(_) | MqttPublishError::Client(_)
+        )
+    }
+
     async fn publish(&self, message: &OutboxMessage) -> Result<(), MqttPublishError> {
         let mut answers = self.publish_batch(std::slice::from_ref(message)).await;
         answers.pop().unwrap_or(Ok(()))
