@@ -307,3 +307,11 @@ mod relay_lost_mark_reply_counted_lost;
 // this fixture ("Take-overs write the fingerprint as the first claim does").
 #[path = "regressions/takeover_kept_no_fingerprint.rs"]
 mod takeover_kept_no_fingerprint;
+
+// Issue 39, item 4, the downgrade direction: a row printed by its first claim under a
+// send-first lease, its owner dead, taken over by a plain handler with `result = "stored"`
+// and no fingerprint: its store wrote `fingerprint = NULL`, and a later copy with another
+// payload was a duplicate instead of a mismatch. Fixed in "A handler without a fingerprint
+// keeps the one its row has".
+#[path = "regressions/fingerprint_erased_by_a_handler_without_one.rs"]
+mod fingerprint_erased_by_a_handler_without_one;
