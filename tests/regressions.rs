@@ -330,3 +330,11 @@ mod publishers_died_with_their_connection;
 #[cfg(feature = "brokers")]
 #[path = "regressions/jetstream_stall_held_a_claim_per_message.rs"]
 mod jetstream_stall_held_a_claim_per_message;
+
+// Issue 39, item 4, the downgrade direction: a row printed by its first claim under a
+// send-first lease, its owner dead, taken over by a plain handler with `result = "stored"`
+// and no fingerprint: its store wrote `fingerprint = NULL`, and a later copy with another
+// payload was a duplicate instead of a mismatch. Fixed in "A handler without a fingerprint
+// keeps the one its row has".
+#[path = "regressions/fingerprint_erased_by_a_handler_without_one.rs"]
+mod fingerprint_erased_by_a_handler_without_one;

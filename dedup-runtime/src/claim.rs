@@ -60,7 +60,10 @@ pub struct Statements {
     pub mysql_recall: &'static str,
     pub sqlite_recall: &'static str,
     /// Writes the result, its version and the fingerprint into the claimed row, just
-    /// before the commit.
+    /// before the commit. A fingerprint the row has stays (`COALESCE`): a handler without
+    /// one that takes over a send-first lease claimed with one (a rolling upgrade or
+    /// downgrade runs both) must not erase it, and a handler with one compared it first
+    /// (its recall).
     pub postgres_store: &'static str,
     pub mysql_store: &'static str,
     pub sqlite_store: &'static str,
@@ -245,19 +248,19 @@ macro_rules! __statements {
             postgres_store: ::core::concat!(
                 "UPDATE ",
                 $table,
-                " SET result = $3, result_version = $4, fingerprint = $5 \
+                " SET result = $3, result_version = $4, fingerprint = COALESCE(fingerprint, $5) \
                  WHERE consumer = $1 AND message_id = $2"
             ),
             mysql_store: ::core::concat!(
                 "UPDATE ",
                 $table,
-                " SET result = ?, result_version = ?, fingerprint = ? \
+                " SET result = ?, result_version = ?, fingerprint = COALESCE(fingerprint, ?) \
                  WHERE consumer = ? AND message_id = ?"
             ),
             sqlite_store: ::core::concat!(
                 "UPDATE ",
                 $table,
-                " SET result = ?3, result_version = ?4, fingerprint = ?5 \
+                " SET result = ?3, result_version = ?4, fingerprint = COALESCE(fingerprint, ?5) \
                  WHERE consumer = ?1 AND message_id = ?2"
             ),
         };
