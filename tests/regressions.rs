@@ -338,3 +338,11 @@ mod jetstream_stall_held_a_claim_per_message;
 // keeps the one its row has".
 #[path = "regressions/fingerprint_erased_by_a_handler_without_one.rs"]
 mod fingerprint_erased_by_a_handler_without_one;
+
+// Issue 39, item 5: `Prune::run`, `run_inbox`, `run_outbox` and `Inbox::prune` returned
+// futures that were not `Send` (the one loop of every prune took an `AsyncFnMut` that
+// borrowed, whose futures rustc cannot prove `Send` for every lifetime): a prune could not
+// be `tokio::spawn`ed. Fixed in the commit that adds this fixture ("Prunes can be
+// spawned: the run loop drives a trait with a Send future, not an AsyncFnMut").
+#[path = "regressions/prunes_could_not_be_spawned.rs"]
+mod prunes_could_not_be_spawned;

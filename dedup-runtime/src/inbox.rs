@@ -342,18 +342,32 @@ impl crate::Prune {
         progress: impl FnMut(&crate::PruneProgress),
     ) -> Result<crate::PruneProgress, crate::PruneError> {
         self.validate()?;
-        let (pool, table, consumer) = (inbox.pool(), inbox.table(), inbox.consumer());
-        let cutoff = DB::cutoff(pool, self.cutoff_age()).await?;
-        let age_us = crate::clock::micros(self.cutoff_age());
-        let limit = i64::from(self.batch_size);
-        self.batches(cutoff, progress, async |_| {
-            crate::retry::retry_transient::<DB, _, _>(|| {
-                DB::inbox_prune(pool, table, consumer, age_us, limit)
-            })
+        let cutoff = DB::cutoff(inbox.pool(), self.cutoff_age()).await?;
+        let rows = ProcessedRows {
+            inbox,
+            age_us: crate::clock::micros(self.cutoff_age()),
+            limit: i64::from(self.batch_size),
+        };
+        self.batches(cutoff, progress, rows).await
+    }
+}
+
+/// An inbox's processed rows older than the age, each batch's cutoff `now − age` on the
+/// database's clock.
+struct ProcessedRows<'a, DB: Database> {
+    inbox: &'a Inbox<DB>,
+    age_us: i64,
+    limit: i64,
+}
+
+impl<DB: Backend> crate::prune::PrunedRows for ProcessedRows<'_, DB> {
+    async fn delete_batch(&mut self, _cutoff: &str) -> Result<u64, crate::PruneError> {
+        let (pool, table, consumer) =
+            (self.inbox.pool(), self.inbox.table(), self.inbox.consumer());
+        let (age_us, limit) = (self.age_us, self.limit);
+        retry_transient::<DB, _, _>(|| DB::inbox_prune(pool, table, consumer, age_us, limit))
             .await
             .map_err(|error| crate::PruneError::from_database::<DB>(table, error))
-        })
-        .await
     }
 }
 

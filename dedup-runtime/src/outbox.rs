@@ -483,16 +483,31 @@ impl crate::Prune {
         // `sent_at` is written by the relay's mark, a statement of its own: the age needs
         // no margin for a long transaction.
         let cutoff = DB::cutoff(pool, self.older_than).await?;
-        let age_us = crate::clock::micros(self.older_than);
-        let limit = i64::from(self.batch_size);
-        self.batches(cutoff, progress, async |_| {
-            crate::retry::retry_transient::<DB, _, _>(|| {
-                DB::outbox_prune(pool, table, age_us, limit)
-            })
+        let rows = SentRows {
+            pool,
+            table,
+            age_us: crate::clock::micros(self.older_than),
+            limit: i64::from(self.batch_size),
+        };
+        self.batches(cutoff, progress, rows).await
+    }
+}
+
+/// An outbox's sent rows older than the age, each batch's cutoff `now − age` on the
+/// database's clock.
+struct SentRows<'a, DB: Database> {
+    pool: &'a Pool<DB>,
+    table: &'a Table,
+    age_us: i64,
+    limit: i64,
+}
+
+impl<DB: Backend> crate::prune::PrunedRows for SentRows<'_, DB> {
+    async fn delete_batch(&mut self, _cutoff: &str) -> Result<u64, crate::PruneError> {
+        let (pool, table, age_us, limit) = (self.pool, self.table, self.age_us, self.limit);
+        crate::retry::retry_transient::<DB, _, _>(|| DB::outbox_prune(pool, table, age_us, limit))
             .await
             .map_err(|error| crate::PruneError::from_database::<DB>(table, error))
-        })
-        .await
     }
 }
 

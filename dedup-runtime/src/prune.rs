@@ -351,38 +351,51 @@ impl Prune {
     /// assert!(done.done);
     /// # Ok(()) }
     /// ```
+    ///
+    /// The future is `Send` whenever `progress` is, as are those of
+    /// [`run_inbox`](Prune::run_inbox) and [`run_outbox`](Prune::run_outbox): a service
+    /// prunes in a task of its own, beside its consumers.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # #[tokio::main]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let pool = sqlx::sqlite::SqlitePoolOptions::new()
+    /// #     .max_connections(1)
+    /// #     .connect("sqlite::memory:")
+    /// #     .await?;
+    /// # dedup_runtime::migrate(&pool).await?;
+    /// let day = Duration::from_secs(24 * 3600);
+    /// let prune = dedup_runtime::Prune::new(7 * day, 2 * day);
+    /// let pruning = tokio::spawn(async move { prune.run(&pool, |_| {}).await });
+    /// assert!(pruning.await??.done);
+    /// # Ok(()) }
+    /// ```
     pub async fn run<DB: PruneBackend>(
         &self,
         pool: &Pool<DB>,
         progress: impl FnMut(&PruneProgress),
     ) -> Result<PruneProgress, PruneError> {
         let table = self.validate()?;
-        let consumer = self.consumer.as_deref();
         let cutoff = DB::cutoff(pool, self.cutoff_age()).await?;
-        // The oldest `processed_at` a batch may find: where the last one stopped. Without
-        // it each batch would walk the index again past the rows it must skip (other
-        // consumers' old ids, or deleted entries not yet purged).
-        let mut after: Option<String> = None;
-        let table = &table;
-        self.batches(cutoff, progress, async |cutoff| {
-            let (deleted, last) = self
-                .batch::<DB>(pool, table, consumer, cutoff, after.as_deref())
-                .await
-                .map_err(|error| PruneError::from_database::<DB>(table, error))?;
-            after = last.or(after.take());
-            Ok(deleted)
-        })
-        .await
+        let ids = ProcessedIds {
+            pool,
+            table: &table,
+            consumer: self.consumer.as_deref(),
+            limit: self.batch_size,
+            after: None,
+        };
+        self.batches(cutoff, progress, ids).await
     }
 
-    /// The loop of every run: `batch` until one deletes fewer than the batch size, a
-    /// rest after each ([`pause`](Prune::pause), or as long as the batch took), and the
-    /// progress after each.
+    /// The loop of every run: `rows` batch by batch until one deletes fewer than the
+    /// batch size, a rest after each ([`pause`](Prune::pause), or as long as the batch
+    /// took), and the progress after each.
     pub(crate) async fn batches(
         &self,
         cutoff: String,
         mut progress: impl FnMut(&PruneProgress),
-        mut batch: impl AsyncFnMut(&str) -> Result<u64, PruneError>,
+        mut rows: impl PrunedRows,
     ) -> Result<PruneProgress, PruneError> {
         let started = Instant::now();
         let mut state = PruneProgress {
@@ -395,7 +408,7 @@ impl Prune {
         };
         loop {
             let batch_started = Instant::now();
-            let deleted = batch(&state.cutoff).await?;
+            let deleted = rows.delete_batch(&state.cutoff).await?;
             let batch_time = batch_started.elapsed();
             state.deleted += deleted;
             state.last_batch = deleted;
@@ -414,21 +427,6 @@ impl Prune {
                 tokio::time::sleep(rest).await;
             }
         }
-    }
-
-    /// One batch of the dedup table.
-    async fn batch<DB: PruneBackend>(
-        &self,
-        pool: &Pool<DB>,
-        table: &Table,
-        consumer: Option<&str>,
-        cutoff: &str,
-        after: Option<&str>,
-    ) -> Result<(u64, Option<String>), sqlx::Error> {
-        retry::retry_transient::<DB, _, _>(|| {
-            DB::delete_batch(pool, table, consumer, cutoff, after, self.batch_size)
-        })
-        .await
     }
 
     /// Per consumer (only this prune's consumer, if one is set): how many ids the table
@@ -475,6 +473,55 @@ impl Prune {
         DB::stats(pool, &table, self.consumer.as_deref(), &cutoff)
             .await
             .map_err(|error| PruneError::from_database::<DB>(&table, error))
+    }
+}
+
+/// The rows a run deletes, one batch at a time: the dedup table's processed ids
+/// ([`ProcessedIds`]), an inbox's processed rows (`inbox.rs`), an outbox's sent rows
+/// (`outbox.rs`). [`Prune::batches`] drives any of them.
+///
+/// Why a trait and not an `AsyncFnMut(&str) -> Result<u64, PruneError>` closure, which the
+/// loop once took: the future of such a closure borrows the closure, its captures and its
+/// argument for lifetimes the loop picks at each call, and rustc cannot prove it `Send`
+/// for every one of them ("implementation of `Send` is not general enough"), so no prune
+/// could be `tokio::spawn`ed (`tests/regressions/prunes_could_not_be_spawned.rs`). The
+/// future of a method on a struct that holds the run's borrows it can; and declared
+/// `Send` here, it is checked at each impl, not first at a service's `tokio::spawn`.
+pub(crate) trait PrunedRows: Send {
+    /// Deletes one batch of at most the batch size, in one short transaction, transient
+    /// failures tried again; how many rows it deleted. `cutoff` is the run's, read when
+    /// it began.
+    fn delete_batch(
+        &mut self,
+        cutoff: &str,
+    ) -> impl Future<Output = Result<u64, PruneError>> + Send;
+}
+
+/// The dedup table's processed ids older than the cutoff, only `consumer`'s if set.
+struct ProcessedIds<'a, DB: Database> {
+    pool: &'a Pool<DB>,
+    table: &'a Table,
+    consumer: Option<&'a str>,
+    limit: u32,
+    /// The oldest `processed_at` a batch may find: where the last one stopped. Without it
+    /// each batch would walk the index again past the rows it must skip (other
+    /// consumers' old ids, or deleted entries not yet purged).
+    after: Option<String>,
+}
+
+impl<DB: PruneBackend> PrunedRows for ProcessedIds<'_, DB> {
+    async fn delete_batch(&mut self, cutoff: &str) -> Result<u64, PruneError> {
+        let (pool, table, consumer, limit) = (self.pool, self.table, self.consumer, self.limit);
+        let after = self.after.as_deref();
+        let (deleted, last) = retry::retry_transient::<DB, _, _>(|| {
+            DB::delete_batch(pool, table, consumer, cutoff, after, limit)
+        })
+        .await
+        .map_err(|error| PruneError::from_database::<DB>(table, error))?;
+        if last.is_some() {
+            self.after = last;
+        }
+        Ok(deleted)
     }
 }
 

@@ -4,7 +4,8 @@
 //! Each module keeps the tables and consumers of its own, so that they can run side by
 //! side; the largest (`inbox`, `outbox`, `effects`) are folders, one submodule per concern.
 //! The suites that need a broker or the HTTP stack, the crash harnesses and the
-//! regression fixtures are binaries of their own (`tests/*.rs`).
+//! regression fixtures are binaries of their own (`tests/*.rs`); `spawnable` only compiles
+//! the broker clients' futures, behind the feature `brokers`, and runs none.
 
 mod accepted;
 mod batch;
@@ -27,6 +28,7 @@ mod prune;
 mod public_api;
 mod results;
 mod schema;
+mod spawnable;
 mod tables;
 mod unresolved;
 mod upgrade;
