@@ -346,3 +346,12 @@ mod fingerprint_erased_by_a_handler_without_one;
 // spawned: the run loop drives a trait with a Send future, not an AsyncFnMut").
 #[path = "regressions/prunes_could_not_be_spawned.rs"]
 mod prunes_could_not_be_spawned;
+
+// Issue 39, item 4, left open by the take-over fixes: on PostgreSQL a plain handler with
+// `fingerprint = …` read its row (an expired send-first lease, unprinted) without a lock;
+// another delivery took the row over with another payload, and once that lease was over
+// too, the plain take-over, which checked no fingerprint, processed the message over the
+// row's, the mismatch unreported. Fixed in "The plain take-over refuses a row printed with
+// another fingerprint".
+#[path = "regressions/plain_takeover_raced_a_printed_claim.rs"]
+mod plain_takeover_raced_a_printed_claim;

@@ -53,6 +53,12 @@ pub struct Statements {
     pub postgres_take_over: &'static str,
     pub mysql_take_over: &'static str,
     pub sqlite_take_over: &'static str,
+    /// The take-over of a handler with a fingerprint (the last parameter): only over a
+    /// row that has none or the same one. Its recall compared them before; this keeps it
+    /// so if the row changed in between (as the leased and the batch take-overs do).
+    pub postgres_take_over_printed: &'static str,
+    pub mysql_take_over_printed: &'static str,
+    pub sqlite_take_over_printed: &'static str,
     /// For a handler with a stored result or a fingerprint, a claim that found the row:
     /// what it remembers (see [`crate::stored`]). MySQL: a locking read, the latest
     /// committed row.
@@ -203,6 +209,19 @@ macro_rules! __statements {
                 $table,
                 " WHERE consumer = ?1 AND message_id = ?2"
             ),
+            // What fences a take-over against the row changing after the claim read it.
+            // PostgreSQL's reads lock nothing (neither `DO NOTHING` nor the plain
+            // selects), but the UPDATE checks its WHERE again on the row's latest version:
+            // `state = 1` refuses a row completed, or taken over by a plain handler or a
+            // batch (processed, or locked until it is), and a released one is gone;
+            // `expires_at` refuses one that another leased delivery claimed or took over,
+            // while its lease runs. Nothing but the fingerprint refuses one whose new
+            // lease ran out too before this statement ran (a handler stalled longer than
+            // that lease): the printed take-over below checks it. MySQL's claim and
+            // reads hold a shared lock on the row until the transaction ends (the failed
+            // insert's, `LOCK IN SHARE MODE`), and SQLite's transaction holds the write
+            // lock from its claim on: there nothing changes the row in between, and the
+            // check is the same anyway.
             postgres_take_over: ::core::concat!(
                 "UPDATE ",
                 $table,
@@ -210,6 +229,15 @@ macro_rules! __statements {
                  processed_at = clock_timestamp() \
                  WHERE consumer = $1 AND message_id = $2 AND state = 1 \
                  AND expires_at <= clock_timestamp()"
+            ),
+            postgres_take_over_printed: ::core::concat!(
+                "UPDATE ",
+                $table,
+                " SET state = NULL, owner = NULL, expires_at = NULL, \
+                 processed_at = clock_timestamp() \
+                 WHERE consumer = $1 AND message_id = $2 AND state = 1 \
+                 AND expires_at <= clock_timestamp() \
+                 AND (fingerprint IS NULL OR fingerprint = $3)"
             ),
             // The first parameter: whether the transaction is the handler's own; then
             // `processed_at` is the session variable a slow commit compares with
@@ -222,6 +250,15 @@ macro_rules! __statements {
                  WHERE consumer = ? AND message_id = ? AND state = 1 \
                  AND expires_at <= UTC_TIMESTAMP(6)"
             ),
+            mysql_take_over_printed: ::core::concat!(
+                "UPDATE ",
+                $table,
+                " SET state = NULL, owner = NULL, expires_at = NULL, \
+                 processed_at = IF(?, @dedup_claimed_at, UTC_TIMESTAMP(6)) \
+                 WHERE consumer = ? AND message_id = ? AND state = 1 \
+                 AND expires_at <= UTC_TIMESTAMP(6) \
+                 AND (fingerprint IS NULL OR fingerprint = ?)"
+            ),
             sqlite_take_over: ::core::concat!(
                 "UPDATE ",
                 $table,
@@ -229,6 +266,15 @@ macro_rules! __statements {
                  processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
                  WHERE consumer = ?1 AND message_id = ?2 AND state = 1 \
                  AND expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now')"
+            ),
+            sqlite_take_over_printed: ::core::concat!(
+                "UPDATE ",
+                $table,
+                " SET state = NULL, owner = NULL, expires_at = NULL, \
+                 processed_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+                 WHERE consumer = ?1 AND message_id = ?2 AND state = 1 \
+                 AND expires_at <= strftime('%Y-%m-%dT%H:%M:%fZ', 'now') \
+                 AND (fingerprint IS NULL OR fingerprint = ?3)"
             ),
             postgres_recall: ::core::concat!(
                 "SELECT result, result_version, fingerprint FROM ",
@@ -314,14 +360,17 @@ pub trait ClaimBackend: Database {
     ) -> impl Future<Output = Result<Option<Found>, sqlx::Error>> + Send + 'c;
 
     /// Takes over an expired send-first lease as this transaction's claim; `Ok(false)`
-    /// when the row is not one (any more). `owned`: the transaction is the handler's own
-    /// (MySQL: the session variables of a slow commit are set for the row).
+    /// when the row is not one (any more), or, with this delivery's `fingerprint`, is
+    /// printed with another one (then through the `*_take_over_printed` statement).
+    /// `owned`: the transaction is the handler's own (MySQL: the session variables of a
+    /// slow commit are set for the row).
     #[doc(hidden)]
     fn take_over<'c>(
         conn: &'c mut Self::Connection,
         statements: &'static Statements,
         consumer: &'static str,
         id: &'c str,
+        fingerprint: Option<&'c [u8]>,
         owned: bool,
     ) -> impl Future<Output = Result<bool, sqlx::Error>> + Send + 'c;
 

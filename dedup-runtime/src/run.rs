@@ -607,7 +607,12 @@ impl<'k> Run<'k> {
                 }
                 Some(_) => {
                     let sent = Instant::now();
-                    match DB::take_over(&mut tx.tx, statements, consumer, id, self.owned).await {
+                    // With a fingerprint, only over a row that has none or the same: the
+                    // row may have changed since the recall (PostgreSQL reads lock nothing).
+                    let printed = self.memory.fingerprint.as_ref().map(|print| &print[..]);
+                    let taken =
+                        DB::take_over(&mut tx.tx, statements, consumer, id, printed, self.owned);
+                    match taken.await {
                         Ok(true) => {
                             tracing::warn!(
                                 consumer,
@@ -619,7 +624,8 @@ impl<'k> Run<'k> {
                             self.claimed_at = Some(sent);
                             return Begin::Claimed(tx);
                         }
-                        // Completed, released or taken over in between: look again.
+                        // Completed, released, taken over or printed with another
+                        // fingerprint in between: look again (the recall reports that one).
                         Ok(false) => continue,
                         Err(error) => {
                             self.rollback(tx).await;

@@ -199,17 +199,21 @@ impl ClaimBackend for MySql {
         statements: &'static Statements,
         consumer: &'static str,
         id: &'c str,
+        fingerprint: Option<&'c [u8]>,
         owned: bool,
     ) -> Result<bool, sqlx::Error> {
         if owned {
             super::execute_keyed::<Self>(&mut *conn, REMEMBER, consumer, id).await?;
         }
-        let done = sqlx::query(statements.mysql_take_over)
-            .bind(owned)
-            .bind(consumer)
-            .bind(id)
-            .execute(conn)
-            .await?;
+        let sql = match fingerprint {
+            None => statements.mysql_take_over,
+            Some(_) => statements.mysql_take_over_printed,
+        };
+        let mut query = sqlx::query(sql).bind(owned).bind(consumer).bind(id);
+        if let Some(fingerprint) = fingerprint {
+            query = query.bind(fingerprint);
+        }
+        let done = query.execute(conn).await?;
         Ok(done.rows_affected() == 1)
     }
 

@@ -130,10 +130,23 @@ impl ClaimBackend for Postgres {
         statements: &'static Statements,
         consumer: &'static str,
         id: &'c str,
+        fingerprint: Option<&'c [u8]>,
         _: bool,
     ) -> Result<bool, sqlx::Error> {
-        let sql = statements.postgres_take_over;
-        let done = super::execute_keyed::<Self>(conn, sql, consumer, id).await?;
+        let done = match fingerprint {
+            None => {
+                let sql = statements.postgres_take_over;
+                super::execute_keyed::<Self>(conn, sql, consumer, id).await?
+            }
+            Some(fingerprint) => {
+                sqlx::query(statements.postgres_take_over_printed)
+                    .bind(consumer)
+                    .bind(id)
+                    .bind(fingerprint)
+                    .execute(conn)
+                    .await?
+            }
+        };
         Ok(done.rows_affected() == 1)
     }
 
