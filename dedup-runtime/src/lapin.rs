@@ -31,6 +31,10 @@ use ::lapin::types::AMQPValue;
 
 use crate::ack::Ack;
 
+mod consumer;
+
+pub use consumer::{ConsumeError, MessageIdFrom, RabbitMqConsumer};
+
 /// Quorum queues: how many earlier deliveries of the message failed (RabbitMQ ≥ 4.3 counts
 /// only failures: a `basic.reject`, a consumer gone; before, every return).
 const DELIVERY_COUNT: &str = "x-delivery-count";

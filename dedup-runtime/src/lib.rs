@@ -238,6 +238,7 @@ mod chain;
 mod claim;
 mod classify;
 mod clock;
+pub mod consume;
 mod consumers;
 mod dialect;
 mod features;

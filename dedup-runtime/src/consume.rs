@@ -1,0 +1,115 @@
+//! What every hosted consumer shares, whatever its broker: the [`Message`] a handler is
+//! given, and what a run did ([`Consumed`]).
+//!
+//! A hosted consumer (today [`lapin::RabbitMqConsumer`](crate::lapin::RabbitMqConsumer))
+//! owns everything between the broker and an `#[idempotent]` handler: it takes each
+//! message's id from where the broker's convention (and this crate's publishers) put it,
+//! calls the handler, lets [`AckPolicy`](crate::AckPolicy) decide, and settles the
+//! message with the broker **after** the handler's transaction committed — or rolled
+//! back. The handler stays an ordinary `#[idempotent]` function over [`Message`]:
+//!
+//! ```
+//! use dedup_runtime::consume::Message;
+//! use dedup_runtime::idempotent;
+//!
+//! #[idempotent(consumer = "payments", key = msg.id())]
+//! async fn apply(tx: &mut sqlx::SqliteConnection, msg: &Message) -> Result<(), sqlx::Error> {
+//!     sqlx::query("INSERT INTO payments (body) VALUES (?1)")
+//!         .bind(msg.payload())
+//!         .execute(&mut *tx)
+//!         .await?;
+//!     Ok(())
+//! }
+//!
+//! // What a consumer's `run` takes: a closure given the pool and the message, both the
+//! // call's own (`Pool<DB>`, `Arc<Message>`), so that its future can go to a task.
+//! // In place: `consumer.run(&pool, |pool, msg| async move { apply(&pool, &msg).await }, …)`.
+//! ```
+//!
+//! Decode the payload inside the handler: a payload that does not decode is an error of
+//! the handler, which `AckPolicy` dead-letters (a permanent failure), in the same
+//! transaction that would have recorded the message.
+
+/// A message as a hosted consumer hands it to its handler.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Message {
+    pub(crate) id: String,
+    pub(crate) payload: Vec<u8>,
+    pub(crate) headers: Vec<(String, Vec<u8>)>,
+    pub(crate) delivery: u64,
+    pub(crate) destination: String,
+}
+
+impl Message {
+    /// Its id, the key to dedup on, taken from where the consumer was told to read it
+    /// (RabbitMQ: the `message-id` property by default). Empty when the message carries
+    /// none: the handler's key check refuses it as an invalid id, and `AckPolicy`
+    /// dead-letters it.
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The payload, byte for byte.
+    pub fn payload(&self) -> &[u8] {
+        &self.payload
+    }
+
+    /// Its headers, name and value, in the order the broker gave them (RabbitMQ: the
+    /// AMQP headers table; a string or byte array as its bytes, a number or a boolean as
+    /// its decimal text; other values left out).
+    pub fn headers(&self) -> impl Iterator<Item = (&str, &[u8])> {
+        self.headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_slice()))
+    }
+
+    /// The value of the first header named `name` (compared as the broker compares:
+    /// RabbitMQ exactly).
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.headers().find(|(key, _)| *key == name).map(|(_, v)| v)
+    }
+
+    /// Which delivery of the message this is, counting from 1, as
+    /// [`AckPolicy::decide`](crate::AckPolicy::decide) takes it.
+    pub fn delivery_count(&self) -> u64 {
+        self.delivery
+    }
+
+    /// Where it came from: the queue (RabbitMQ), topic, subject or stream.
+    pub fn destination(&self) -> &str {
+        &self.destination
+    }
+}
+
+/// What a consumer's run did, by what it told the broker.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Consumed {
+    /// Acknowledged after the handler's transaction committed, or found processed (a
+    /// duplicate).
+    pub acknowledged: u64,
+    /// Handed back for a later delivery after a transient failure (`Ack::Retry`).
+    pub retried: u64,
+    /// Sent to the dead destination (`Ack::DeadLetter`).
+    pub dead_lettered: u64,
+    /// Handed back unprocessed at shutdown: fetched and not started, or not finished
+    /// within the shutdown deadline (its transaction rolled back).
+    pub requeued: u64,
+    /// In hand when the connection or channel was lost: not settled (their
+    /// acknowledgement could not be sent any more); the broker delivers them again.
+    pub dropped: u64,
+    /// Times the consumer connected again after losing its connection or channel.
+    pub reconnects: u64,
+}
+
+impl Consumed {
+    #[cfg_attr(not(feature = "lapin"), allow(dead_code))]
+    pub(crate) fn add(&mut self, other: &Consumed) {
+        self.acknowledged += other.acknowledged;
+        self.retried += other.retried;
+        self.dead_lettered += other.dead_lettered;
+        self.requeued += other.requeued;
+        self.dropped += other.dropped;
+        self.reconnects += other.reconnects;
+    }
+}

@@ -1,0 +1,742 @@
+//! The hosted RabbitMQ consumer: [`RabbitMqConsumer`].
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::lapin::message::Delivery;
+use ::lapin::options::{
+    BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
+};
+use ::lapin::types::{AMQPValue, FieldTable};
+use ::lapin::{Channel, Connection, ConnectionProperties};
+use futures_util::StreamExt as _;
+use sqlx::Pool;
+use tokio::sync::{Mutex, watch};
+
+use crate::ack::{Ack, AckPolicy};
+use crate::ack::{AckOutcome, DecideError};
+use crate::backend::Backend;
+use crate::consume::{Consumed, Message};
+
+/// Where a RabbitMQ consumer reads each message's id.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MessageIdFrom {
+    /// The AMQP `message-id` property: where [`RabbitMqPublisher`](super::RabbitMqPublisher)
+    /// puts the outgoing id, and the AMQP convention. The default.
+    MessageId,
+    /// The header of that name (a string value).
+    Header(String),
+}
+
+/// Runs an `#[idempotent]` handler for every message of a RabbitMQ queue, and owns
+/// everything between the broker and the handler:
+///
+/// - **Settles after the transaction.** Each message is acknowledged only once its
+///   handler returned: processed (committed) or a duplicate → `basic.ack`; a transient
+///   failure → held for [`AckPolicy`]'s delay, then `basic.reject` with `requeue` (quorum
+///   queues count only rejects toward their `x-delivery-limit`); a permanent failure →
+///   `basic.reject` without `requeue`, to the queue's dead-letter exchange. Failures are
+///   settled one by one, never with `multiple`.
+/// - **Bounds what it holds**: each of its [`concurrency`](Self::concurrency) channels
+///   takes at most [`prefetch`](Self::prefetch) unacknowledged messages, and processes
+///   one at a time, in the order the channel received them.
+/// - **Survives its broker**: when the connection or a channel is lost (a broker
+///   restart, a cut network, a consumer cancelled by the broker), the messages in hand
+///   are dropped unsettled — their acknowledgement cannot be sent any more, and is never
+///   sent on a new channel — and the consumer connects again (waiting 100 ms, doubling up
+///   to 5 s, while it cannot). RabbitMQ delivers the dropped messages again; the dedup
+///   record makes a committed one a duplicate.
+/// - **Stops gracefully** when the future given to [`run`](Self::run) completes: it
+///   stops taking messages (`basic.cancel`), finishes the message in hand within the
+///   [`shutdown_deadline`](Self::shutdown_deadline) (one not finished by then is
+///   dropped: its transaction rolls back), settles it, hands back what it had fetched
+///   and not started (`basic.nack` with `requeue`, which does not count as a failed
+///   delivery), closes its channels and its connection — in that order.
+///
+/// The message's id is its `message-id` property unless [`message_id`](Self::message_id)
+/// says otherwise; its payload, headers and delivery count
+/// ([`delivery_count`](super::delivery_count)) go to the handler in a
+/// [`Message`]. Declare the dead-letter exchange on the queue
+/// (`x-dead-letter-exchange`): without one, RabbitMQ drops a rejected message.
+///
+/// ```no_run
+/// use dedup_runtime::consume::Message;
+/// use dedup_runtime::idempotent;
+/// use dedup_runtime::lapin::RabbitMqConsumer;
+/// use lapin::ConnectionProperties;
+///
+/// #[idempotent(consumer = "payments", key = msg.id())]
+/// async fn apply(tx: &mut sqlx::PgConnection, msg: &Message) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO payments (body) VALUES ($1)")
+///         .bind(msg.payload())
+///         .execute(&mut *tx)
+///         .await?;
+///     Ok(())
+/// }
+///
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let uri = "amqp://guest:guest@127.0.0.1:5672/%2f";
+/// let consumer = RabbitMqConsumer::new(uri, ConnectionProperties::default(), "payments");
+/// let shutdown = std::future::pending(); // SIGTERM, in a service
+/// let consumed = consumer
+///     .run(&pool, |pool, msg| async move { apply(&pool, &msg).await }, shutdown)
+///     .await?;
+/// println!("{consumed:?}");
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct RabbitMqConsumer {
+    uri: String,
+    properties: ConnectionProperties,
+    queue: String,
+    prefetch: u16,
+    concurrency: usize,
+    message_id: MessageIdFrom,
+    shutdown_deadline: Duration,
+    declare: bool,
+}
+
+impl std::fmt::Debug for RabbitMqConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the URI: it may hold a password.
+        f.debug_struct("RabbitMqConsumer")
+            .field("queue", &self.queue)
+            .field("prefetch", &self.prefetch)
+            .field("concurrency", &self.concurrency)
+            .field("message_id", &self.message_id)
+            .field("shutdown_deadline", &self.shutdown_deadline)
+            .field("declare", &self.declare)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why [`RabbitMqConsumer::run`] ended before its shutdown.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ConsumeError {
+    /// The first connection failed (a wrong URI or credentials, a broker not there at
+    /// start), or its first subscription did (no such queue, no permission): a service
+    /// would rather fail at start than run without its queue. Once it has consumed,
+    /// the consumer connects again by itself.
+    Start(::lapin::Error),
+}
+
+impl std::fmt::Display for ConsumeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConsumeError::Start(error) => write!(f, "RabbitMQ consumer could not start: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for ConsumeError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            ConsumeError::Start(error) => Some(error),
+        }
+    }
+}
+
+/// The first and the longest wait before connecting again.
+const RECONNECT: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+
+impl RabbitMqConsumer {
+    /// A consumer of `queue` on the broker at `uri` (as
+    /// [`lapin::Connection::connect`](::lapin::Connection::connect) takes it), with
+    /// `properties`: one channel, a prefetch of 16, ids from `message-id`, a 10 s
+    /// shutdown deadline.
+    pub fn new(uri: &str, properties: ConnectionProperties, queue: &str) -> Self {
+        RabbitMqConsumer {
+            uri: uri.to_owned(),
+            properties,
+            queue: queue.to_owned(),
+            prefetch: 16,
+            concurrency: 1,
+            message_id: MessageIdFrom::MessageId,
+            shutdown_deadline: Duration::from_secs(10),
+            declare: false,
+        }
+    }
+
+    /// Whether the consumer declares its queue at start (off by default: the queue is
+    /// yours): the durable queue with `x-dead-letter-exchange = <queue>.dlx`, the durable
+    /// fanout exchange `<queue>.dlx` and the durable queue `<queue>.dead` bound to it,
+    /// where dead letters land. Declaring is idempotent; a queue that exists with other
+    /// arguments — without that dead-letter exchange, say, where RabbitMQ would drop a
+    /// rejected message — is refused by RabbitMQ (`PRECONDITION_FAILED`), and the run
+    /// fails at start ([`ConsumeError::Start`]).
+    pub fn declare(self, declare: bool) -> Self {
+        RabbitMqConsumer { declare, ..self }
+    }
+
+    /// Unacknowledged messages the broker sends each channel ahead (16 by default; at
+    /// least 1): what the consumer holds at most per channel.
+    pub fn prefetch(self, messages: u16) -> Self {
+        RabbitMqConsumer {
+            prefetch: messages.max(1),
+            ..self
+        }
+    }
+
+    /// Channels, each processing one message at a time (1 by default; at least 1).
+    /// More than one processes that many messages at once, and the queue's order is not
+    /// kept across them.
+    pub fn concurrency(self, channels: usize) -> Self {
+        RabbitMqConsumer {
+            concurrency: channels.max(1),
+            ..self
+        }
+    }
+
+    /// Where each message's id is read ([`MessageIdFrom::MessageId`] by default).
+    pub fn message_id(self, from: MessageIdFrom) -> Self {
+        RabbitMqConsumer {
+            message_id: from,
+            ..self
+        }
+    }
+
+    /// How long the message in hand may still take once shutdown began (10 s by
+    /// default). Keep it under the grace period of whatever stops the process.
+    pub fn shutdown_deadline(self, deadline: Duration) -> Self {
+        RabbitMqConsumer {
+            shutdown_deadline: deadline,
+            ..self
+        }
+    }
+
+    /// Consumes until `shutdown` completes, deciding with the default
+    /// [`AckPolicy`]; see [`run_with`](Self::run_with).
+    pub async fn run<DB, F, Fut, O, E>(
+        &self,
+        pool: &Pool<DB>,
+        handler: F,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError>
+    where
+        DB: Backend,
+        F: Fn(Pool<DB>, Arc<Message>) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<O, E>> + Send + 'static,
+        O: AckOutcome + Send,
+        E: DecideError + std::fmt::Display + Send,
+    {
+        self.run_with(pool, &AckPolicy::new(), handler, shutdown)
+            .await
+    }
+
+    /// Consumes until `shutdown` completes, calling `handler` for each message and
+    /// settling it as `policy` decides; returns what it did. `Err` only when it could
+    /// not start ([`ConsumeError::Start`]); after that, a lost connection is connected
+    /// again, and the run ends only with `shutdown`.
+    ///
+    /// `handler` is given the pool and the message, both its own (so that its future is
+    /// `'static` and can go to a task): `|pool, msg| async move { apply(&pool, &msg).await }`
+    /// for an `#[idempotent]` handler `apply(tx, msg: &Message)`. Its outcome is one
+    /// [`AckPolicy`] takes ([`Outcome`](crate::Outcome),
+    /// [`LeaseOutcome`](crate::LeaseOutcome), [`StoredOutcome`](crate::StoredOutcome)),
+    /// and so is its error (an [`Error`](std::error::Error)).
+    pub async fn run_with<DB, F, Fut, O, E>(
+        &self,
+        pool: &Pool<DB>,
+        policy: &AckPolicy<DB>,
+        handler: F,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError>
+    where
+        DB: Backend,
+        F: Fn(Pool<DB>, Arc<Message>) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<O, E>> + Send + 'static,
+        O: AckOutcome + Send,
+        E: DecideError + std::fmt::Display + Send,
+    {
+        let link = Link {
+            consumer: self,
+            connection: Mutex::new(None),
+            subscribed: std::sync::Mutex::new(Vec::new()),
+        };
+        if self.declare {
+            link.declare().await.map_err(ConsumeError::Start)?;
+        }
+        // The first subscription, so that a wrong URI or queue fails the run at once.
+        let mut first = Vec::with_capacity(self.concurrency);
+        for _ in 0..self.concurrency {
+            first.push(link.subscribe().await.map_err(ConsumeError::Start)?);
+        }
+        let (stop, stopping) = watch::channel(false);
+        let workers = futures_util::future::join_all(first.into_iter().map(|subscription| {
+            let worker = Worker {
+                consumer: self,
+                link: &link,
+                pool,
+                policy,
+                handler: &handler,
+                stopping: stopping.clone(),
+            };
+            worker.run(subscription)
+        }));
+        let mut workers = pin!(workers);
+        let mut shutdown = pin!(shutdown);
+        let finished = std::future::poll_fn(|context| {
+            if let std::task::Poll::Ready(done) = workers.as_mut().poll(context) {
+                return std::task::Poll::Ready(Some(done));
+            }
+            shutdown.as_mut().poll(context).map(|()| None)
+        })
+        .await;
+        let done = match finished {
+            Some(done) => done,
+            None => {
+                // First, no more deliveries on any channel; then the messages in hand
+                // finish (or meet the deadline) and the workers stop.
+                link.cancel_all().await;
+                let _ = stop.send(true);
+                workers.await
+            }
+        };
+        let mut consumed = Consumed::default();
+        for worker in &done {
+            consumed.add(worker);
+        }
+        if let Some(connection) = link.connection.lock().await.take() {
+            let closing = connection.close(200, "dedup: consumer stopped".into());
+            let _ = tokio::time::timeout(Duration::from_secs(5), closing).await;
+        }
+        Ok(consumed)
+    }
+}
+
+/// The connection the consumer's channels share, made again when lost.
+struct Link<'c> {
+    consumer: &'c RabbitMqConsumer,
+    connection: Mutex<Option<Connection>>,
+    /// Every channel consuming and its consumer tag, for the cancels at shutdown.
+    subscribed: std::sync::Mutex<Vec<(Channel, ::lapin::types::ShortString)>>,
+}
+
+/// A channel consuming the queue.
+struct Subscription {
+    channel: Channel,
+    deliveries: ::lapin::Consumer,
+}
+
+impl Link<'_> {
+    /// A new channel with its prefetch, consuming the queue; a new connection first if
+    /// the one in use is lost.
+    async fn subscribe(&self) -> Result<Subscription, ::lapin::Error> {
+        let channel = {
+            let mut connection = self.connection.lock().await;
+            if !connection
+                .as_ref()
+                .is_some_and(|connection| connection.status().connected())
+            {
+                *connection = None;
+                let made =
+                    Connection::connect(&self.consumer.uri, self.consumer.properties.clone())
+                        .await?;
+                *connection = Some(made);
+            }
+            connection
+                .as_ref()
+                .expect("connected just now")
+                .create_channel()
+                .await?
+        };
+        channel
+            .basic_qos(self.consumer.prefetch, BasicQosOptions::default())
+            .await?;
+        let deliveries = channel
+            .basic_consume(
+                self.consumer.queue.as_str().into(),
+                "".into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        let mut subscribed = self.subscribed.lock().expect("not poisoned");
+        subscribed.retain(|(channel, _)| channel.status().connected());
+        subscribed.push((channel.clone(), deliveries.tag()));
+        drop(subscribed);
+        Ok(Subscription {
+            channel,
+            deliveries,
+        })
+    }
+
+    /// The queue, its dead-letter exchange and its dead queue ([`RabbitMqConsumer::declare`]).
+    async fn declare(&self) -> Result<(), ::lapin::Error> {
+        use ::lapin::ExchangeKind;
+        use ::lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+
+        let queue = &self.consumer.queue;
+        let (dlx, dead) = (format!("{queue}.dlx"), format!("{queue}.dead"));
+        let channel = {
+            let mut connection = self.connection.lock().await;
+            let made =
+                Connection::connect(&self.consumer.uri, self.consumer.properties.clone()).await?;
+            let channel = made.create_channel().await?;
+            *connection = Some(made);
+            channel
+        };
+        let durable = ExchangeDeclareOptions {
+            durable: true,
+            ..ExchangeDeclareOptions::default()
+        };
+        channel
+            .exchange_declare(
+                dlx.as_str().into(),
+                ExchangeKind::Fanout,
+                durable,
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .queue_declare(
+                dead.as_str().into(),
+                QueueDeclareOptions::durable(),
+                FieldTable::default(),
+            )
+            .await?;
+        channel
+            .queue_bind(
+                dead.as_str().into(),
+                dlx.as_str().into(),
+                "".into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-dead-letter-exchange".into(),
+            AMQPValue::LongString(dlx.as_str().into()),
+        );
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::durable(),
+                arguments,
+            )
+            .await?;
+        let _ = channel.close(200, "dedup: declared".into()).await;
+        Ok(())
+    }
+
+    /// `basic.cancel` on every channel consuming: the broker sends nothing more, while
+    /// the messages in hand finish.
+    async fn cancel_all(&self) {
+        let subscribed = std::mem::take(&mut *self.subscribed.lock().expect("not poisoned"));
+        for (channel, tag) in subscribed {
+            let cancel = channel.basic_cancel(tag, BasicCancelOptions::default());
+            let _ = tokio::time::timeout(Duration::from_secs(5), cancel).await;
+        }
+    }
+}
+
+/// One channel's loop.
+struct Worker<'w, DB: Backend, H> {
+    consumer: &'w RabbitMqConsumer,
+    link: &'w Link<'w>,
+    pool: &'w Pool<DB>,
+    policy: &'w AckPolicy<DB>,
+    handler: &'w H,
+    stopping: watch::Receiver<bool>,
+}
+
+/// How a subscription ended.
+enum Ended {
+    Shutdown,
+    Lost,
+}
+
+impl<DB, H, Fut, O, E> Worker<'_, DB, H>
+where
+    DB: Backend,
+    H: Fn(Pool<DB>, Arc<Message>) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<O, E>> + Send + 'static,
+    O: AckOutcome + Send,
+    E: DecideError + std::fmt::Display + Send,
+{
+    async fn run(mut self, first: Subscription) -> Consumed {
+        let mut consumed = Consumed::default();
+        let mut subscription = Some(first);
+        let mut wait = RECONNECT.0;
+        loop {
+            let current = match subscription.take() {
+                Some(current) => current,
+                None => {
+                    if self.stopped() {
+                        return consumed;
+                    }
+                    match self.link.subscribe().await {
+                        Ok(current) => {
+                            consumed.reconnects += 1;
+                            wait = RECONNECT.0;
+                            current
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, queue = %self.consumer.queue,
+                                "RabbitMQ consumer: could not subscribe; trying again");
+                            if !self.pause(wait).await {
+                                return consumed;
+                            }
+                            wait = (wait * 2).min(RECONNECT.1);
+                            continue;
+                        }
+                    }
+                }
+            };
+            match self.consume(current, &mut consumed).await {
+                Ended::Shutdown => return consumed,
+                Ended::Lost => {
+                    tracing::warn!(queue = %self.consumer.queue,
+                        "RabbitMQ consumer: channel or connection lost; connecting again");
+                }
+            }
+        }
+    }
+
+    fn stopped(&self) -> bool {
+        *self.stopping.borrow()
+    }
+
+    /// Waits `wait`; `false` once shutdown began.
+    async fn pause(&mut self, wait: Duration) -> bool {
+        let stopping = self.stopping.wait_for(|stop| *stop);
+        tokio::time::timeout(wait, stopping).await.is_err()
+    }
+
+    /// Processes the subscription's deliveries until shutdown or its loss.
+    async fn consume(&mut self, mut current: Subscription, consumed: &mut Consumed) -> Ended {
+        loop {
+            let next = {
+                let mut stopping = self.stopping.clone();
+                let stop = stopping.wait_for(|stop| *stop);
+                let mut stop = pin!(stop);
+                let mut next = pin!(current.deliveries.next());
+                std::future::poll_fn(|context| {
+                    if let std::task::Poll::Ready(next) = next.as_mut().poll(context) {
+                        return std::task::Poll::Ready(Some(next));
+                    }
+                    stop.as_mut().poll(context).map(|_| None)
+                })
+                .await
+            };
+            let delivery = match next {
+                None => {
+                    self.stop(current, consumed).await;
+                    return Ended::Shutdown;
+                }
+                Some(Some(Ok(delivery))) => delivery,
+                // Cancelled by the broker (the queue deleted, a node down) or the channel
+                // closed: subscribe again.
+                Some(None | Some(Err(_))) => return Ended::Lost,
+            };
+            if !self.process(delivery, consumed).await {
+                return Ended::Lost;
+            }
+            if self.stopped() {
+                self.stop(current, consumed).await;
+                return Ended::Shutdown;
+            }
+        }
+    }
+
+    /// Runs the handler for `delivery` and settles it; `false` when the settlement could
+    /// not be sent (the channel is lost).
+    async fn process(&mut self, delivery: Delivery, consumed: &mut Consumed) -> bool {
+        let message = Arc::new(message(
+            &delivery,
+            &self.consumer.message_id,
+            &self.consumer.queue,
+        ));
+        let span = tracing::info_span!(
+            "process",
+            messaging.system = "rabbitmq",
+            messaging.operation.type = "process",
+            messaging.destination.name = %self.consumer.queue,
+            messaging.message.id = %message.id(),
+            traceparent = tracing::field::Empty,
+        );
+        if let Some(traceparent) = message.header("traceparent")
+            && let Ok(traceparent) = std::str::from_utf8(traceparent)
+        {
+            span.record("traceparent", traceparent);
+        }
+        let count = message.delivery_count();
+        let call = tracing::Instrument::instrument(
+            (self.handler)(self.pool.clone(), message.clone()),
+            span.clone(),
+        );
+        let Some(result) = self.within_deadline(call).await else {
+            // Shutdown's deadline passed: the call was dropped, its transaction rolled
+            // back. Hand the message back, counting no failure.
+            return hand_back(&delivery, consumed).await;
+        };
+        let ack = self.policy.decide(&result, count);
+        let _entered = span.enter();
+        let sent = match ack {
+            Ack::Ack => {
+                consumed.acknowledged += 1;
+                delivery
+                    .acker
+                    .ack(::lapin::options::BasicAckOptions::default())
+                    .await
+            }
+            Ack::Retry { after } => {
+                if let Err(error) = &result {
+                    tracing::debug!(%error, ?after, "RabbitMQ consumer: transient failure; retried");
+                }
+                // Held while it waits (RabbitMQ has no delayed requeue); at shutdown it
+                // goes back at once, as one not started would.
+                if !self.pause(after).await {
+                    return hand_back(&delivery, consumed).await;
+                }
+                consumed.retried += 1;
+                delivery
+                    .acker
+                    .reject(BasicRejectOptions { requeue: true })
+                    .await
+            }
+            Ack::DeadLetter => {
+                if let Err(error) = &result {
+                    tracing::warn!(%error, "RabbitMQ consumer: permanent failure; dead-lettered");
+                }
+                consumed.dead_lettered += 1;
+                delivery
+                    .acker
+                    .reject(BasicRejectOptions { requeue: false })
+                    .await
+            }
+        };
+        match sent {
+            Ok(true) => true,
+            // Not sent: the channel is gone (or the delivery was settled already). The
+            // broker delivers the message again.
+            Ok(false) | Err(_) => {
+                match ack {
+                    Ack::Ack => consumed.acknowledged -= 1,
+                    Ack::Retry { .. } => consumed.retried -= 1,
+                    Ack::DeadLetter => consumed.dead_lettered -= 1,
+                }
+                consumed.dropped += 1;
+                false
+            }
+        }
+    }
+
+    /// `call`, or `None` if shutdown began and its deadline passed first.
+    async fn within_deadline<T>(&mut self, call: impl Future<Output = T>) -> Option<T> {
+        let deadline = self.consumer.shutdown_deadline;
+        let mut stopping = self.stopping.clone();
+        let cutoff = async move {
+            let _ = stopping.wait_for(|stop| *stop).await;
+            tokio::time::sleep(deadline).await;
+        };
+        let mut call = pin!(call);
+        let mut cutoff = pin!(cutoff);
+        std::future::poll_fn(|context| {
+            if let std::task::Poll::Ready(done) = call.as_mut().poll(context) {
+                return std::task::Poll::Ready(Some(done));
+            }
+            cutoff.as_mut().poll(context).map(|()| None)
+        })
+        .await
+    }
+
+    /// Shutdown: no more deliveries, the ones fetched and not started handed back, the
+    /// channel closed.
+    async fn stop(&mut self, mut current: Subscription, consumed: &mut Consumed) {
+        // Cancelled already by `run_with` when shutdown began; what the channel had
+        // fetched ahead comes out of the stream after the cancel.
+        while let Ok(Some(Ok(delivery))) =
+            tokio::time::timeout(Duration::from_millis(100), current.deliveries.next()).await
+        {
+            if requeue(&delivery).await {
+                consumed.requeued += 1;
+            }
+        }
+        let _ = current
+            .channel
+            .close(200, "dedup: consumer stopped".into())
+            .await;
+    }
+}
+
+/// [`requeue`], counted: `requeued` when sent, `dropped` (and `false`) when the channel
+/// is gone.
+async fn hand_back(delivery: &Delivery, consumed: &mut Consumed) -> bool {
+    let sent = requeue(delivery).await;
+    if sent {
+        consumed.requeued += 1;
+    } else {
+        consumed.dropped += 1;
+    }
+    sent
+}
+
+/// Hands `delivery` back unprocessed: `basic.nack` with `requeue`, which quorum queues do
+/// not count as a failed delivery. Whether it was sent.
+async fn requeue(delivery: &Delivery) -> bool {
+    let back = BasicNackOptions {
+        requeue: true,
+        multiple: false,
+    };
+    matches!(delivery.acker.nack(back).await, Ok(true))
+}
+
+/// The [`Message`] of `delivery`.
+fn message(delivery: &Delivery, from: &MessageIdFrom, queue: &str) -> Message {
+    let headers: Vec<(String, Vec<u8>)> = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .map(|table| {
+            table
+                .inner()
+                .iter()
+                .filter_map(|(name, value)| Some((name.to_string(), header_bytes(value)?)))
+                .collect()
+        })
+        .unwrap_or_default();
+    let id = match from {
+        MessageIdFrom::MessageId => delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.to_string()),
+        MessageIdFrom::Header(name) => headers
+            .iter()
+            .find(|(key, _)| key == name)
+            .and_then(|(_, value)| String::from_utf8(value.clone()).ok()),
+    };
+    Message {
+        id: id.unwrap_or_default(),
+        payload: delivery.data.clone(),
+        headers,
+        delivery: super::delivery_count(delivery),
+        destination: queue.to_owned(),
+    }
+}
+
+/// A header's value as bytes: strings and byte arrays as they are, numbers and booleans
+/// as their decimal text; `None` for tables, arrays and the rest.
+fn header_bytes(value: &AMQPValue) -> Option<Vec<u8>> {
+    Some(match value {
+        AMQPValue::LongString(text) => text.as_bytes().to_vec(),
+        AMQPValue::ShortString(text) => text.as_str().as_bytes().to_vec(),
+        AMQPValue::ByteArray(bytes) => bytes.as_slice().to_vec(),
+        AMQPValue::Boolean(flag) => flag.to_string().into_bytes(),
+        AMQPValue::ShortShortInt(n) => n.to_string().into_bytes(),
+        AMQPValue::ShortShortUInt(n) => n.to_string().into_bytes(),
+        AMQPValue::ShortInt(n) => n.to_string().into_bytes(),
+        AMQPValue::ShortUInt(n) => n.to_string().into_bytes(),
+        AMQPValue::LongInt(n) => n.to_string().into_bytes(),
+        AMQPValue::LongUInt(n) => n.to_string().into_bytes(),
+        AMQPValue::LongLongInt(n) => n.to_string().into_bytes(),
+        AMQPValue::Timestamp(n) => n.to_string().into_bytes(),
+        _ => return None,
+    })
+}

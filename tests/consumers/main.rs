@@ -1,0 +1,7 @@
+//! The hosted consumers against the real brokers and the three databases: what each one
+//! decides and tells its broker (settle after commit, retry, dead letter, shutdown,
+//! reconnection), checked in the database (effects and dedup rows) and in what the broker
+//! holds afterwards (feature `brokers`).
+
+mod rabbitmq;
+mod rabbitmq_crash;

@@ -1,0 +1,410 @@
+//! `dedup_runtime::lapin::RabbitMqConsumer` against the real RabbitMQ, on PostgreSQL,
+//! MariaDB and SQLite.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dedup_runtime::AckPolicy;
+use dedup_runtime::consume::{Consumed, Message};
+use dedup_runtime::lapin::RabbitMqConsumer;
+use dedup_suite::TestDatabase;
+use dedup_suite::outage::Outage;
+use lapin::options::{
+    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
+    QueueDeleteOptions,
+};
+use lapin::types::{AMQPValue, FieldTable};
+use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+
+pub(crate) const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A channel in confirm mode on a connection of the test's own.
+pub(crate) async fn channel() -> Channel {
+    let connection = Connection::connect(AMQP, ConnectionProperties::default())
+        .await
+        .unwrap_or_else(|error| panic!("RabbitMQ is not reachable at {AMQP}: {error}"));
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    // The connection lives as long as its channel is used.
+    std::mem::forget(connection);
+    channel
+}
+
+/// A fresh queue with its dead-letter exchange and dead queue.
+async fn queue(channel: &Channel, prefix: &str) -> String {
+    let queue = dedup_suite::unique(prefix);
+    dedup_suite::rabbitmq::declare(channel, &queue, false).await;
+    queue
+}
+
+/// Publishes `body` to `queue` with `id` as its `message-id` (none when `None`) and a
+/// header `trace-id`, confirmed.
+async fn publish(channel: &Channel, queue: &str, id: Option<&str>, body: &[u8]) {
+    let mut headers = FieldTable::default();
+    headers.insert("trace-id".into(), AMQPValue::LongString("t-1".into()));
+    let mut properties = BasicProperties::default().with_headers(headers);
+    if let Some(id) = id {
+        properties = properties.with_message_id(id.into());
+    }
+    channel
+        .basic_publish(
+            "".into(),
+            queue.into(),
+            BasicPublishOptions::default(),
+            body,
+            properties,
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+}
+
+/// Ready messages in `queue`, and its consumers.
+pub(crate) async fn depth(channel: &Channel, queue: &str) -> (u32, u32) {
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    (declared.message_count(), declared.consumer_count())
+}
+
+/// The bodies in `queue`, taken out.
+async fn drain(channel: &Channel, queue: &str) -> Vec<Vec<u8>> {
+    let mut bodies = Vec::new();
+    while let Some(message) = channel
+        .basic_get(queue.into(), BasicGetOptions { no_ack: true })
+        .await
+        .unwrap()
+    {
+        bodies.push(message.data.clone());
+    }
+    bodies
+}
+
+async fn delete(channel: &Channel, queue: &str) {
+    for name in [queue.to_owned(), format!("{queue}.dead")] {
+        channel
+            .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+    }
+}
+
+/// Completes once `done` says so (polled every 20 ms), or panics after [`PATIENCE`].
+async fn until<F: Future<Output = bool>>(mut done: impl FnMut() -> F) {
+    let started = Instant::now();
+    while !done().await {
+        assert!(started.elapsed() < PATIENCE, "not done within {PATIENCE:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What the handlers do with a message, by its body.
+fn fails_permanently(message: &Message) -> bool {
+    message.payload() == b"poison"
+}
+
+fn fails_first_time(message: &Message) -> bool {
+    message.payload() == b"flaky" && message.delivery_count() == 1
+}
+
+/// Counts rows of `sql` (a `COUNT(*)` with the run's name bound once).
+async fn count<DB: TestDatabase>(pool: &sqlx::Pool<DB>, sql: &str, run: &str) -> i64 {
+    DB::count(pool, sql.to_owned(), vec![run.to_owned()]).await
+}
+
+macro_rules! backend {
+    ($backend:ident, db = $db:ty, conn = $conn:ty, pool = $pool:expr,
+     effects = $effects:literal, insert = $insert:literal,
+     count = $count:literal, distinct = $distinct:literal) => {
+        mod $backend {
+            use super::*;
+
+            const CONSUMER: &str = "rabbitmq-hosted";
+
+            /// The effect: one row per message, no unique constraint (a message applied
+            /// twice would show as two rows), in the dedup record's transaction.
+            #[dedup_runtime::idempotent(consumer = "rabbitmq-hosted", key = msg.id())]
+            async fn apply(tx: &mut $conn, msg: &Message, run: &str) -> Result<(), sqlx::Error> {
+                if fails_permanently(msg) {
+                    return Err(sqlx::Error::Protocol("a poison message".into()));
+                }
+                if fails_first_time(msg) {
+                    return Err(sqlx::Error::PoolTimedOut);
+                }
+                sqlx::query($insert)
+                    .bind(run)
+                    .bind(msg.id())
+                    .bind(msg.header("trace-id").unwrap_or_default())
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(())
+            }
+
+            /// One call of the handler, owning what it needs: what the consumer's closure
+            /// returns.
+            fn call(
+                run: Arc<str>,
+                pool: sqlx::Pool<$db>,
+                msg: Arc<Message>,
+            ) -> impl Future<Output = Result<dedup_runtime::Outcome<()>, sqlx::Error>> + Send + 'static
+            {
+                async move { apply(&pool, &msg, &run).await }
+            }
+
+            async fn setup() -> (impl std::ops::Deref<Target = sqlx::Pool<$db>>, String) {
+                let pool = $pool;
+                dedup_runtime::migrate(&*pool).await.unwrap();
+                dedup_suite::ddl(&*pool, $effects).await;
+                (pool, dedup_suite::unique("run"))
+            }
+
+            /// Each message processed once and acknowledged after its commit, copies
+            /// found duplicates, a transient failure retried, a poison message and one
+            /// without an id dead-lettered with their payloads: the effects and dedup
+            /// rows in the database, the queue empty, the dead queue holding the two.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn settles_after_commit_retries_and_dead_letters() {
+                let (pool, run) = setup().await;
+                let channel = channel().await;
+                let queue = queue(&channel, "hosted").await;
+                let ids: Vec<String> = (0..30).map(|n| format!("{run}-{n}")).collect();
+                for id in &ids {
+                    publish(&channel, &queue, Some(id), b"body").await;
+                }
+                for id in ids.iter().step_by(3) {
+                    publish(&channel, &queue, Some(id), b"body").await; // a copy
+                }
+                let flaky = format!("{run}-flaky");
+                publish(&channel, &queue, Some(&flaky), b"flaky").await;
+                publish(&channel, &queue, Some(&format!("{run}-poison")), b"poison").await;
+                publish(&channel, &queue, None, b"no id").await;
+
+                let consumer = RabbitMqConsumer::new(AMQP, ConnectionProperties::default(), &queue)
+                    .concurrency(2);
+                let policy = AckPolicy::new()
+                    .retry_after(Duration::from_millis(10), Duration::from_millis(10));
+                let db: &sqlx::Pool<$db> = &pool;
+                let done = until(|| async {
+                    count(db, $count, &run).await == 31
+                        && depth(&channel, &format!("{queue}.dead")).await.0 == 2
+                        && depth(&channel, &queue).await.0 == 0
+                });
+                let consumed = consumer
+                    .run_with(db, &policy, |pool, msg| call(run.as_str().into(), pool, msg), done)
+                    .await
+                    .unwrap();
+
+                assert_eq!(
+                    count(db, $count, &run).await,
+                    31,
+                    "30 ids and the flaky one"
+                );
+                assert_eq!(count(db, $distinct, &run).await, 31, "each once");
+                for id in ids.iter().chain([&flaky]) {
+                    assert_eq!(dedup_suite::claims(db, CONSUMER, id).await, 1, "{id}");
+                }
+                assert_eq!(
+                    dedup_suite::claims(db, CONSUMER, &format!("{run}-poison")).await,
+                    0,
+                    "a failed message leaves no dedup row"
+                );
+                let mut dead = drain(&channel, &format!("{queue}.dead")).await;
+                dead.sort();
+                assert_eq!(dead, [b"no id".to_vec(), b"poison".to_vec()]);
+                assert_eq!(
+                    depth(&channel, &queue).await,
+                    (0, 0),
+                    "nothing left, no consumer"
+                );
+                assert_eq!(
+                    (
+                        consumed.acknowledged,
+                        consumed.retried,
+                        consumed.dead_lettered
+                    ),
+                    (41, 1, 2),
+                    "{consumed:?}"
+                );
+                delete(&channel, &queue).await;
+            }
+
+            /// Shutdown in the middle of a run: the message in hand finishes and is
+            /// acknowledged, the ones fetched and not started go back to the queue, and
+            /// none is lost: effects = acknowledged, the queue holds the rest.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn shutdown_finishes_the_message_in_hand_and_hands_back_the_rest() {
+                let (pool, run) = setup().await;
+                let channel = channel().await;
+                let queue = queue(&channel, "hosted-stop").await;
+                for n in 0..20 {
+                    publish(&channel, &queue, Some(&format!("{run}-{n}")), b"body").await;
+                }
+                let consumer = RabbitMqConsumer::new(AMQP, ConnectionProperties::default(), &queue)
+                    .prefetch(20);
+                let db: &sqlx::Pool<$db> = &pool;
+                let slow = |pool, msg| {
+                    let call = call(run.as_str().into(), pool, msg);
+                    async move {
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        call.await
+                    }
+                };
+                let stop = until(|| async { count(db, $count, &run).await >= 3 });
+                let consumed = consumer.run(db, slow, stop).await.unwrap();
+                let effects = count(db, $count, &run).await;
+                assert_eq!(effects, consumed.acknowledged as i64, "{consumed:?}");
+                assert!(
+                    consumed.requeued > 0,
+                    "fetched ahead and handed back: {consumed:?}"
+                );
+                assert_eq!(consumed.dropped, 0);
+                let (ready, consumers) = depth(&channel, &queue).await;
+                assert_eq!(
+                    (i64::from(ready), consumers),
+                    (20 - effects, 0),
+                    "the rest back in the queue, ready"
+                );
+                delete(&channel, &queue).await;
+            }
+
+            /// A message not finished within the shutdown deadline: its call is dropped
+            /// (its transaction rolled back, no effect, no dedup row) and it goes back
+            /// to the queue.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_message_past_the_shutdown_deadline_rolls_back_and_goes_back() {
+                let (pool, run) = setup().await;
+                let channel = channel().await;
+                let queue = queue(&channel, "hosted-deadline").await;
+                let id = format!("{run}-slow");
+                publish(&channel, &queue, Some(&id), b"body").await;
+                let consumer = RabbitMqConsumer::new(AMQP, ConnectionProperties::default(), &queue)
+                    .shutdown_deadline(Duration::from_millis(100));
+                let db: &sqlx::Pool<$db> = &pool;
+                let started = Arc::new(tokio::sync::Notify::new());
+                let stuck = {
+                    let started = started.clone();
+                    move |_: sqlx::Pool<$db>, _: Arc<Message>| {
+                        let started = started.clone();
+                        async move {
+                            started.notify_one();
+                            tokio::time::sleep(Duration::from_secs(30)).await;
+                            Ok::<_, sqlx::Error>(dedup_runtime::Outcome::Processed(()))
+                        }
+                    }
+                };
+                let begun = Instant::now();
+                let consumed = consumer
+                    .run(db, stuck, async { started.notified().await })
+                    .await
+                    .unwrap();
+                assert!(
+                    begun.elapsed() < Duration::from_secs(20),
+                    "out within its deadline"
+                );
+                assert_eq!(
+                    (consumed.acknowledged, consumed.requeued),
+                    (0, 1),
+                    "{consumed:?}"
+                );
+                assert_eq!(dedup_suite::claims(db, CONSUMER, &id).await, 0);
+                assert_eq!(depth(&channel, &queue).await, (1, 0), "back in the queue");
+                delete(&channel, &queue).await;
+            }
+
+            /// The broker taken away in the middle of a run (a proxy closes every
+            /// connection and refuses new ones for a second): the consumer connects
+            /// again, drops what it held unsettled, and every message is processed once.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_lost_connection_is_made_again_and_nothing_is_lost_or_doubled() {
+                let (pool, run) = setup().await;
+                let channel = channel().await;
+                let queue = queue(&channel, "hosted-outage").await;
+                let ids: Vec<String> = (0..100).map(|n| format!("{run}-{n}")).collect();
+                for id in &ids {
+                    publish(&channel, &queue, Some(id), b"body").await;
+                }
+                let proxy = Outage::start("127.0.0.1:5672").await;
+                let uri = format!("amqp://guest:guest@127.0.0.1:{}/%2f", proxy.port());
+                let consumer = RabbitMqConsumer::new(&uri, ConnectionProperties::default(), &queue)
+                    .prefetch(10);
+                let db: &sqlx::Pool<$db> = &pool;
+                let slow = |pool, msg| {
+                    let call = call(run.as_str().into(), pool, msg);
+                    async move {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        call.await
+                    }
+                };
+                let outage = async {
+                    until(|| async { count(db, $count, &run).await >= 20 }).await;
+                    proxy.cut();
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    proxy.restore();
+                    until(|| async { count(db, $count, &run).await == 100 }).await;
+                    until(|| async { depth(&channel, &queue).await.0 == 0 }).await;
+                };
+                let consumed: Consumed = consumer.run(db, slow, outage).await.unwrap();
+                assert!(consumed.reconnects >= 1, "{consumed:?}");
+                assert_eq!(count(db, $count, &run).await, 100, "{consumed:?}");
+                assert_eq!(count(db, $distinct, &run).await, 100, "each once");
+                for id in &ids {
+                    assert_eq!(dedup_suite::claims(db, CONSUMER, id).await, 1, "{id}");
+                }
+                assert_eq!(depth(&channel, &queue).await, (0, 0));
+                assert!(
+                    drain(&channel, &format!("{queue}.dead")).await.is_empty(),
+                    "none dead"
+                );
+                println!("{consumed:?}");
+                delete(&channel, &queue).await;
+            }
+        }
+    };
+}
+
+backend!(
+    postgres,
+    db = sqlx::Postgres,
+    conn = sqlx::PgConnection,
+    pool = Box::new(dedup_suite::postgres().await),
+    effects = "CREATE TABLE IF NOT EXISTS consumer_effects \
+               (run text NOT NULL, message_id text NOT NULL, trace bytea NOT NULL)",
+    insert = "INSERT INTO consumer_effects (run, message_id, trace) VALUES ($1, $2, $3)",
+    count = "SELECT COUNT(*) FROM consumer_effects WHERE run = $1 AND trace = 't-1'",
+    distinct = "SELECT COUNT(DISTINCT message_id) FROM consumer_effects WHERE run = $1"
+);
+backend!(
+    mysql,
+    db = sqlx::MySql,
+    conn = sqlx::MySqlConnection,
+    pool = Box::new(dedup_suite::mysql().await),
+    effects = "CREATE TABLE IF NOT EXISTS consumer_effects (run VARCHAR(255) NOT NULL, \
+               message_id VARBINARY(255) NOT NULL, trace BLOB NOT NULL) ENGINE = InnoDB",
+    insert = "INSERT INTO consumer_effects (run, message_id, trace) VALUES (?, ?, ?)",
+    count = "SELECT COUNT(*) FROM consumer_effects WHERE run = ? AND trace = 't-1'",
+    distinct = "SELECT COUNT(DISTINCT message_id) FROM consumer_effects WHERE run = ?"
+);
+backend!(
+    sqlite,
+    db = sqlx::Sqlite,
+    conn = sqlx::SqliteConnection,
+    pool = dedup_suite::sqlite().await,
+    effects = "CREATE TABLE IF NOT EXISTS consumer_effects \
+               (run TEXT NOT NULL, message_id TEXT NOT NULL, trace BLOB NOT NULL)",
+    insert = "INSERT INTO consumer_effects (run, message_id, trace) VALUES (?1, ?2, ?3)",
+    count = "SELECT COUNT(*) FROM consumer_effects WHERE run = ?1 AND CAST(trace AS TEXT) = 't-1'",
+    distinct = "SELECT COUNT(DISTINCT message_id) FROM consumer_effects WHERE run = ?1"
+);
