@@ -125,6 +125,85 @@ async fn count<DB: TestDatabase>(pool: &sqlx::Pool<DB>, sql: &str, run: &str) ->
     DB::count(pool, sql.to_owned(), vec![run.to_owned()]).await
 }
 
+/// `declare(true)` on a queue that exists without the dead-letter exchange: RabbitMQ
+/// refuses the declaration, and the run fails at start, consuming nothing.
+#[tokio::test]
+async fn declaring_over_a_queue_without_its_dead_letter_exchange_fails_at_start() {
+    let channel = channel().await;
+    let queue = dedup_suite::unique("hosted-nodlx");
+    channel
+        .queue_declare(
+            queue.as_str().into(),
+            QueueDeclareOptions::durable(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    publish(&channel, &queue, Some("m1"), b"body").await;
+    let pool = dedup_suite::sqlite().await;
+    let consumer =
+        RabbitMqConsumer::new(AMQP, ConnectionProperties::default(), &queue).declare(true);
+    let never = |_: sqlx::SqlitePool, _: Arc<Message>| async {
+        panic!("no message is handled");
+        #[allow(unreachable_code)]
+        Ok::<_, sqlx::Error>(dedup_runtime::Outcome::Processed(()))
+    };
+    let error = consumer
+        .run(&*pool, never, std::future::pending())
+        .await
+        .expect_err("refused at start");
+    assert!(
+        matches!(error, dedup_runtime::lapin::ConsumeError::Start(_)),
+        "{error}"
+    );
+    assert!(error.to_string().contains("PRECONDITION"), "{error}");
+    assert_eq!(depth(&channel, &queue).await, (1, 0), "nothing consumed");
+    channel
+        .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+        .await
+        .unwrap();
+    let _ = channel
+        .exchange_delete(format!("{queue}.dlx").as_str().into(), Default::default())
+        .await;
+    let _ = channel
+        .queue_delete(
+            format!("{queue}.dead").as_str().into(),
+            QueueDeleteOptions::default(),
+        )
+        .await;
+}
+
+/// Ids from a header (`MessageIdFrom::Header`): the header's value is the message's id,
+/// and the handler sees every header.
+#[tokio::test]
+async fn ids_can_come_from_a_header() {
+    let channel = channel().await;
+    let queue = queue(&channel, "hosted-header").await;
+    publish(&channel, &queue, None, b"body").await; // `trace-id: t-1`, no message-id
+    let pool = dedup_suite::sqlite().await;
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let consumer = RabbitMqConsumer::new(AMQP, ConnectionProperties::default(), &queue).message_id(
+        dedup_runtime::lapin::MessageIdFrom::Header("trace-id".to_owned()),
+    );
+    let record = {
+        let seen = seen.clone();
+        move |_: sqlx::SqlitePool, msg: Arc<Message>| {
+            seen.lock()
+                .unwrap()
+                .push((msg.id().to_owned(), msg.delivery_count()));
+            async { Ok::<_, sqlx::Error>(dedup_runtime::Outcome::Processed(())) }
+        }
+    };
+    let done = until(|| async {
+        depth(&channel, &queue).await.0 == 0 && !seen.lock().unwrap().is_empty()
+    });
+    let consumed = consumer.run(&*pool, record, done).await.unwrap();
+    assert_eq!(*seen.lock().unwrap(), [("t-1".to_owned(), 1)]);
+    assert_eq!(consumed.acknowledged, 1);
+    assert_eq!(depth(&channel, &queue).await, (0, 0));
+    delete(&channel, &queue).await;
+}
+
 macro_rules! backend {
     ($backend:ident, db = $db:ty, conn = $conn:ty, pool = $pool:expr,
      effects = $effects:literal, insert = $insert:literal,
