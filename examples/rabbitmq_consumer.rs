@@ -24,23 +24,26 @@ use tokio::sync::watch;
 
 /// Applies an order and enqueues its event, in one transaction with the dedup record.
 #[idempotent(consumer = "orders", key = msg.id())]
-async fn apply(tx: &mut PgConnection, msg: &Message, events: &str) -> Result<(), sqlx::Error> {
+async fn apply(tx: &mut PgConnection, msg: &Message, to: &Events) -> Result<(), sqlx::Error> {
     sqlx::query("INSERT INTO example_orders (message_id, body) VALUES ($1, $2)")
         .bind(msg.id())
         .bind(msg.payload())
         .execute(&mut *tx)
         .await?;
     let cause = Cause::new("orders", msg.id())?;
-    let event = cause.outgoing("accepted", events, msg.payload())?;
-    Outbox::new().enqueue(&mut *tx, &event).await?;
+    let event = cause.outgoing("accepted", &to.1, msg.payload())?;
+    to.0.enqueue(&mut *tx, &event).await?;
     Ok(())
 }
+
+/// The service's outbox (its own table: its relay sends only its events), and where to.
+type Events = (Outbox, String);
+const OUTBOX: &str = "orders_outbox";
 
 fn setting(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
 }
 
-/// Completes once `stopping` says so.
 async fn stopped(mut stopping: watch::Receiver<bool>) {
     let _ = stopping.wait_for(|stop| *stop).await;
 }
@@ -48,14 +51,12 @@ async fn stopped(mut stopping: watch::Receiver<bool>) {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let amqp = setting("AMQP_URL", "amqp://guest:guest@127.0.0.1:5672/%2f");
-    let (queue, events) = (
-        setting("QUEUE", "orders"),
-        setting("EVENTS_QUEUE", "order-events"),
-    );
+    let queue = setting("QUEUE", "orders");
+    let events = setting("EVENTS_QUEUE", "order-events");
     let database = setting("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test");
     let pool = PgPool::connect(&database).await?;
     dedup_runtime::migrate(&pool).await?;
-    dedup_runtime::outbox::migrate(&pool).await?;
+    dedup_runtime::outbox::migrate_table(&pool, OUTBOX).await?;
     sqlx::query("CREATE TABLE IF NOT EXISTS example_orders (message_id text, body bytea)")
         .execute(&pool)
         .await?;
@@ -68,21 +69,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let _ = stop.send(true);
     });
 
-    // The relay sends the events to their queue (declared here: a publisher's send to
-    // no queue is returned, and retried).
+    // The relay sends the events to their queue (declared: a send to no queue is retried).
     let properties = ConnectionProperties::default();
     let setup = Connection::connect(&amqp, properties.clone()).await?;
-    let durable = QueueDeclareOptions::durable();
-    let channel = setup.create_channel().await?;
+    let (channel, durable) = (
+        setup.create_channel().await?,
+        QueueDeclareOptions::durable(),
+    );
     channel
         .queue_declare(events.as_str().into(), durable, Default::default())
         .await?;
     let publisher = RabbitMqPublisher::connect(&amqp, properties.clone(), "").await?;
-    let relay = Outbox::new().relay(&pool);
+    let outbox = Outbox::new().in_table(OUTBOX)?;
+    let relay = outbox.relay(&pool);
     let until = stopped(stopping.clone());
     let relaying = tokio::spawn(async move { relay.run(&publisher, until).await });
 
-    let events: Arc<str> = events.into();
+    let events = Arc::new((outbox, events)); // the outbox, and where its events go
     let handler = move |pool: PgPool, msg: Arc<Message>| {
         let events = events.clone();
         async move { apply(&pool, &msg, &events).await }

@@ -11,6 +11,10 @@ use tokio::sync::{Mutex, mpsc};
 
 use crate::outbox::{OutboxMessage, Publisher};
 
+mod consumer;
+
+pub use consumer::{ConsumeError, MqttConsumer};
+
 /// The largest packet MQTT 3.1.1 can carry: a remaining length of 268,435,455 bytes
 /// (four bytes of variable-length encoding) after a fixed header of five.
 pub const MQTT_MAX_PACKET: usize = 268_435_455 + 5;

@@ -3,5 +3,7 @@
 //! reconnection), checked in the database (effects and dedup rows) and in what the broker
 //! holds afterwards (feature `brokers`).
 
+mod mqtt;
+mod mqtt_crash;
 mod rabbitmq;
 mod rabbitmq_crash;

@@ -562,7 +562,7 @@ mod brokers {
         )*};
     }
 
-    /// The hosted RabbitMQ consumer: run in a task of its own, with an `#[idempotent]`
+    /// The hosted consumers (RabbitMQ, MQTT): run in a task of its own, with an `#[idempotent]`
     /// handler over its `Message`, on every backend.
     macro_rules! rabbitmq_consumers {
         ($($name:ident: $db:ty, $conn:ty;)*) => {$(
@@ -578,6 +578,19 @@ mod brokers {
                 async fn apply(tx: &mut $conn, msg: &Message) -> Result<(), sqlx::Error> {
                     sqlx::query("SELECT 1").execute(&mut *tx).await?;
                     Ok(())
+                }
+
+                pub(super) fn run_mqtt(
+                    consumer: dedup_runtime::rumqttc::MqttConsumer,
+                    pool: sqlx::Pool<$db>,
+                ) {
+                    super::super::movable::<dedup_runtime::rumqttc::MqttConsumer>();
+                    drop(spawnable(async move {
+                        let handler = |pool: sqlx::Pool<$db>, msg: Arc<Message>| async move {
+                            apply(&pool, &msg).await
+                        };
+                        consumer.run(&pool, handler, super::super::shutdown()).await
+                    }));
                 }
 
                 pub(super) fn run(consumer: RabbitMqConsumer, pool: sqlx::Pool<$db>) {

@@ -1,0 +1,607 @@
+//! The hosted MQTT consumer: [`MqttConsumer`].
+
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Outgoing, Packet, Publish, QoS};
+use sqlx::Pool;
+use tokio::sync::{mpsc, watch};
+
+use crate::ack::{Ack, AckOutcome, AckPolicy, DecideError};
+use crate::backend::Backend;
+use crate::consume::{Consumed, Message};
+
+/// Runs an `#[idempotent]` handler for every message of an MQTT subscription (MQTT 3.1.1,
+/// QoS 1), and owns everything between the broker and the handler:
+///
+/// - **A persistent session.** The consumer connects with the client id of the
+///   [`MqttOptions`] given here and **clean session off** (it sets it): the broker keeps
+///   the subscription and the messages it sent and had no `PUBACK` for, and sends them
+///   again when the session connects again. Use one stable client id per consumer
+///   process (a second connection with the same id takes the session over).
+/// - **`PUBACK` after the transaction, in arrival order.** Acknowledgements are manual
+///   (the consumer sets it: rumqttc's default acknowledges on receipt, before the
+///   handler, and a crash then loses the message). MQTT wants `PUBACK`s in the order the
+///   messages came, so one message is handled at a time, in order.
+/// - **Retries in process.** MQTT has no negative acknowledgement and redelivers only on
+///   a new connection: `Ack::Retry { after }` waits `after` and calls the handler again
+///   (its delivery count one more), holding the later messages back meanwhile.
+/// - **Dead letters** go to the dead topic (`<topic>/dead` by default; a shared
+///   subscription's `$share/<group>/` prefix left out) at QoS 1 with the original payload;
+///   the original is acknowledged once the broker acknowledged the copy (a crash in
+///   between sends the copy twice, never zero times). MQTT keeps a message only for a
+///   topic someone is subscribed to: subscribe a persistent session of yours to the dead
+///   topic before dead letters come.
+/// - **Survives its broker**: when the connection is lost the message in hand is not
+///   acknowledged (its packet id belongs to the old connection, and the broker may give
+///   it to another message on the new one), and the consumer connects again (waiting
+///   100 ms, doubling up to 5 s); the broker sends the unacknowledged messages again, and
+///   the dedup record makes a committed one a duplicate.
+/// - **Stops gracefully** when the future given to [`run`](Self::run) completes: it
+///   takes no new message, finishes the one in hand within the
+///   [`shutdown_deadline`](Self::shutdown_deadline) (one not finished is dropped: its
+///   transaction rolls back), acknowledges it, and disconnects; the messages it had
+///   received and not started stay with the session, for the next start.
+///
+/// The message id is the payload's first line (`<id>\n<body>`: what
+/// [`MqttPublisher`](super::MqttPublisher) sends; MQTT 3.1.1 has no headers), and
+/// [`Message::payload`] the body after it. A payload without a line feed has no id: the
+/// handler refuses its empty id, and it is dead-lettered. The topic may be a shared
+/// subscription (`$share/<group>/<topic>`): the broker then spreads the messages over
+/// the group's sessions.
+///
+/// ```no_run
+/// use dedup_runtime::consume::Message;
+/// use dedup_runtime::idempotent;
+/// use dedup_runtime::rumqttc::MqttConsumer;
+/// use rumqttc::MqttOptions;
+///
+/// #[idempotent(consumer = "payments", key = msg.id())]
+/// async fn apply(tx: &mut sqlx::PgConnection, msg: &Message) -> Result<(), sqlx::Error> {
+///     sqlx::query("INSERT INTO payments (body) VALUES ($1)")
+///         .bind(msg.payload())
+///         .execute(&mut *tx)
+///         .await?;
+///     Ok(())
+/// }
+///
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// let options = MqttOptions::new("payments-consumer-1", "127.0.0.1", 1883);
+/// let consumer = MqttConsumer::new(options, "payments");
+/// let shutdown = std::future::pending(); // SIGTERM, in a service
+/// let consumed = consumer
+///     .run(&pool, |pool, msg| async move { apply(&pool, &msg).await }, shutdown)
+///     .await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct MqttConsumer {
+    options: MqttOptions,
+    topic: String,
+    dead_topic: String,
+    shutdown_deadline: Duration,
+}
+
+impl std::fmt::Debug for MqttConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MqttConsumer")
+            .field("client_id", &self.options.client_id())
+            .field("broker", &self.options.broker_address())
+            .field("topic", &self.topic)
+            .field("dead_topic", &self.dead_topic)
+            .field("shutdown_deadline", &self.shutdown_deadline)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why [`MqttConsumer::run`] ended before its shutdown.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ConsumeError {
+    /// The first connection or subscription failed (a broker not there at start, a
+    /// refused client id, a subscription the broker did not grant at QoS 1 or more): a
+    /// service would rather fail at start. Once it has consumed, the consumer connects
+    /// again by itself.
+    Start(String),
+}
+
+impl std::fmt::Display for ConsumeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ConsumeError::Start(error) => write!(f, "MQTT consumer could not start: {error}"),
+        }
+    }
+}
+
+impl std::error::Error for ConsumeError {}
+
+/// The first and the longest wait before connecting again.
+const RECONNECT: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+/// How long a connection, a subscription or a dead letter's `PUBACK` may take.
+const WIRE: Duration = Duration::from_secs(30);
+
+impl MqttConsumer {
+    /// A consumer of `topic` (a topic filter; `$share/<group>/<topic>` for a shared
+    /// subscription) at QoS 1, connecting with `options` (clean session off and manual
+    /// acknowledgements set here), dead letters to `<topic>/dead`, a 10 s shutdown
+    /// deadline.
+    pub fn new(options: MqttOptions, topic: &str) -> Self {
+        let unshared = topic
+            .strip_prefix("$share/")
+            .and_then(|rest| rest.split_once('/'))
+            .map_or(topic, |(_, topic)| topic);
+        MqttConsumer {
+            options,
+            topic: topic.to_owned(),
+            dead_topic: format!("{unshared}/dead"),
+            shutdown_deadline: Duration::from_secs(10),
+        }
+    }
+
+    /// Where dead letters go (`<topic>/dead` by default).
+    pub fn dead_topic(self, topic: &str) -> Self {
+        MqttConsumer {
+            dead_topic: topic.to_owned(),
+            ..self
+        }
+    }
+
+    /// How long the message in hand may still take once shutdown began (10 s by
+    /// default).
+    pub fn shutdown_deadline(self, deadline: Duration) -> Self {
+        MqttConsumer {
+            shutdown_deadline: deadline,
+            ..self
+        }
+    }
+
+    /// Consumes until `shutdown` completes, deciding with the default [`AckPolicy`]; see
+    /// [`run_with`](Self::run_with).
+    pub async fn run<DB, F, Fut, O, E>(
+        &self,
+        pool: &Pool<DB>,
+        handler: F,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError>
+    where
+        DB: Backend,
+        F: Fn(Pool<DB>, Arc<Message>) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<O, E>> + Send + 'static,
+        O: AckOutcome + Send,
+        E: DecideError + std::fmt::Display + Send,
+    {
+        self.run_with(pool, &AckPolicy::new(), handler, shutdown)
+            .await
+    }
+
+    /// Consumes until `shutdown` completes, calling `handler` for each message (given the
+    /// pool and the message, both its own: `|pool, msg| async move { apply(&pool,
+    /// &msg).await }`) and settling it as `policy` decides; returns what it did. `Err`
+    /// only when it could not start ([`ConsumeError::Start`]).
+    pub async fn run_with<DB, F, Fut, O, E>(
+        &self,
+        pool: &Pool<DB>,
+        policy: &AckPolicy<DB>,
+        handler: F,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError>
+    where
+        DB: Backend,
+        F: Fn(Pool<DB>, Arc<Message>) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<O, E>> + Send + 'static,
+        O: AckOutcome + Send,
+        E: DecideError + std::fmt::Display + Send,
+    {
+        let first = self.connect().await.map_err(ConsumeError::Start)?;
+        let (stop, stopping) = watch::channel(false);
+        let worker = Worker {
+            consumer: self,
+            pool,
+            policy,
+            handler: &handler,
+            stopping,
+            consumed: Consumed::default(),
+        };
+        let mut work = pin!(worker.run(first));
+        let mut shutdown = pin!(shutdown);
+        let finished = std::future::poll_fn(|context| {
+            if let std::task::Poll::Ready(done) = work.as_mut().poll(context) {
+                return std::task::Poll::Ready(Some(done));
+            }
+            shutdown.as_mut().poll(context).map(|()| None)
+        })
+        .await;
+        Ok(match finished {
+            Some(consumed) => consumed,
+            None => {
+                let _ = stop.send(true);
+                work.await
+            }
+        })
+    }
+
+    /// A connection, subscribed (its `SUBACK` granted at QoS 1 or more).
+    async fn connect(&self) -> Result<Session, String> {
+        let mut options = self.options.clone();
+        options.set_clean_session(false).set_manual_acks(true);
+        let (client, events) = AsyncClient::new(options, 64);
+        let (tell, wire) = mpsc::unbounded_channel();
+        let mut session = Session {
+            client,
+            wire,
+            poller: tokio::spawn(poll(events, tell)),
+            waiting: VecDeque::new(),
+        };
+        session
+            .client
+            .subscribe(&self.topic, QoS::AtLeastOnce)
+            .await
+            .map_err(|error| error.to_string())?;
+        let granted = session
+            .wait_for("the subscription's SUBACK", |wire| match wire {
+                Wire::SubAck(granted) => Some(*granted),
+                _ => None,
+            })
+            .await?;
+        if !granted {
+            return Err(format!(
+                "the broker refused the subscription to {:?} at QoS 1",
+                self.topic
+            ));
+        }
+        Ok(session)
+    }
+}
+
+/// What the connection's poller reports.
+enum Wire {
+    Publish(Publish),
+    /// The subscription's answer: granted at QoS 1 or more.
+    SubAck(bool),
+    /// A `PUBLISH` of ours written, with its packet id.
+    Published(u16),
+    /// The broker's `PUBACK` of one of ours.
+    PubAck(u16),
+    Lost(String),
+}
+
+/// One connection: the client, what its event loop reports, the messages that came
+/// while a dead letter was awaited.
+struct Session {
+    client: AsyncClient,
+    wire: mpsc::UnboundedReceiver<Wire>,
+    poller: tokio::task::JoinHandle<()>,
+    waiting: VecDeque<Publish>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.poller.abort();
+    }
+}
+
+impl Session {
+    /// The first report `wanted` picks (keeping messages that come meanwhile), within
+    /// [`WIRE`]; `Err` when the connection is lost first.
+    async fn wait_for<T>(
+        &mut self,
+        what: &str,
+        wanted: impl Fn(&Wire) -> Option<T>,
+    ) -> Result<T, String> {
+        let waiting = &mut self.waiting;
+        let wire = &mut self.wire;
+        let found = tokio::time::timeout(WIRE, async {
+            while let Some(event) = wire.recv().await {
+                if let Some(found) = wanted(&event) {
+                    return Ok(found);
+                }
+                match event {
+                    Wire::Publish(publish) => waiting.push_back(publish),
+                    Wire::Lost(error) => return Err(error),
+                    _ => {}
+                }
+            }
+            Err("the connection ended".to_owned())
+        })
+        .await;
+        match found {
+            Ok(found) => found,
+            Err(_) => Err(format!("no {what} within {WIRE:?}")),
+        }
+    }
+
+    /// Whether the connection is lost (a report of it waiting, or the poller gone).
+    fn lost(&mut self) -> bool {
+        loop {
+            match self.wire.try_recv() {
+                Ok(Wire::Publish(publish)) => self.waiting.push_back(publish),
+                Ok(Wire::Lost(_)) | Err(mpsc::error::TryRecvError::Disconnected) => return true,
+                Ok(_) => {}
+                Err(mpsc::error::TryRecvError::Empty) => return false,
+            }
+        }
+    }
+}
+
+/// Polls the event loop until the connection fails, reporting what the consumer waits
+/// for. Publishing from here would deadlock the loop: the consumer's task publishes.
+async fn poll(mut events: EventLoop, wire: mpsc::UnboundedSender<Wire>) {
+    loop {
+        let event = match events.poll().await {
+            Ok(Event::Incoming(Packet::Publish(publish))) => Wire::Publish(publish),
+            Ok(Event::Incoming(Packet::SubAck(ack))) => Wire::SubAck(
+                ack.return_codes
+                    .iter()
+                    .all(|code| matches!(code, ::rumqttc::SubscribeReasonCode::Success(qos) if *qos != QoS::AtMostOnce)),
+            ),
+            Ok(Event::Outgoing(Outgoing::Publish(pkid))) => Wire::Published(pkid),
+            Ok(Event::Incoming(Packet::PubAck(ack))) => Wire::PubAck(ack.pkid),
+            Ok(_) => continue,
+            Err(error) => {
+                let _ = wire.send(Wire::Lost(error.to_string()));
+                return;
+            }
+        };
+        if wire.send(event).is_err() {
+            return;
+        }
+    }
+}
+
+struct Worker<'w, DB: Backend, H> {
+    consumer: &'w MqttConsumer,
+    pool: &'w Pool<DB>,
+    policy: &'w AckPolicy<DB>,
+    handler: &'w H,
+    stopping: watch::Receiver<bool>,
+    consumed: Consumed,
+}
+
+/// What became of one message.
+enum Settled {
+    Done,
+    /// The connection is lost: connect again.
+    Lost,
+    /// Shutdown: the message was not acknowledged.
+    Stopped,
+}
+
+impl<DB, H, Fut, O, E> Worker<'_, DB, H>
+where
+    DB: Backend,
+    H: Fn(Pool<DB>, Arc<Message>) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<O, E>> + Send + 'static,
+    O: AckOutcome + Send,
+    E: DecideError + std::fmt::Display + Send,
+{
+    async fn run(mut self, first: Session) -> Consumed {
+        let mut session = Some(first);
+        let mut wait = RECONNECT.0;
+        loop {
+            let mut current = match session.take() {
+                Some(current) => current,
+                None => {
+                    if *self.stopping.borrow() {
+                        return self.consumed;
+                    }
+                    match self.consumer.connect().await {
+                        Ok(current) => {
+                            self.consumed.reconnects += 1;
+                            wait = RECONNECT.0;
+                            current
+                        }
+                        Err(error) => {
+                            tracing::warn!(%error, topic = %self.consumer.topic,
+                                "MQTT consumer: could not connect; trying again");
+                            if !self.pause(wait).await {
+                                return self.consumed;
+                            }
+                            wait = (wait * 2).min(RECONNECT.1);
+                            continue;
+                        }
+                    }
+                }
+            };
+            loop {
+                let publish = match current.waiting.pop_front() {
+                    Some(publish) => Some(publish),
+                    None => self.next(&mut current).await,
+                };
+                let Some(publish) = publish else {
+                    if *self.stopping.borrow() {
+                        self.disconnect(current).await;
+                        return self.consumed;
+                    }
+                    tracing::warn!(topic = %self.consumer.topic,
+                        "MQTT consumer: connection lost; connecting again");
+                    break;
+                };
+                if publish.qos == QoS::AtMostOnce {
+                    continue; // nothing to acknowledge, nothing redelivered
+                }
+                match self.process(&mut current, &publish).await {
+                    Settled::Done => {}
+                    Settled::Lost => break,
+                    Settled::Stopped => {
+                        self.disconnect(current).await;
+                        return self.consumed;
+                    }
+                }
+                if *self.stopping.borrow() {
+                    self.disconnect(current).await;
+                    return self.consumed;
+                }
+            }
+        }
+    }
+
+    /// The next message; `None` once shutdown began or the connection is lost.
+    async fn next(&mut self, session: &mut Session) -> Option<Publish> {
+        let mut stopping = self.stopping.clone();
+        let stop = stopping.wait_for(|stop| *stop);
+        let mut stop = pin!(stop);
+        loop {
+            let wire = {
+                let mut recv = pin!(session.wire.recv());
+                std::future::poll_fn(|context| {
+                    if let std::task::Poll::Ready(wire) = recv.as_mut().poll(context) {
+                        return std::task::Poll::Ready(Some(wire));
+                    }
+                    stop.as_mut().poll(context).map(|_| None)
+                })
+                .await?
+            };
+            match wire {
+                Some(Wire::Publish(publish)) => return Some(publish),
+                Some(Wire::Lost(_)) | None => return None,
+                Some(_) => {}
+            }
+        }
+    }
+
+    /// Waits `wait`; `false` once shutdown began.
+    async fn pause(&mut self, wait: Duration) -> bool {
+        let stopping = self.stopping.wait_for(|stop| *stop);
+        tokio::time::timeout(wait, stopping).await.is_err()
+    }
+
+    /// Runs the handler until it settles (retries in process), then acknowledges.
+    async fn process(&mut self, session: &mut Session, publish: &Publish) -> Settled {
+        let (id, body) = match publish.payload.iter().position(|&byte| byte == b'\n') {
+            Some(at) => (
+                std::str::from_utf8(&publish.payload[..at])
+                    .unwrap_or_default()
+                    .to_owned(),
+                publish.payload[at + 1..].to_vec(),
+            ),
+            None => (String::new(), publish.payload.to_vec()),
+        };
+        let mut message = Message {
+            id,
+            payload: body,
+            headers: Vec::new(),
+            delivery: if publish.dup { 2 } else { 1 },
+            destination: publish.topic.clone(),
+        };
+        let ack = loop {
+            let shared = Arc::new(message.clone());
+            let span = tracing::info_span!(
+                "process",
+                messaging.system = "mqtt",
+                messaging.operation.type = "process",
+                messaging.destination.name = %publish.topic,
+                messaging.message.id = %shared.id(),
+            );
+            let call = tracing::Instrument::instrument(
+                (self.handler)(self.pool.clone(), shared),
+                span.clone(),
+            );
+            let Some(result) = self.within_deadline(call).await else {
+                // Shutdown's deadline passed: the call was dropped and rolled back; the
+                // message stays with the session, unacknowledged.
+                self.consumed.requeued += 1;
+                return Settled::Stopped;
+            };
+            let _entered = span.enter();
+            match self.policy.decide(&result, message.delivery) {
+                Ack::Retry { after } => {
+                    if let Err(error) = &result {
+                        tracing::debug!(%error, ?after, "MQTT consumer: transient failure; retried in process");
+                    }
+                    self.consumed.retried += 1;
+                    if !self.pause(after).await {
+                        self.consumed.requeued += 1;
+                        return Settled::Stopped;
+                    }
+                    message.delivery += 1;
+                }
+                ack => {
+                    if let (Ack::DeadLetter, Err(error)) = (&ack, &result) {
+                        tracing::warn!(%error, "MQTT consumer: permanent failure; dead-lettered");
+                    }
+                    break ack;
+                }
+            }
+        };
+        if ack == Ack::DeadLetter
+            && let Err(error) = self.dead_letter(session, publish).await
+        {
+            tracing::warn!(%error, "MQTT consumer: the dead letter was not acknowledged");
+            self.consumed.dropped += 1;
+            return Settled::Lost;
+        }
+        // The packet id belongs to this connection: a lost one takes the acknowledgement
+        // with it, and the broker sends the message again on the next.
+        if session.lost() || session.client.ack(publish).await.is_err() {
+            self.consumed.dropped += 1;
+            return Settled::Lost;
+        }
+        if ack == Ack::DeadLetter {
+            self.consumed.dead_lettered += 1;
+        } else {
+            self.consumed.acknowledged += 1;
+        }
+        Settled::Done
+    }
+
+    /// The original payload to the dead topic at QoS 1, once the broker acknowledged it.
+    async fn dead_letter(
+        &mut self,
+        session: &mut Session,
+        publish: &Publish,
+    ) -> Result<(), String> {
+        session
+            .client
+            .publish(
+                &self.consumer.dead_topic,
+                QoS::AtLeastOnce,
+                false,
+                publish.payload.to_vec(),
+            )
+            .await
+            .map_err(|error| error.to_string())?;
+        let pkid = session
+            .wait_for("the dead letter to be written", |wire| match wire {
+                Wire::Published(pkid) => Some(*pkid),
+                _ => None,
+            })
+            .await?;
+        session
+            .wait_for("the broker's PUBACK of the dead letter", |wire| {
+                matches!(wire, Wire::PubAck(acked) if *acked == pkid).then_some(())
+            })
+            .await
+    }
+
+    /// `call`, or `None` if shutdown began and its deadline passed first.
+    async fn within_deadline<T>(&mut self, call: impl Future<Output = T>) -> Option<T> {
+        let deadline = self.consumer.shutdown_deadline;
+        let mut stopping = self.stopping.clone();
+        let cutoff = async move {
+            let _ = stopping.wait_for(|stop| *stop).await;
+            tokio::time::sleep(deadline).await;
+        };
+        let mut call = pin!(call);
+        let mut cutoff = pin!(cutoff);
+        std::future::poll_fn(|context| {
+            if let std::task::Poll::Ready(done) = call.as_mut().poll(context) {
+                return std::task::Poll::Ready(Some(done));
+            }
+            cutoff.as_mut().poll(context).map(|()| None)
+        })
+        .await
+    }
+
+    /// Disconnects once the acknowledgements queued before are written.
+    async fn disconnect(&mut self, mut session: Session) {
+        if session.client.disconnect().await.is_ok() {
+            // The poller ends when the event loop has sent the DISCONNECT (after the
+            // PUBACKs queued before it) and the connection closes.
+            let poller = &mut session.poller;
+            let _ = tokio::time::timeout(Duration::from_secs(5), poller).await;
+        }
+    }
+}

@@ -1,0 +1,330 @@
+//! `dedup_runtime::rumqttc::MqttConsumer` against a Mosquitto of the test's own, on
+//! PostgreSQL, MariaDB and SQLite.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dedup_runtime::AckPolicy;
+use dedup_runtime::consume::Message;
+use dedup_runtime::rumqttc::MqttConsumer;
+use dedup_suite::TestDatabase;
+use dedup_suite::mosquitto::Mosquitto;
+use dedup_suite::outage::Outage;
+use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// A persistent session of `client_id` subscribed to `topic` at QoS 1, left offline: the
+/// broker keeps what comes for it.
+pub(crate) async fn session(port: u16, client_id: &str, topic: &str) {
+    let mut options = MqttOptions::new(client_id, "127.0.0.1", port);
+    options.set_clean_session(false);
+    let (client, mut events) = AsyncClient::new(options, 16);
+    client.subscribe(topic, QoS::AtLeastOnce).await.unwrap();
+    loop {
+        match tokio::time::timeout(PATIENCE, events.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::SubAck(_)))) => break,
+            Ok(Ok(_)) => {}
+            other => panic!("subscribing {client_id}: {other:?}"),
+        }
+    }
+    client.disconnect().await.unwrap();
+    while events.poll().await.is_ok() {}
+}
+
+/// Publishes each payload to `topic` at QoS 1, every `PUBACK` back.
+pub(crate) async fn publish(port: u16, topic: &str, payloads: &[Vec<u8>]) {
+    let options = MqttOptions::new(dedup_suite::unique("pub"), "127.0.0.1", port);
+    let (client, mut events) = AsyncClient::new(options, 64);
+    let sending = {
+        let (client, topic, payloads) = (client.clone(), topic.to_owned(), payloads.to_vec());
+        tokio::spawn(async move {
+            for payload in payloads {
+                client
+                    .publish(&topic, QoS::AtLeastOnce, false, payload)
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    let mut acked = 0;
+    while acked < payloads.len() {
+        match tokio::time::timeout(PATIENCE, events.poll()).await {
+            Ok(Ok(Event::Incoming(Packet::PubAck(_)))) => acked += 1,
+            Ok(Ok(_)) => {}
+            other => panic!("publishing: {other:?}"),
+        }
+    }
+    sending.await.unwrap();
+    client.disconnect().await.unwrap();
+    while events.poll().await.is_ok() {}
+}
+
+/// What the persistent session `client_id` (subscribed to `topic`) gets, until nothing
+/// more comes for a second.
+pub(crate) async fn collect(port: u16, client_id: &str, topic: &str) -> Vec<Vec<u8>> {
+    let mut options = MqttOptions::new(client_id, "127.0.0.1", port);
+    options.set_clean_session(false);
+    let (client, mut events) = AsyncClient::new(options, 64);
+    client.subscribe(topic, QoS::AtLeastOnce).await.unwrap();
+    let mut got = Vec::new();
+    while let Ok(Ok(event)) = tokio::time::timeout(Duration::from_secs(1), events.poll()).await {
+        if let Event::Incoming(Packet::Publish(publish)) = event {
+            got.push(publish.payload.to_vec());
+        }
+    }
+    got
+}
+
+fn fails_permanently(message: &Message) -> bool {
+    message.payload() == b"poison"
+}
+
+fn fails_first_time(message: &Message) -> bool {
+    message.payload() == b"flaky" && message.delivery_count() == 1
+}
+
+async fn count<DB: TestDatabase>(pool: &sqlx::Pool<DB>, sql: &str, run: &str) -> i64 {
+    DB::count(pool, sql.to_owned(), vec![run.to_owned()]).await
+}
+
+/// Completes once `done` says so (polled every 20 ms), or panics after [`PATIENCE`].
+async fn until<F: Future<Output = bool>>(mut done: impl FnMut() -> F) {
+    let started = Instant::now();
+    while !done().await {
+        assert!(started.elapsed() < PATIENCE, "not done within {PATIENCE:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn wire(id: &str, body: &[u8]) -> Vec<u8> {
+    [format!("{id}\n").as_bytes(), body].concat()
+}
+
+macro_rules! backend {
+    ($backend:ident, db = $db:ty, conn = $conn:ty, pool = $pool:expr,
+     effects = $effects:literal, insert = $insert:literal,
+     count = $count:literal, distinct = $distinct:literal) => {
+        mod $backend {
+            use super::*;
+
+            const CONSUMER: &str = "mqtt-hosted";
+
+            #[dedup_runtime::idempotent(consumer = "mqtt-hosted", key = msg.id())]
+            async fn apply(tx: &mut $conn, msg: &Message, run: &str) -> Result<(), sqlx::Error> {
+                if fails_permanently(msg) {
+                    return Err(sqlx::Error::Protocol("a poison message".into()));
+                }
+                if fails_first_time(msg) {
+                    return Err(sqlx::Error::PoolTimedOut);
+                }
+                sqlx::query($insert)
+                    .bind(run)
+                    .bind(msg.id())
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(())
+            }
+
+            fn call(
+                run: Arc<str>,
+                pool: sqlx::Pool<$db>,
+                msg: Arc<Message>,
+            ) -> impl Future<Output = Result<dedup_runtime::Outcome<()>, sqlx::Error>> + Send + 'static
+            {
+                async move { apply(&pool, &msg, &run).await }
+            }
+
+            async fn setup() -> (impl std::ops::Deref<Target = sqlx::Pool<$db>>, String) {
+                let pool = $pool;
+                dedup_runtime::migrate(&*pool).await.unwrap();
+                dedup_suite::ddl(&*pool, $effects).await;
+                (pool, dedup_suite::unique("run"))
+            }
+
+            /// Each message processed once and acknowledged after its commit (copies
+            /// found duplicates), a transient failure retried in process, a poison message
+            /// and one without an id dead-lettered with their payloads; nothing left in
+            /// the session afterwards.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn settles_after_commit_retries_and_dead_letters() {
+                let (pool, run) = setup().await;
+                let broker = Mosquitto::start(&dedup_suite::unique("hosted-mqtt"), "");
+                let topic = format!("hosted/{run}");
+                let (client_id, dead_id) = (format!("{run}-consumer"), format!("{run}-dead"));
+                session(broker.port(), &client_id, &topic).await;
+                session(broker.port(), &dead_id, &format!("{topic}/dead")).await;
+                let ids: Vec<String> = (0..20).map(|n| format!("{run}-{n}")).collect();
+                let mut payloads: Vec<Vec<u8>> = ids.iter().map(|id| wire(id, b"body")).collect();
+                payloads.extend(ids.iter().step_by(4).map(|id| wire(id, b"body")));
+                payloads.push(wire(&format!("{run}-flaky"), b"flaky"));
+                payloads.push(wire(&format!("{run}-poison"), b"poison"));
+                payloads.push(b"no id".to_vec());
+                publish(broker.port(), &topic, &payloads).await;
+
+                let consumer = MqttConsumer::new(
+                    MqttOptions::new(&client_id, "127.0.0.1", broker.port()),
+                    &topic,
+                );
+                let policy = AckPolicy::new()
+                    .retry_after(Duration::from_millis(10), Duration::from_millis(10));
+                let db: &sqlx::Pool<$db> = &pool;
+                let done = until(|| async { count(db, $count, &run).await == 21 });
+                let result = consumer
+                    .run_with(db, &policy, |pool, msg| call(run.as_str().into(), pool, msg), async {
+                        done.await;
+                        // Let the last messages (the poison ones, after the flaky one)
+                        // settle before stopping.
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    })
+                    .await
+                    .unwrap();
+                assert_eq!(count(db, $count, &run).await, 21, "20 ids and the flaky one");
+                assert_eq!(count(db, $distinct, &run).await, 21, "each once");
+                for id in &ids {
+                    assert_eq!(dedup_suite::claims(db, CONSUMER, id).await, 1, "{id}");
+                }
+                assert_eq!(
+                    (result.acknowledged, result.retried, result.dead_lettered),
+                    (26, 1, 2),
+                    "{result:?}"
+                );
+                let mut dead = collect(broker.port(), &dead_id, &format!("{topic}/dead")).await;
+                dead.sort();
+                assert_eq!(dead, [b"no id".to_vec(), wire(&format!("{run}-poison"), b"poison")]);
+                assert!(
+                    collect(broker.port(), &client_id, &topic).await.is_empty(),
+                    "every message acknowledged: nothing left in the session"
+                );
+            }
+
+            /// The broker taken away in the middle of a run (a proxy closes every
+            /// connection and refuses new ones for a second): the consumer connects
+            /// again, the session gives back what was not acknowledged, and every
+            /// message is processed once.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_lost_connection_is_made_again_and_nothing_is_lost_or_doubled() {
+                let (pool, run) = setup().await;
+                let broker = Mosquitto::start(&dedup_suite::unique("hosted-mqtt"), "");
+                let proxy = Outage::start(&format!("127.0.0.1:{}", broker.port())).await;
+                let topic = format!("hosted/{run}");
+                let client_id = format!("{run}-consumer");
+                session(broker.port(), &client_id, &topic).await;
+                let ids: Vec<String> = (0..100).map(|n| format!("{run}-{n}")).collect();
+                let payloads: Vec<Vec<u8>> = ids.iter().map(|id| wire(id, b"body")).collect();
+                publish(broker.port(), &topic, &payloads).await;
+                let consumer = MqttConsumer::new(
+                    MqttOptions::new(&client_id, "127.0.0.1", proxy.port()),
+                    &topic,
+                );
+                let db: &sqlx::Pool<$db> = &pool;
+                let slow = |pool, msg| {
+                    let call = call(run.as_str().into(), pool, msg);
+                    async move {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        call.await
+                    }
+                };
+                let outage = async {
+                    until(|| async { count(db, $count, &run).await >= 20 }).await;
+                    proxy.cut();
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    proxy.restore();
+                    until(|| async { count(db, $count, &run).await == 100 }).await;
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                };
+                let consumed = consumer.run(db, slow, outage).await.unwrap();
+                assert!(consumed.reconnects >= 1, "{consumed:?}");
+                assert_eq!(count(db, $distinct, &run).await, 100, "each once");
+                assert_eq!(count(db, $count, &run).await, 100, "{consumed:?}");
+                for id in &ids {
+                    assert_eq!(dedup_suite::claims(db, CONSUMER, id).await, 1, "{id}");
+                }
+                drop(proxy);
+                assert!(
+                    collect(broker.port(), &client_id, &topic).await.is_empty(),
+                    "nothing left unacknowledged in the session"
+                );
+            }
+
+            /// Shutdown with a message in hand past the deadline: its call is dropped
+            /// (rolled back: no effect, no dedup row), it is not acknowledged, and the
+            /// session gives it back on the next connection.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_message_past_the_shutdown_deadline_stays_with_the_session() {
+                let (pool, run) = setup().await;
+                let broker = Mosquitto::start(&dedup_suite::unique("hosted-mqtt"), "");
+                let topic = format!("hosted/{run}");
+                let client_id = format!("{run}-consumer");
+                session(broker.port(), &client_id, &topic).await;
+                let id = format!("{run}-slow");
+                publish(broker.port(), &topic, &[wire(&id, b"body")]).await;
+                let consumer = MqttConsumer::new(
+                    MqttOptions::new(&client_id, "127.0.0.1", broker.port()),
+                    &topic,
+                )
+                .shutdown_deadline(Duration::from_millis(100));
+                let db: &sqlx::Pool<$db> = &pool;
+                let started = Arc::new(tokio::sync::Notify::new());
+                let stuck = {
+                    let started = started.clone();
+                    move |_: sqlx::Pool<$db>, _: Arc<Message>| {
+                        let started = started.clone();
+                        async move {
+                            started.notify_one();
+                            tokio::time::sleep(Duration::from_secs(30)).await;
+                            Ok::<_, sqlx::Error>(dedup_runtime::Outcome::Processed(()))
+                        }
+                    }
+                };
+                let begun = Instant::now();
+                let consumed = consumer
+                    .run(db, stuck, async { started.notified().await })
+                    .await
+                    .unwrap();
+                assert!(begun.elapsed() < Duration::from_secs(20), "out within its deadline");
+                assert_eq!((consumed.acknowledged, consumed.requeued), (0, 1), "{consumed:?}");
+                assert_eq!(dedup_suite::claims(db, CONSUMER, &id).await, 0);
+                assert_eq!(
+                    collect(broker.port(), &client_id, &topic).await,
+                    [wire(&id, b"body")],
+                    "given back by the session"
+                );
+            }
+        }
+    };
+}
+
+backend!(
+    postgres,
+    db = sqlx::Postgres,
+    conn = sqlx::PgConnection,
+    pool = Box::new(dedup_suite::postgres().await),
+    effects = "CREATE TABLE IF NOT EXISTS mqtt_consumer_effects \
+               (run text NOT NULL, message_id text NOT NULL)",
+    insert = "INSERT INTO mqtt_consumer_effects (run, message_id) VALUES ($1, $2)",
+    count = "SELECT COUNT(*) FROM mqtt_consumer_effects WHERE run = $1",
+    distinct = "SELECT COUNT(DISTINCT message_id) FROM mqtt_consumer_effects WHERE run = $1"
+);
+backend!(
+    mysql,
+    db = sqlx::MySql,
+    conn = sqlx::MySqlConnection,
+    pool = Box::new(dedup_suite::mysql().await),
+    effects = "CREATE TABLE IF NOT EXISTS mqtt_consumer_effects (run VARCHAR(255) NOT NULL, \
+               message_id VARBINARY(255) NOT NULL) ENGINE = InnoDB",
+    insert = "INSERT INTO mqtt_consumer_effects (run, message_id) VALUES (?, ?)",
+    count = "SELECT COUNT(*) FROM mqtt_consumer_effects WHERE run = ?",
+    distinct = "SELECT COUNT(DISTINCT message_id) FROM mqtt_consumer_effects WHERE run = ?"
+);
+backend!(
+    sqlite,
+    db = sqlx::Sqlite,
+    conn = sqlx::SqliteConnection,
+    pool = dedup_suite::sqlite().await,
+    effects = "CREATE TABLE IF NOT EXISTS mqtt_consumer_effects \
+               (run TEXT NOT NULL, message_id TEXT NOT NULL)",
+    insert = "INSERT INTO mqtt_consumer_effects (run, message_id) VALUES (?1, ?2)",
+    count = "SELECT COUNT(*) FROM mqtt_consumer_effects WHERE run = ?1",
+    distinct = "SELECT COUNT(DISTINCT message_id) FROM mqtt_consumer_effects WHERE run = ?1"
+);
