@@ -140,6 +140,9 @@ impl std::error::Error for ConsumeError {
     }
 }
 
+/// How long connecting, opening a channel and subscribing may take together.
+const SUBSCRIBE: Duration = Duration::from_secs(30);
+
 /// The first and the longest wait before connecting again.
 const RECONNECT: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
 
@@ -289,11 +292,14 @@ impl RabbitMqConsumer {
         let done = match finished {
             Some(done) => done,
             None => {
-                // First, no more deliveries on any channel; then the messages in hand
-                // finish (or meet the deadline) and the workers stop.
-                link.cancel_all().await;
+                // The workers hear of it first (so that a subscription the cancel ends is
+                // not taken for a lost one, nor made again), the broker next: no more
+                // deliveries on any channel, while the messages in hand finish (or meet
+                // the deadline) and what was fetched ahead is handed back.
                 let _ = stop.send(true);
-                workers.await
+                futures_util::future::join(link.cancel_all(), workers)
+                    .await
+                    .1
             }
         };
         let mut consumed = Consumed::default();
@@ -326,6 +332,23 @@ impl Link<'_> {
     /// A new channel with its prefetch, consuming the queue; a new connection first if
     /// the one in use is lost.
     async fn subscribe(&self) -> Result<Subscription, ::lapin::Error> {
+        // Bounded: a connection that died without lapin noticing yet could hold a step
+        // for ever. A subscription that failed leaves its connection for a new one.
+        let made = tokio::time::timeout(SUBSCRIBE, self.try_subscribe()).await;
+        let made = made.unwrap_or_else(|_| {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "RabbitMQ did not answer the subscription in time",
+            )
+            .into())
+        });
+        if made.is_err() {
+            *self.connection.lock().await = None;
+        }
+        made
+    }
+
+    async fn try_subscribe(&self) -> Result<Subscription, ::lapin::Error> {
         let channel = {
             let mut connection = self.connection.lock().await;
             if !connection
