@@ -5,3 +5,5 @@
 
 mod rabbitmq;
 mod rabbitmq_crash;
+mod redis;
+mod redis_crash;
