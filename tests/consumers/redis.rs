@@ -350,7 +350,8 @@ macro_rules! backend {
 
             /// A member that read entries and died without acknowledging them: another
             /// member takes them over with `XAUTOCLAIM` once idle for `claim_idle`, and
-            /// every entry is processed once.
+            /// every entry is processed once; one deleted from the stream meanwhile (which
+            /// Redis 7 reports apart) leaves nothing pending.
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_crashed_members_pending_entries_are_claimed() {
                 let (pool, run) = setup().await;
@@ -368,6 +369,16 @@ macro_rules! backend {
                     .await
                     .unwrap();
                 assert_eq!(pending(&mut redis, &stream, GROUP).await, 10);
+                let first: Vec<(String, HashMap<String, Vec<u8>>)> = redis::cmd("XRANGE")
+                    .arg(&stream).arg("-").arg("+").arg("COUNT").arg(1)
+                    .query_async(&mut redis)
+                    .await
+                    .unwrap();
+                let _: u64 = redis::cmd("XDEL")
+                    .arg(&stream).arg(&first[0].0)
+                    .query_async(&mut redis)
+                    .await
+                    .unwrap();
 
                 let db: &sqlx::Pool<$db> = &pool;
                 let done = async {
@@ -376,7 +387,7 @@ macro_rules! backend {
                         let mut redis = redis.clone();
                         let (stream, run) = (&stream, &run);
                         async move {
-                            count(db, $count, run).await == 20
+                            count(db, $count, run).await == 19
                                 && pending(&mut redis, stream, GROUP).await == 0
                         }
                     })
@@ -387,13 +398,14 @@ macro_rules! backend {
                     .run(db, |pool, msg| call(run.as_str().into(), pool, msg), done)
                     .await
                     .unwrap();
-                assert_eq!(count(db, $count, &run).await, 20);
-                assert_eq!(count(db, $distinct, &run).await, 20, "each once");
-                for id in &ids {
+                assert_eq!(count(db, $count, &run).await, 19);
+                assert_eq!(count(db, $distinct, &run).await, 19, "each once");
+                assert_eq!(dedup_suite::claims(db, CONSUMER, &ids[0]).await, 0, "deleted");
+                for id in &ids[1..] {
                     assert_eq!(dedup_suite::claims(db, CONSUMER, id).await, 1, "{id}");
                 }
-                assert_eq!(pending(&mut redis, &stream, GROUP).await, 0);
-                assert_eq!(consumed.acknowledged, 20, "{consumed:?}");
+                assert_eq!(pending(&mut redis, &stream, GROUP).await, 0, "the deleted one too");
+                assert_eq!(consumed.acknowledged, 19, "{consumed:?}");
                 delete(&mut redis, &stream).await;
             }
 

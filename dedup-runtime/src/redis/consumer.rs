@@ -41,7 +41,8 @@ const BODY: &str = "body";
 ///   (`XREADGROUP … 0`), then new ones (`>`), [`batch`](Self::batch) at a time, waiting
 ///   at most [`block`](Self::block) for new ones. Give each process a **stable member
 ///   name** (a pod name, a host name; not a random one): a restarted process then finds
-///   what its previous life held.
+///   what its previous life held. Do not remove a member that still has pending entries
+///   (`XGROUP DELCONSUMER` drops them from the group: they are never delivered again).
 /// - **Takes over a crashed member's entries.** Every [`claim_idle`](Self::claim_idle)/2
 ///   it runs `XAUTOCLAIM` for the group's entries pending longer than `claim_idle` with
 ///   any member, follows its cursor to the end of the pending entries list, and processes
@@ -50,7 +51,7 @@ const BODY: &str = "body";
 ///   returned: processed (committed) or a duplicate → `XACK`; a transient failure → left
 ///   pending (no `XACK`) and held in process for [`AckPolicy`]'s delay, then taken again
 ///   with `XCLAIM` to this member (which counts a delivery) and processed again — other
-///   entries go on meanwhile; a permanent failure → `XADD <stream>.dead` with the entry's
+///   entries go on meanwhile, so a retried entry is processed after later ones; a permanent failure → `XADD <stream>.dead` with the entry's
 ///   fields and its provenance, and `XACK`, in one `MULTI`/`EXEC`. An entry delivered more
 ///   than [`max_deliveries`](Self::max_deliveries) times is dead-lettered without calling
 ///   the handler: a poison entry that kills the process each time ends there. Delivery
