@@ -1,8 +1,8 @@
 //! What every hosted consumer shares, whatever its broker: the [`Message`] a handler is
 //! given, and what a run did ([`Consumed`]).
 //!
-//! A hosted consumer (today [`lapin::RabbitMqConsumer`](crate::lapin::RabbitMqConsumer))
-//! owns everything between the broker and an `#[idempotent]` handler: it takes each
+//! A hosted consumer ([`lapin::RabbitMqConsumer`](crate::lapin::RabbitMqConsumer),
+//! [`redis::RedisStreamsConsumer`](crate::redis::RedisStreamsConsumer)) owns everything between the broker and an `#[idempotent]` handler: it takes each
 //! message's id from where the broker's convention (and this crate's publishers) put it,
 //! calls the handler, lets [`AckPolicy`](crate::AckPolicy) decide, and settles the
 //! message with the broker **after** the handler's transaction committed — or rolled
@@ -42,7 +42,8 @@ pub struct Message {
 
 impl Message {
     /// Its id, the key to dedup on, taken from where the consumer was told to read it
-    /// (RabbitMQ: the `message-id` property by default). Empty when the message carries
+    /// (RabbitMQ: the `message-id` property by default; Redis Streams: the entry's field
+    /// `id`). Empty when the message carries
     /// none: the handler's key check refuses it as an invalid id, and `AckPolicy`
     /// dead-letters it.
     pub fn id(&self) -> &str {
@@ -56,7 +57,8 @@ impl Message {
 
     /// Its headers, name and value, in the order the broker gave them (RabbitMQ: the
     /// AMQP headers table; a string or byte array as its bytes, a number or a boolean as
-    /// its decimal text; other values left out).
+    /// its decimal text; other values left out. Redis Streams: the entry's fields but the
+    /// id and `body`).
     pub fn headers(&self) -> impl Iterator<Item = (&str, &[u8])> {
         self.headers
             .iter()
@@ -64,7 +66,7 @@ impl Message {
     }
 
     /// The value of the first header named `name` (compared as the broker compares:
-    /// RabbitMQ exactly).
+    /// RabbitMQ and Redis exactly).
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers().find(|(key, _)| *key == name).map(|(_, v)| v)
     }
@@ -75,7 +77,7 @@ impl Message {
         self.delivery
     }
 
-    /// Where it came from: the queue (RabbitMQ), topic, subject or stream.
+    /// Where it came from: the queue (RabbitMQ), the stream (Redis), the topic or subject.
     pub fn destination(&self) -> &str {
         &self.destination
     }
@@ -88,15 +90,18 @@ pub struct Consumed {
     /// Acknowledged after the handler's transaction committed, or found processed (a
     /// duplicate).
     pub acknowledged: u64,
-    /// Handed back for a later delivery after a transient failure (`Ack::Retry`).
+    /// Handed back for a later delivery after a transient failure (`Ack::Retry`; Redis
+    /// Streams: left pending, and held in process for its delay).
     pub retried: u64,
     /// Sent to the dead destination (`Ack::DeadLetter`).
     pub dead_lettered: u64,
     /// Handed back unprocessed at shutdown: fetched and not started, or not finished
-    /// within the shutdown deadline (its transaction rolled back).
+    /// within the shutdown deadline (its transaction rolled back). Redis Streams: left
+    /// pending with the member, for its next start.
     pub requeued: u64,
     /// In hand when the connection or channel was lost: not settled (their
-    /// acknowledgement could not be sent any more); the broker delivers them again.
+    /// acknowledgement could not be sent any more); the broker delivers them again
+    /// (Redis Streams: they stay pending, read again after the reconnection).
     pub dropped: u64,
     /// Times the consumer connected again after losing its connection or channel.
     pub reconnects: u64,

@@ -219,8 +219,10 @@
 //   lapin.rs, async_nats.rs  the broker side of `Ack`: delivery counts and settling, on
 //                   RabbitMQ and NATS JetStream (features `lapin`, `async-nats`), and
 //                   their outbox publishers
-//   rdkafka.rs, redis.rs, rumqttc.rs  the outbox's Kafka, Redis Streams and MQTT publishers
-//                   (features `rdkafka`, `redis`, `rumqttc`)
+//   rdkafka.rs, rumqttc.rs  the outbox's Kafka and MQTT publishers (features `rdkafka`,
+//                   `rumqttc`)
+//   redis.rs, redis/  Redis Streams (feature `redis`): the outbox's publisher, and the
+//                   hosted consumer (`redis/consumer.rs`)
 //   metrics.rs      counters and a latency histogram (feature `metrics`)
 //   idempotency.rs  keys for effects outside the database (`IdempotencyKey`)
 //   key.rs          message ids (`MessageKey`) and the ids refused (`InvalidMessageId`)

@@ -1,4 +1,5 @@
-//! The outbox's Redis Streams publisher (feature `redis`): [`RedisStreamsPublisher`].
+//! Redis Streams (feature `redis`): the hosted consumer [`RedisStreamsConsumer`], and the
+//! outbox's publisher [`RedisStreamsPublisher`].
 
 use std::sync::Arc;
 
@@ -8,11 +9,15 @@ use tokio::sync::Mutex;
 
 use crate::outbox::{OutboxMessage, Publisher};
 
+mod consumer;
+
+pub use consumer::{ConsumeError, MessageIdFrom, RedisStreamsConsumer};
+
 /// Publishes an outbox's rows to Redis Streams, for the relay
 /// ([`Relay::run`](crate::outbox::Relay::run)): each row an entry (`XADD <destination> *`)
 /// of the stream named by its destination, with the outgoing id in the field `id` and the
 /// payload in the field `body` — where the consumer downstream reads them
-/// (`examples/redis_streams.rs`): the entry id Redis assigns changes when an entry is
+/// ([`RedisStreamsConsumer`]): the entry id Redis assigns changes when an entry is
 /// added again, the `id` field does not. A row's trace context, if it has one, is the
 /// field `traceparent`. A send is `Ok` once Redis answered its `XADD`.
 ///

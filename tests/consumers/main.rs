@@ -7,3 +7,5 @@ mod mqtt;
 mod mqtt_crash;
 mod rabbitmq;
 mod rabbitmq_crash;
+mod redis;
+mod redis_crash;

@@ -606,6 +606,43 @@ mod brokers {
         )*};
     }
 
+    /// The hosted Redis Streams consumer: run in a task of its own, with an
+    /// `#[idempotent]` handler over its `Message`, on every backend.
+    macro_rules! redis_consumers {
+        ($($name:ident: $db:ty, $conn:ty;)*) => {$(
+            mod $name {
+                use std::sync::Arc;
+
+                use dedup_runtime::consume::Message;
+                use dedup_runtime::redis::RedisStreamsConsumer;
+
+                use super::super::spawnable;
+
+                #[dedup_runtime::idempotent(consumer = "spawned", key = msg.id())]
+                async fn apply(tx: &mut $conn, msg: &Message) -> Result<(), sqlx::Error> {
+                    sqlx::query("SELECT 1").execute(&mut *tx).await?;
+                    Ok(())
+                }
+
+                pub(super) fn run(consumer: RedisStreamsConsumer, pool: sqlx::Pool<$db>) {
+                    super::super::movable::<RedisStreamsConsumer>();
+                    drop(spawnable(async move {
+                        let handler = |pool: sqlx::Pool<$db>, msg: Arc<Message>| async move {
+                            apply(&pool, &msg).await
+                        };
+                        consumer.run(&pool, handler, super::super::shutdown()).await
+                    }));
+                }
+            }
+        )*};
+    }
+
+    redis_consumers! {
+        redis_consumer_postgres: sqlx::Postgres, sqlx::PgConnection;
+        redis_consumer_mysql: sqlx::MySql, sqlx::MySqlConnection;
+        redis_consumer_sqlite: sqlx::Sqlite, sqlx::SqliteConnection;
+    }
+
     rabbitmq_consumers! {
         consumer_postgres: sqlx::Postgres, sqlx::PgConnection;
         consumer_mysql: sqlx::MySql, sqlx::MySqlConnection;
