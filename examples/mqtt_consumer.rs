@@ -23,14 +23,14 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 /// Applies an order and enqueues its event, in one transaction with the dedup record.
-#[idempotent(consumer = "mqtt-orders", key = msg.id())]
+#[idempotent(consumer = CONSUMER, key = msg.id())]
 async fn apply(tx: &mut PgConnection, msg: &Message, to: &Events) -> Result<(), sqlx::Error> {
     sqlx::query("INSERT INTO example_mqtt_orders (message_id, body) VALUES ($1, $2)")
         .bind(msg.id())
         .bind(msg.payload())
         .execute(&mut *tx)
         .await?;
-    let cause = Cause::new("mqtt-orders", msg.id())?;
+    let cause = Cause::new(CONSUMER, msg.id())?;
     let event = cause.outgoing("accepted", &to.1, msg.payload())?;
     to.0.enqueue(&mut *tx, &event).await?;
     Ok(())
@@ -39,6 +39,7 @@ async fn apply(tx: &mut PgConnection, msg: &Message, to: &Events) -> Result<(), 
 /// The service's outbox (its own table: its relay sends only its events), and where to.
 type Events = (Outbox, String);
 const OUTBOX: &str = "mqtt_orders_outbox";
+const CONSUMER: &str = "mqtt-orders"; // the attribute's and the `Cause`'s
 
 fn setting(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())

@@ -2,10 +2,7 @@
 //! each order applied once, whatever RabbitMQ redelivers and whenever the process dies
 //! (`kill -9` included), and one `accepted` event per order, sent on by the relay.
 //!
-//! ```text
-//! cargo run --features brokers --example rabbitmq_consumer   # SIGTERM or Ctrl-C stops it
-//! ```
-//!
+//! `cargo run --features brokers --example rabbitmq_consumer`; SIGTERM or Ctrl-C stops it.
 //! Settings: `AMQP_URL`, `DATABASE_URL`, `QUEUE` (`orders`; declared with its dead-letter
 //! exchange `orders.dlx` and dead queue `orders.dead`) and `EVENTS_QUEUE`
 //! (`order-events`). An order's id is its AMQP `message-id`; one without is dead-lettered.
@@ -23,14 +20,14 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 /// Applies an order and enqueues its event, in one transaction with the dedup record.
-#[idempotent(consumer = "orders", key = msg.id())]
+#[idempotent(consumer = CONSUMER, key = msg.id())]
 async fn apply(tx: &mut PgConnection, msg: &Message, to: &Events) -> Result<(), sqlx::Error> {
     sqlx::query("INSERT INTO example_orders (message_id, body) VALUES ($1, $2)")
         .bind(msg.id())
         .bind(msg.payload())
         .execute(&mut *tx)
         .await?;
-    let cause = Cause::new("orders", msg.id())?;
+    let cause = Cause::new(CONSUMER, msg.id())?;
     let event = cause.outgoing("accepted", &to.1, msg.payload())?;
     to.0.enqueue(&mut *tx, &event).await?;
     Ok(())
@@ -39,6 +36,7 @@ async fn apply(tx: &mut PgConnection, msg: &Message, to: &Events) -> Result<(), 
 /// The service's outbox (its own table: its relay sends only its events), and where to.
 type Events = (Outbox, String);
 const OUTBOX: &str = "orders_outbox";
+const CONSUMER: &str = "orders"; // the attribute's and the `Cause`'s
 
 fn setting(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())

@@ -25,8 +25,10 @@ use sqlx::{PgConnection, PgPool};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
+const CONSUMER: &str = "orders"; // the attribute's and the `Cause`'s
+
 /// Applies an order and enqueues its event, in one transaction with the dedup record.
-#[idempotent(consumer = "orders", key = msg.id())]
+#[idempotent(consumer = CONSUMER, key = msg.id())]
 async fn apply(
     tx: &mut PgConnection,
     msg: &Message,
@@ -37,7 +39,7 @@ async fn apply(
         .bind(msg.payload())
         .execute(&mut *tx)
         .await?;
-    let cause = Cause::new("orders", msg.id())?;
+    let cause = Cause::new(CONSUMER, msg.id())?;
     let event = cause.outgoing("accepted", events, msg.payload())?;
     outbox.enqueue(&mut *tx, &event).await?;
     Ok(())

@@ -36,9 +36,66 @@ const MAX_LEASE_MS: u64 = 24 * 60 * 60 * 1000;
 /// `DEFAULT_MARK_LEASE`).
 const DEFAULT_MARK_LEASE_MS: u64 = 60_000;
 
+/// The consumer's name: a string literal, checked here, or the path of a `&str`
+/// constant, checked when the constant is evaluated (`const _: () = check(PATH)` in the
+/// expansion, see [`Consumer::check`]).
+#[derive(Clone)]
+pub enum Consumer {
+    Literal(LitStr),
+    Constant(syn::Path),
+}
+
+impl quote::ToTokens for Consumer {
+    fn to_tokens(&self, tokens: &mut proc_macro2::TokenStream) {
+        match self {
+            Consumer::Literal(lit) => lit.to_tokens(tokens),
+            Consumer::Constant(path) => path.to_tokens(tokens),
+        }
+    }
+}
+
+impl Consumer {
+    /// For a constant: the item that checks its value at compile time (a constant
+    /// evaluation that fails, with the span of the user's path); nothing for a literal,
+    /// checked already.
+    pub fn check(&self, private: &proc_macro2::TokenStream) -> proc_macro2::TokenStream {
+        match self {
+            Consumer::Literal(_) => proc_macro2::TokenStream::new(),
+            Consumer::Constant(path) => {
+                // Inline, every token spanned at the path: a failed check points at it.
+                let span = syn::spanned::Spanned::span(path);
+                quote::quote_spanned! {span=>
+                    const _: () = {
+                        let name: &str = #path;
+                        ::core::assert!(
+                            !name.is_empty(),
+                            "`consumer` must not be empty: name the service that processes \
+                             the message, such as `const CONSUMER: &str = \"email-sender\"`"
+                        );
+                        ::core::assert!(
+                            name.len() <= #private::MAX_CONSUMER_LEN,
+                            "`consumer` is longer than the dedup table stores \
+                             (`dedup_runtime::MAX_CONSUMER_LEN` bytes)"
+                        );
+                        let bytes = name.as_bytes();
+                        let mut at = 0;
+                        while at < bytes.len() {
+                            ::core::assert!(
+                                bytes[at] != 0,
+                                "`consumer` must not contain a NUL character"
+                            );
+                            at += 1;
+                        }
+                    };
+                }
+            }
+        }
+    }
+}
+
 /// The parsed and validated arguments.
 pub struct Args {
-    pub consumer: Option<LitStr>,
+    pub consumer: Option<Consumer>,
     pub key: Option<(Ident, Expr)>,
     /// `batch = orders`: the parameter that holds the messages of a batch handler, whose
     /// `key` is then a closure over one of them.
@@ -243,11 +300,24 @@ pub fn parse(tokens: TokenStream) -> (Args, Errors) {
         match name.to_string().as_str() {
             "consumer" => {
                 consumer_given = true;
-                if let Some(lit) =
-                    string_literal(&name, &value, "consumer = \"email-sender\"", &mut errors)
-                {
-                    check_consumer(&lit, &mut errors);
-                    consumer.set(name, lit, &mut errors);
+                match ungrouped_expr(&value) {
+                    // A constant: `consumer = CONSUMER`, its name written once for the
+                    // attribute and the code that needs it (an outbox `Cause`).
+                    Expr::Path(path) if path.qself.is_none() && path.attrs.is_empty() => {
+                        consumer.set(name, Consumer::Constant(path.path.clone()), &mut errors);
+                    }
+                    _ => {
+                        if let Some(lit) = string_literal(
+                            &name,
+                            &value,
+                            "consumer = \"email-sender\"` or the path of a `&str` constant, \
+                             such as `consumer = CONSUMER",
+                            &mut errors,
+                        ) {
+                            check_consumer(&lit, &mut errors);
+                            consumer.set(name, Consumer::Literal(lit), &mut errors);
+                        }
+                    }
                 }
             }
             "key" => key.set(name, value, &mut errors),

@@ -301,12 +301,18 @@ pub fn expand(args: &Args, batch: Batch) -> TokenStream {
     let consumer = args
         .consumer
         .clone()
-        .unwrap_or_else(|| LitStr::new("", Span::call_site()));
+        .unwrap_or_else(|| crate::args::Consumer::Literal(LitStr::new("", Span::call_site())));
+    let consumer_check = args
+        .consumer
+        .as_ref()
+        .map(|consumer| consumer.check(&private))
+        .unwrap_or_default();
     let table = &args.table;
     let unique = &args.unique;
     quote! {
         #(#outer)*
         #vis #new_sig {
+            #consumer_check
             struct #body_ty;
             impl #private::BatchHandler<#database, #message_ty> for #body_ty {
                 type Error = #error_ty;

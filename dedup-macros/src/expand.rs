@@ -570,7 +570,13 @@ fn body(
                 }
             }
         });
+    let consumer_check = args
+        .consumer
+        .as_ref()
+        .map(|consumer| consumer.check(&private))
+        .unwrap_or_default();
     let run_loop = quote! {
+        #consumer_check
         let mut #handle = #private::Db::into_handle(#db);
         #take_codec
         #registration
@@ -817,7 +823,9 @@ fn leased_body(
     } else {
         quote!(#private::Exit::Outcome(#outcome_local.widen()))
     };
+    let consumer_check = consumer.check(&private);
     quote! {
+        #consumer_check
         static #metrics: #private::HandlerMetrics = #private::HandlerMetrics::new();
         let #exit = match #message_id {
             ::core::result::Result::Err(#error) => #private::Exit::Error(

@@ -4,6 +4,9 @@
 pub use crate::batch::BatchHandler;
 pub use crate::claim::Statements;
 pub use crate::consumers::register as register_consumer;
+
+pub use crate::key::MAX_CONSUMER_LEN;
+
 pub use crate::input::{Db, Handle, HandlerConnection};
 pub use crate::key::MessageId;
 pub use crate::lease::{

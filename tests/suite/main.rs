@@ -11,6 +11,7 @@ mod accepted;
 mod batch;
 mod business_keys;
 mod claim_with_begin;
+mod consumer_constant;
 mod consumers;
 mod core;
 mod effects;

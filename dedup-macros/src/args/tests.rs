@@ -21,14 +21,28 @@ fn an_unreadable_argument_is_the_only_error_and_the_others_count() {
 
     let (messages, args) = parsed(r#"consumer = "billing" key = msg.id, table = "t""#);
     assert_eq!(messages, ["expected `,`"]);
-    assert_eq!(
-        args.consumer.map(|lit| lit.value()).as_deref(),
-        Some("billing")
-    );
+    let consumer = match args.consumer {
+        Some(Consumer::Literal(lit)) => Some(lit.value()),
+        _ => None,
+    };
+    assert_eq!(consumer.as_deref(), Some("billing"));
     assert_eq!(args.table.value(), "t");
 
     let (messages, _) = parsed(r#"= 1, consumer = "billing", key = id"#);
     assert_eq!(messages.len(), 1, "{messages:?}");
+}
+
+#[test]
+fn a_consumer_is_a_literal_or_the_path_of_a_constant() {
+    let (messages, args) = parsed("consumer = names::BILLING, key = id");
+    assert!(messages.is_empty(), "{messages:?}");
+    assert!(matches!(args.consumer, Some(Consumer::Constant(_))));
+    let (messages, _) = parsed("consumer = name(), key = id");
+    assert_eq!(messages.len(), 1, "{messages:?}");
+    assert!(
+        messages[0].contains("the path of a `&str` constant"),
+        "{messages:?}"
+    );
 }
 
 #[test]

@@ -1,9 +1,11 @@
 use dedup_runtime::idempotent;
 use sqlx::PgConnection;
 
-const CONSUMER: &str = "billing";
+fn consumer() -> &'static str {
+    "billing"
+}
 
-#[idempotent(consumer = CONSUMER, key = id)]
+#[idempotent(consumer = consumer(), key = id)]
 async fn mark_paid(tx: &mut PgConnection, id: &str) -> Result<(), sqlx::Error> {
     sqlx::query("SELECT 1").execute(&mut *tx).await?;
     let _ = id;
