@@ -1,7 +1,8 @@
 //! What every hosted consumer shares, whatever its broker: the [`Message`] a handler is
 //! given, and what a run did ([`Consumed`]).
 //!
-//! A hosted consumer (today [`lapin::RabbitMqConsumer`](crate::lapin::RabbitMqConsumer))
+//! A hosted consumer ([`lapin::RabbitMqConsumer`](crate::lapin::RabbitMqConsumer),
+//! [`async_nats::JetStreamConsumer`](crate::async_nats::JetStreamConsumer))
 //! owns everything between the broker and an `#[idempotent]` handler: it takes each
 //! message's id from where the broker's convention (and this crate's publishers) put it,
 //! calls the handler, lets [`AckPolicy`](crate::AckPolicy) decide, and settles the
@@ -42,9 +43,9 @@ pub struct Message {
 
 impl Message {
     /// Its id, the key to dedup on, taken from where the consumer was told to read it
-    /// (RabbitMQ: the `message-id` property by default). Empty when the message carries
-    /// none: the handler's key check refuses it as an invalid id, and `AckPolicy`
-    /// dead-letters it.
+    /// (RabbitMQ: the `message-id` property by default; NATS: the `Message-Id` header).
+    /// Empty when the message carries none: the handler's key check refuses it as an
+    /// invalid id, and `AckPolicy` dead-letters it.
     pub fn id(&self) -> &str {
         &self.id
     }
@@ -56,7 +57,8 @@ impl Message {
 
     /// Its headers, name and value, in the order the broker gave them (RabbitMQ: the
     /// AMQP headers table; a string or byte array as its bytes, a number or a boolean as
-    /// its decimal text; other values left out).
+    /// its decimal text; other values left out. NATS: each value of a header that has
+    /// several as a pair of its own).
     pub fn headers(&self) -> impl Iterator<Item = (&str, &[u8])> {
         self.headers
             .iter()
@@ -64,7 +66,7 @@ impl Message {
     }
 
     /// The value of the first header named `name` (compared as the broker compares:
-    /// RabbitMQ exactly).
+    /// RabbitMQ and NATS exactly).
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers().find(|(key, _)| *key == name).map(|(_, v)| v)
     }
@@ -75,7 +77,7 @@ impl Message {
         self.delivery
     }
 
-    /// Where it came from: the queue (RabbitMQ), topic, subject or stream.
+    /// Where it came from: the queue (RabbitMQ), the subject (NATS), topic or stream.
     pub fn destination(&self) -> &str {
         &self.destination
     }
@@ -103,7 +105,7 @@ pub struct Consumed {
 }
 
 impl Consumed {
-    #[cfg_attr(not(feature = "lapin"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "lapin", feature = "async-nats")), allow(dead_code))]
     pub(crate) fn add(&mut self, other: &Consumed) {
         self.acknowledged += other.acknowledged;
         self.retried += other.retried;

@@ -3,5 +3,6 @@
 //! reconnection), checked in the database (effects and dedup rows) and in what the broker
 //! holds afterwards (feature `brokers`).
 
+mod nats;
 mod rabbitmq;
 mod rabbitmq_crash;

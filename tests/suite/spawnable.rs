@@ -562,15 +562,14 @@ mod brokers {
         )*};
     }
 
-    /// The hosted RabbitMQ consumer: run in a task of its own, with an `#[idempotent]`
-    /// handler over its `Message`, on every backend.
-    macro_rules! rabbitmq_consumers {
-        ($($name:ident: $db:ty, $conn:ty;)*) => {$(
+    /// The hosted consumers (RabbitMQ, NATS JetStream): run in a task of its own, with an
+    /// `#[idempotent]` handler over its `Message`, on every backend.
+    macro_rules! hosted_consumers {
+        ($consumer:ty => $($name:ident: $db:ty, $conn:ty;)*) => {$(
             mod $name {
                 use std::sync::Arc;
 
                 use dedup_runtime::consume::Message;
-                use dedup_runtime::lapin::RabbitMqConsumer;
 
                 use super::super::spawnable;
 
@@ -580,8 +579,8 @@ mod brokers {
                     Ok(())
                 }
 
-                pub(super) fn run(consumer: RabbitMqConsumer, pool: sqlx::Pool<$db>) {
-                    super::super::movable::<RabbitMqConsumer>();
+                pub(super) fn run(consumer: $consumer, pool: sqlx::Pool<$db>) {
+                    super::super::movable::<$consumer>();
                     drop(spawnable(async move {
                         let handler = |pool: sqlx::Pool<$db>, msg: Arc<Message>| async move {
                             apply(&pool, &msg).await
@@ -593,10 +592,18 @@ mod brokers {
         )*};
     }
 
-    rabbitmq_consumers! {
+    hosted_consumers! {
+        dedup_runtime::lapin::RabbitMqConsumer =>
         consumer_postgres: sqlx::Postgres, sqlx::PgConnection;
         consumer_mysql: sqlx::MySql, sqlx::MySqlConnection;
         consumer_sqlite: sqlx::Sqlite, sqlx::SqliteConnection;
+    }
+
+    hosted_consumers! {
+        dedup_runtime::async_nats::JetStreamConsumer =>
+        jetstream_consumer_postgres: sqlx::Postgres, sqlx::PgConnection;
+        jetstream_consumer_mysql: sqlx::MySql, sqlx::MySqlConnection;
+        jetstream_consumer_sqlite: sqlx::Sqlite, sqlx::SqliteConnection;
     }
 
     publishers! {
