@@ -4,5 +4,6 @@
 //! holds afterwards (feature `brokers`).
 
 mod nats;
+mod nats_crash;
 mod rabbitmq;
 mod rabbitmq_crash;

@@ -61,12 +61,17 @@ async fn publish(js: &Context, subject: &str, id: Option<&str>, body: &[u8]) {
 
 /// The durable consumer's (pending, ack pending): messages not yet delivered, and
 /// delivered and not yet settled.
-pub(crate) async fn pending(js: &Context, stream: &str) -> (u64, usize) {
+async fn pending(js: &Context, stream: &str) -> (u64, usize) {
+    pending_in(js, stream, "worker").await
+}
+
+/// [`pending`] of the durable consumer `durable`.
+pub(crate) async fn pending_in(js: &Context, stream: &str, durable: &str) -> (u64, usize) {
     let info = js
         .get_stream(stream)
         .await
         .unwrap()
-        .consumer_info("worker")
+        .consumer_info(durable)
         .await
         .unwrap();
     (info.num_pending, info.num_ack_pending)
