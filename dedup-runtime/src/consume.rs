@@ -98,9 +98,11 @@ pub struct Consumed {
     /// within the shutdown deadline (its transaction rolled back).
     pub requeued: u64,
     /// In hand when the connection or channel was lost: not settled (their
-    /// acknowledgement could not be sent any more); the broker delivers them again.
+    /// acknowledgement could not be sent any more, or, on NATS, was not confirmed, or a
+    /// dead letter's copy was not stored); the broker delivers them again.
     pub dropped: u64,
-    /// Times the consumer connected again after losing its connection or channel.
+    /// Times the consumer connected again after losing its connection or channel (NATS:
+    /// pulled again once the client, which reconnects by itself, was back).
     pub reconnects: u64,
 }
 

@@ -217,8 +217,8 @@
 //   ledger/         the operator's lookup and forget of one id (`Ledger`)
 //   ack.rs          what to tell the broker (`AckPolicy`)
 //   lapin.rs, async_nats.rs  the broker side of `Ack`: delivery counts and settling, on
-//                   RabbitMQ and NATS JetStream (features `lapin`, `async-nats`), and
-//                   their outbox publishers
+//                   RabbitMQ and NATS JetStream (features `lapin`, `async-nats`), their
+//                   outbox publishers and hosted consumers (`lapin/`, `async_nats/`)
 //   rdkafka.rs, redis.rs, rumqttc.rs  the outbox's Kafka, Redis Streams and MQTT publishers
 //                   (features `rdkafka`, `redis`, `rumqttc`)
 //   metrics.rs      counters and a latency histogram (feature `metrics`)
