@@ -131,7 +131,7 @@ pub mod provenance {
 /// println!("{consumed:?}");
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct JetStreamConsumer {
     context: Context,
     stream: String,
@@ -142,6 +142,22 @@ pub struct JetStreamConsumer {
     message_id: MessageIdFrom,
     dead_subject: Option<String>,
     shutdown_deadline: Duration,
+}
+
+impl std::fmt::Debug for JetStreamConsumer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the context: its client is the application's, and says nothing of this one.
+        f.debug_struct("JetStreamConsumer")
+            .field("stream", &self.stream)
+            .field("durable", &self.durable)
+            .field("create", &self.create.is_some())
+            .field("batch", &self.batch)
+            .field("concurrency", &self.concurrency)
+            .field("message_id", &self.message_id)
+            .field("dead_subject", &self.dead_subject)
+            .field("shutdown_deadline", &self.shutdown_deadline)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Why [`JetStreamConsumer::run`] ended before its shutdown.
