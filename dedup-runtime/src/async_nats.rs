@@ -30,11 +30,18 @@
 //! ```
 //!
 //! `examples/nats.rs` is a complete consumer built on these two functions.
+//! [`JetStreamConsumer`] hosts the whole loop instead — pulls, settling, dead letters,
+//! shutdown, reconnection — around an `#[idempotent]` handler; `examples/nats_consumer.rs`
+//! is a service built on it.
 
 use ::async_nats::HeaderMap;
 use ::async_nats::jetstream::{AckKind, Message};
 
 use crate::ack::Ack;
+
+mod consumer;
+
+pub use consumer::{ConsumeError, JetStreamConsumer, MessageIdFrom, provenance};
 
 /// Which delivery of its message `message` is, counting from 1, as
 /// [`AckPolicy::decide`](crate::AckPolicy::decide) takes it: JetStream's own count, the

@@ -2,7 +2,10 @@
 //! given, and what a run did ([`Consumed`]).
 //!
 //! A hosted consumer ([`lapin::RabbitMqConsumer`](crate::lapin::RabbitMqConsumer),
-//! [`redis::RedisStreamsConsumer`](crate::redis::RedisStreamsConsumer)) owns everything between the broker and an `#[idempotent]` handler: it takes each
+//! [`redis::RedisStreamsConsumer`](crate::redis::RedisStreamsConsumer),
+//! [`rumqttc::MqttConsumer`](crate::rumqttc::MqttConsumer),
+//! [`async_nats::JetStreamConsumer`](crate::async_nats::JetStreamConsumer))
+//! owns everything between the broker and an `#[idempotent]` handler: it takes each
 //! message's id from where the broker's convention (and this crate's publishers) put it,
 //! calls the handler, lets [`AckPolicy`](crate::AckPolicy) decide, and settles the
 //! message with the broker **after** the handler's transaction committed — or rolled
@@ -43,9 +46,9 @@ pub struct Message {
 impl Message {
     /// Its id, the key to dedup on, taken from where the consumer was told to read it
     /// (RabbitMQ: the `message-id` property by default; Redis Streams: the entry's field
-    /// `id`). Empty when the message carries
-    /// none: the handler's key check refuses it as an invalid id, and `AckPolicy`
-    /// dead-letters it.
+    /// `id`; NATS: the `Message-Id` header; MQTT: the payload's first line). Empty when the
+    /// message carries none: the handler's key check refuses it as an invalid id, and
+    /// `AckPolicy` dead-letters it.
     pub fn id(&self) -> &str {
         &self.id
     }
@@ -58,7 +61,8 @@ impl Message {
     /// Its headers, name and value, in the order the broker gave them (RabbitMQ: the
     /// AMQP headers table; a string or byte array as its bytes, a number or a boolean as
     /// its decimal text; other values left out. Redis Streams: the entry's fields but the
-    /// id and `body`).
+    /// id and `body`. NATS: each value of a header that has several as a pair of its own.
+    /// MQTT 3.1.1: none).
     pub fn headers(&self) -> impl Iterator<Item = (&str, &[u8])> {
         self.headers
             .iter()
@@ -66,7 +70,7 @@ impl Message {
     }
 
     /// The value of the first header named `name` (compared as the broker compares:
-    /// RabbitMQ and Redis exactly).
+    /// RabbitMQ, Redis and NATS exactly).
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers().find(|(key, _)| *key == name).map(|(_, v)| v)
     }
@@ -77,7 +81,8 @@ impl Message {
         self.delivery
     }
 
-    /// Where it came from: the queue (RabbitMQ), the stream (Redis), the topic or subject.
+    /// Where it came from: the queue (RabbitMQ), the stream (Redis), the subject (NATS),
+    /// the topic (MQTT).
     pub fn destination(&self) -> &str {
         &self.destination
     }
@@ -100,15 +105,17 @@ pub struct Consumed {
     /// pending with the member, for its next start.
     pub requeued: u64,
     /// In hand when the connection or channel was lost: not settled (their
-    /// acknowledgement could not be sent any more); the broker delivers them again
-    /// (Redis Streams: they stay pending, read again after the reconnection).
+    /// acknowledgement could not be sent any more, or, on NATS, was not confirmed, or a
+    /// dead letter's copy was not stored); the broker delivers them again (Redis Streams:
+    /// they stay pending, read again after the reconnection).
     pub dropped: u64,
-    /// Times the consumer connected again after losing its connection or channel.
+    /// Times the consumer connected again after losing its connection or channel (NATS:
+    /// pulled again once the client, which reconnects by itself, was back).
     pub reconnects: u64,
 }
 
 impl Consumed {
-    #[cfg_attr(not(feature = "lapin"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "lapin", feature = "async-nats")), allow(dead_code))]
     pub(crate) fn add(&mut self, other: &Consumed) {
         self.acknowledged += other.acknowledged;
         self.retried += other.retried;

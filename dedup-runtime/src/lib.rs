@@ -217,12 +217,13 @@
 //   ledger/         the operator's lookup and forget of one id (`Ledger`)
 //   ack.rs          what to tell the broker (`AckPolicy`)
 //   lapin.rs, async_nats.rs  the broker side of `Ack`: delivery counts and settling, on
-//                   RabbitMQ and NATS JetStream (features `lapin`, `async-nats`), and
-//                   their outbox publishers
-//   rdkafka.rs, rumqttc.rs  the outbox's Kafka and MQTT publishers (features `rdkafka`,
-//                   `rumqttc`)
+//                   RabbitMQ and NATS JetStream (features `lapin`, `async-nats`), their
+//                   outbox publishers and hosted consumers (`lapin/`, `async_nats/`)
+//   rdkafka.rs      the outbox's Kafka publisher (feature `rdkafka`)
 //   redis.rs, redis/  Redis Streams (feature `redis`): the outbox's publisher, and the
 //                   hosted consumer (`redis/consumer.rs`)
+//   rumqttc.rs, rumqttc/  MQTT (feature `rumqttc`): the outbox's publisher, and the hosted
+//                   consumer (`rumqttc/consumer.rs`)
 //   metrics.rs      counters and a latency histogram (feature `metrics`)
 //   idempotency.rs  keys for effects outside the database (`IdempotencyKey`)
 //   key.rs          message ids (`MessageKey`) and the ids refused (`InvalidMessageId`)

@@ -5,6 +5,8 @@
 
 mod mqtt;
 mod mqtt_crash;
+mod nats;
+mod nats_crash;
 mod rabbitmq;
 mod rabbitmq_crash;
 mod redis;

@@ -562,59 +562,14 @@ mod brokers {
         )*};
     }
 
-    /// The hosted consumers (RabbitMQ, MQTT): run in a task of its own, with an `#[idempotent]`
-    /// handler over its `Message`, on every backend.
-    macro_rules! rabbitmq_consumers {
-        ($($name:ident: $db:ty, $conn:ty;)*) => {$(
-            mod $name {
-                use std::sync::Arc;
-
-                use dedup_runtime::consume::Message;
-                use dedup_runtime::lapin::RabbitMqConsumer;
-
-                use super::super::spawnable;
-
-                #[dedup_runtime::idempotent(consumer = "spawned", key = msg.id())]
-                async fn apply(tx: &mut $conn, msg: &Message) -> Result<(), sqlx::Error> {
-                    sqlx::query("SELECT 1").execute(&mut *tx).await?;
-                    Ok(())
-                }
-
-                pub(super) fn run_mqtt(
-                    consumer: dedup_runtime::rumqttc::MqttConsumer,
-                    pool: sqlx::Pool<$db>,
-                ) {
-                    super::super::movable::<dedup_runtime::rumqttc::MqttConsumer>();
-                    drop(spawnable(async move {
-                        let handler = |pool: sqlx::Pool<$db>, msg: Arc<Message>| async move {
-                            apply(&pool, &msg).await
-                        };
-                        consumer.run(&pool, handler, super::super::shutdown()).await
-                    }));
-                }
-
-                pub(super) fn run(consumer: RabbitMqConsumer, pool: sqlx::Pool<$db>) {
-                    super::super::movable::<RabbitMqConsumer>();
-                    drop(spawnable(async move {
-                        let handler = |pool: sqlx::Pool<$db>, msg: Arc<Message>| async move {
-                            apply(&pool, &msg).await
-                        };
-                        consumer.run(&pool, handler, super::super::shutdown()).await
-                    }));
-                }
-            }
-        )*};
-    }
-
-    /// The hosted Redis Streams consumer: run in a task of its own, with an
+    /// The hosted consumers (RabbitMQ, NATS JetStream, Redis Streams, MQTT): run in a task of its own, with an
     /// `#[idempotent]` handler over its `Message`, on every backend.
-    macro_rules! redis_consumers {
-        ($($name:ident: $db:ty, $conn:ty;)*) => {$(
+    macro_rules! hosted_consumers {
+        ($consumer:ty => $($name:ident: $db:ty, $conn:ty;)*) => {$(
             mod $name {
                 use std::sync::Arc;
 
                 use dedup_runtime::consume::Message;
-                use dedup_runtime::redis::RedisStreamsConsumer;
 
                 use super::super::spawnable;
 
@@ -624,8 +579,8 @@ mod brokers {
                     Ok(())
                 }
 
-                pub(super) fn run(consumer: RedisStreamsConsumer, pool: sqlx::Pool<$db>) {
-                    super::super::movable::<RedisStreamsConsumer>();
+                pub(super) fn run(consumer: $consumer, pool: sqlx::Pool<$db>) {
+                    super::super::movable::<$consumer>();
                     drop(spawnable(async move {
                         let handler = |pool: sqlx::Pool<$db>, msg: Arc<Message>| async move {
                             apply(&pool, &msg).await
@@ -637,16 +592,32 @@ mod brokers {
         )*};
     }
 
-    redis_consumers! {
+    hosted_consumers! {
+        dedup_runtime::redis::RedisStreamsConsumer =>
         redis_consumer_postgres: sqlx::Postgres, sqlx::PgConnection;
         redis_consumer_mysql: sqlx::MySql, sqlx::MySqlConnection;
         redis_consumer_sqlite: sqlx::Sqlite, sqlx::SqliteConnection;
     }
 
-    rabbitmq_consumers! {
+    hosted_consumers! {
+        dedup_runtime::rumqttc::MqttConsumer =>
+        mqtt_consumer_postgres: sqlx::Postgres, sqlx::PgConnection;
+        mqtt_consumer_mysql: sqlx::MySql, sqlx::MySqlConnection;
+        mqtt_consumer_sqlite: sqlx::Sqlite, sqlx::SqliteConnection;
+    }
+
+    hosted_consumers! {
+        dedup_runtime::lapin::RabbitMqConsumer =>
         consumer_postgres: sqlx::Postgres, sqlx::PgConnection;
         consumer_mysql: sqlx::MySql, sqlx::MySqlConnection;
         consumer_sqlite: sqlx::Sqlite, sqlx::SqliteConnection;
+    }
+
+    hosted_consumers! {
+        dedup_runtime::async_nats::JetStreamConsumer =>
+        jetstream_consumer_postgres: sqlx::Postgres, sqlx::PgConnection;
+        jetstream_consumer_mysql: sqlx::MySql, sqlx::MySqlConnection;
+        jetstream_consumer_sqlite: sqlx::Sqlite, sqlx::SqliteConnection;
     }
 
     publishers! {
