@@ -2,10 +2,7 @@
 //! each order applied once, whatever JetStream redelivers and whenever the process dies
 //! (`kill -9` included), and one `accepted` event per order, sent on by the relay.
 //!
-//! ```text
-//! cargo run --features brokers --example nats_consumer   # SIGTERM or Ctrl-C stops it
-//! ```
-//!
+//! `cargo run --features brokers --example nats_consumer`; SIGTERM or Ctrl-C stops it.
 //! Settings: `NATS_URL`, `DATABASE_URL`, `STREAM` (`ORDERS`, on `SUBJECT`, `orders`; dead
 //! letters to `orders.dead` in `ORDERS_DEAD`), `EVENTS_SUBJECT` (`order-events`, in
 //! `ORDERS_EVENTS`), `ACK_WAIT_MS` (`30000`, for the durable consumer `orders` it creates).
@@ -21,17 +18,21 @@ use sqlx::{PgConnection, PgPool};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
+type Events = (Outbox, String); // its own outbox table (its relay sends only its events)
+const OUTBOX: &str = "nats_orders_outbox";
+const CONSUMER: &str = "nats-orders"; // the attribute's and the `Cause`'s
+
 /// Applies an order and enqueues its event, in one transaction with the dedup record.
-#[idempotent(consumer = "orders", key = msg.id())]
-async fn apply(tx: &mut PgConnection, msg: &Message, events: &str) -> Result<(), sqlx::Error> {
+#[idempotent(consumer = CONSUMER, key = msg.id())]
+async fn apply(tx: &mut PgConnection, msg: &Message, to: &Events) -> Result<(), sqlx::Error> {
     sqlx::query("INSERT INTO example_orders (message_id, body) VALUES ($1, $2)")
         .bind(msg.id())
         .bind(msg.payload())
         .execute(&mut *tx)
         .await?;
-    let cause = Cause::new("orders", msg.id())?;
-    let event = cause.outgoing("accepted", events, msg.payload())?;
-    Outbox::new().enqueue(&mut *tx, &event).await?;
+    let cause = Cause::new(CONSUMER, msg.id())?;
+    let event = cause.outgoing("accepted", &to.1, msg.payload())?;
+    to.0.enqueue(&mut *tx, &event).await?;
     Ok(())
 }
 
@@ -39,7 +40,6 @@ fn setting(name: &str, default: &str) -> String {
     std::env::var(name).unwrap_or_else(|_| default.to_owned())
 }
 
-/// Completes once `stopping` says so.
 async fn stopped(mut stopping: watch::Receiver<bool>) {
     let _ = stopping.wait_for(|stop| *stop).await;
 }
@@ -52,7 +52,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let database = setting("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test");
     let pool = PgPool::connect(&database).await?;
     dedup_runtime::migrate(&pool).await?;
-    dedup_runtime::outbox::migrate(&pool).await?;
+    dedup_runtime::outbox::migrate_table(&pool, OUTBOX).await?;
     sqlx::query("CREATE TABLE IF NOT EXISTS example_orders (message_id text, body bytea)")
         .execute(&pool)
         .await?;
@@ -75,16 +75,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         js.get_or_create_stream(config).await?;
     }
     let publisher = JetStreamPublisher::new(js.clone());
-    let relay = Outbox::new().relay(&pool);
+    let outbox = Outbox::new().in_table(OUTBOX)?;
+    let relay = outbox.relay(&pool);
     let until = stopped(stopping.clone());
     let relaying = tokio::spawn(async move { relay.run(&publisher, until).await });
 
-    let events: Arc<str> = events.into();
+    let events = Arc::new((outbox, events)); // the outbox, and where its events go
     let handler = move |pool: PgPool, msg: Arc<Message>| {
         let events = events.clone();
         async move { apply(&pool, &msg, &events).await }
     };
-    // Explicit acknowledgements (the default); poison is dead-lettered before 20 deliveries.
     let durable = pull::Config {
         ack_wait,
         max_deliver: 20,

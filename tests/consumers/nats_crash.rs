@@ -141,7 +141,7 @@ async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
     // Every event enqueued and marked sent by the relay (the events' stream may hold
     // copies of some before the others are in).
     let sent = format!(
-        "SELECT COUNT(*) FROM outbox_messages WHERE destination = '{stream}.events' AND state = 2"
+        "SELECT COUNT(*) FROM nats_orders_outbox WHERE destination = '{stream}.events' AND state = 2"
     );
     loop {
         let done = count(effects.clone()).await == messages_n as i64
@@ -179,7 +179,7 @@ async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
         "SELECT COUNT(DISTINCT message_id) FROM example_orders WHERE message_id LIKE '{run}-%'"
     );
     let dedup = format!(
-        "SELECT COUNT(*) FROM processed_messages WHERE consumer = 'orders' AND message_id LIKE '{run}-%'"
+        "SELECT COUNT(*) FROM processed_messages WHERE consumer = 'nats-orders' AND message_id LIKE '{run}-%'"
     );
     let (applied, applied_once, rows) = (
         count(effects).await,
