@@ -125,3 +125,68 @@ impl Consumed {
         self.reconnects += other.reconnects;
     }
 }
+
+/// What the hosted consumers share in their loops: the shutdown signal as their workers
+/// see it, the pause that gives way to it, the deadline of the call in hand, the wait
+/// before connecting again.
+#[cfg(any(
+    feature = "lapin",
+    feature = "async-nats",
+    feature = "redis",
+    feature = "rumqttc"
+))]
+pub(crate) mod shared {
+    use std::future::Future;
+    use std::pin::pin;
+    use std::task::Poll;
+    use std::time::Duration;
+
+    use tokio::sync::watch;
+
+    /// The first and the longest wait before a consumer connects again.
+    pub(crate) const RECONNECT: (Duration, Duration) =
+        (Duration::from_millis(100), Duration::from_secs(5));
+
+    /// Whether shutdown began.
+    pub(crate) fn stopped(stopping: &watch::Receiver<bool>) -> bool {
+        *stopping.borrow()
+    }
+
+    /// Waits `wait`; `false` once shutdown began (at once if it had).
+    pub(crate) async fn pause(stopping: &watch::Receiver<bool>, wait: Duration) -> bool {
+        let mut stopping = stopping.clone();
+        let stop = stopping.wait_for(|stop| *stop);
+        tokio::time::timeout(wait, stop).await.is_err()
+    }
+
+    /// `call`, or `None` if shutdown began and `deadline` passed after it first: the
+    /// call is then dropped (a handler's transaction rolls back).
+    pub(crate) async fn within_deadline<T>(
+        stopping: &watch::Receiver<bool>,
+        deadline: Duration,
+        call: impl Future<Output = T>,
+    ) -> Option<T> {
+        let mut stopping = stopping.clone();
+        let cutoff = async move {
+            let _ = stopping.wait_for(|stop| *stop).await;
+            tokio::time::sleep(deadline).await;
+        };
+        first(call, cutoff).await
+    }
+
+    /// `work`'s output if it ends first, `None` if `other` does.
+    pub(crate) async fn first<T>(
+        work: impl Future<Output = T>,
+        other: impl Future<Output = ()>,
+    ) -> Option<T> {
+        let mut work = pin!(work);
+        let mut other = pin!(other);
+        std::future::poll_fn(|context| {
+            if let Poll::Ready(done) = work.as_mut().poll(context) {
+                return Poll::Ready(Some(done));
+            }
+            other.as_mut().poll(context).map(|()| None)
+        })
+        .await
+    }
+}

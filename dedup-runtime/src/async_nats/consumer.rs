@@ -189,8 +189,8 @@ impl std::error::Error for ConsumeError {
     }
 }
 
-/// The first and the longest wait before pulling again after a failed pull.
-const RECONNECT: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+// The first and the longest wait before pulling again after a failed pull: `RECONNECT`.
+use crate::consume::shared::{self, RECONNECT};
 /// How long a pull waits on the server for messages: also the longest a pull lost with
 /// its connection could linger, had the loss gone unseen.
 const PULL_EXPIRES: Duration = Duration::from_secs(5);
@@ -490,13 +490,12 @@ where
     }
 
     fn stopped(&self) -> bool {
-        *self.stopping.borrow()
+        shared::stopped(&self.stopping)
     }
 
     /// Waits `wait`; `false` once shutdown began.
     async fn pause(&mut self, wait: Duration) -> bool {
-        let stopping = self.stopping.wait_for(|stop| *stop);
-        tokio::time::timeout(wait, stopping).await.is_err()
+        shared::pause(&self.stopping, wait).await
     }
 
     /// Processes the pull's messages until it ends, shutdown or the connection's loss

@@ -143,8 +143,7 @@ impl std::error::Error for ConsumeError {
 /// How long connecting, opening a channel and subscribing may take together.
 const SUBSCRIBE: Duration = Duration::from_secs(30);
 
-/// The first and the longest wait before connecting again.
-const RECONNECT: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+use crate::consume::shared::{self, RECONNECT};
 
 impl RabbitMqConsumer {
     /// A consumer of `queue` on the broker at `uri` (as
@@ -281,14 +280,7 @@ impl RabbitMqConsumer {
             worker.run(subscription)
         }));
         let mut workers = pin!(workers);
-        let mut shutdown = pin!(shutdown);
-        let finished = std::future::poll_fn(|context| {
-            if let std::task::Poll::Ready(done) = workers.as_mut().poll(context) {
-                return std::task::Poll::Ready(Some(done));
-            }
-            shutdown.as_mut().poll(context).map(|()| None)
-        })
-        .await;
+        let finished = shared::first(workers.as_mut(), shutdown).await;
         let done = match finished {
             Some(done) => done,
             None => {
@@ -522,13 +514,12 @@ where
     }
 
     fn stopped(&self) -> bool {
-        *self.stopping.borrow()
+        shared::stopped(&self.stopping)
     }
 
     /// Waits `wait`; `false` once shutdown began.
     async fn pause(&mut self, wait: Duration) -> bool {
-        let stopping = self.stopping.wait_for(|stop| *stop);
-        tokio::time::timeout(wait, stopping).await.is_err()
+        shared::pause(&self.stopping, wait).await
     }
 
     /// Processes the subscription's deliveries until shutdown or its loss.
@@ -652,21 +643,7 @@ where
 
     /// `call`, or `None` if shutdown began and its deadline passed first.
     async fn within_deadline<T>(&mut self, call: impl Future<Output = T>) -> Option<T> {
-        let deadline = self.consumer.shutdown_deadline;
-        let mut stopping = self.stopping.clone();
-        let cutoff = async move {
-            let _ = stopping.wait_for(|stop| *stop).await;
-            tokio::time::sleep(deadline).await;
-        };
-        let mut call = pin!(call);
-        let mut cutoff = pin!(cutoff);
-        std::future::poll_fn(|context| {
-            if let std::task::Poll::Ready(done) = call.as_mut().poll(context) {
-                return std::task::Poll::Ready(Some(done));
-            }
-            cutoff.as_mut().poll(context).map(|()| None)
-        })
-        .await
+        shared::within_deadline(&self.stopping, self.consumer.shutdown_deadline, call).await
     }
 
     /// Shutdown: no more deliveries, the ones fetched and not started handed back, the

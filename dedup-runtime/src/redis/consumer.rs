@@ -163,8 +163,7 @@ impl std::error::Error for ConsumeError {
     }
 }
 
-/// The first and the longest wait before connecting again.
-const RECONNECT: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+use crate::consume::shared::{self, RECONNECT};
 
 impl RedisStreamsConsumer {
     /// A consumer of `stream` through `client`, as the member `member` of `group`: batches
@@ -318,14 +317,7 @@ impl RedisStreamsConsumer {
             consumed: Consumed::default(),
         };
         let mut work = pin!(worker.run());
-        let mut shutdown = pin!(shutdown);
-        let finished = std::future::poll_fn(|context| {
-            if let std::task::Poll::Ready(done) = work.as_mut().poll(context) {
-                return std::task::Poll::Ready(Some(done));
-            }
-            shutdown.as_mut().poll(context).map(|()| None)
-        })
-        .await;
+        let finished = shared::first(work.as_mut(), shutdown).await;
         Ok(match finished {
             Some(done) => done,
             None => {
@@ -444,13 +436,12 @@ where
     }
 
     fn stopped(&self) -> bool {
-        *self.stopping.borrow()
+        shared::stopped(&self.stopping)
     }
 
     /// Waits `wait`; `false` once shutdown began.
     async fn pause(&mut self, wait: Duration) -> bool {
-        let stopping = self.stopping.wait_for(|stop| *stop);
-        tokio::time::timeout(wait, stopping).await.is_err()
+        shared::pause(&self.stopping, wait).await
     }
 
     /// One read and what it brought: the retries due, else the own pending entries, else
@@ -791,21 +782,7 @@ where
 
     /// `call`, or `None` if shutdown began and its deadline passed first.
     async fn within_deadline<T>(&mut self, call: impl Future<Output = T>) -> Option<T> {
-        let deadline = self.consumer.shutdown_deadline;
-        let mut stopping = self.stopping.clone();
-        let cutoff = async move {
-            let _ = stopping.wait_for(|stop| *stop).await;
-            tokio::time::sleep(deadline).await;
-        };
-        let mut call = pin!(call);
-        let mut cutoff = pin!(cutoff);
-        std::future::poll_fn(|context| {
-            if let std::task::Poll::Ready(done) = call.as_mut().poll(context) {
-                return std::task::Poll::Ready(Some(done));
-            }
-            cutoff.as_mut().poll(context).map(|()| None)
-        })
-        .await
+        shared::within_deadline(&self.stopping, self.consumer.shutdown_deadline, call).await
     }
 
     /// `XACK <stream> <group> <id>…`: the entries leave the pending entries list.

@@ -118,8 +118,7 @@ impl std::fmt::Display for ConsumeError {
 
 impl std::error::Error for ConsumeError {}
 
-/// The first and the longest wait before connecting again.
-const RECONNECT: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(5));
+use crate::consume::shared::{self, RECONNECT};
 /// How long a connection, a subscription or a dead letter's `PUBACK` may take.
 const WIRE: Duration = Duration::from_secs(30);
 
@@ -206,14 +205,7 @@ impl MqttConsumer {
             consumed: Consumed::default(),
         };
         let mut work = pin!(worker.run(first));
-        let mut shutdown = pin!(shutdown);
-        let finished = std::future::poll_fn(|context| {
-            if let std::task::Poll::Ready(done) = work.as_mut().poll(context) {
-                return std::task::Poll::Ready(Some(done));
-            }
-            shutdown.as_mut().poll(context).map(|()| None)
-        })
-        .await;
+        let finished = shared::first(work.as_mut(), shutdown).await;
         Ok(match finished {
             Some(consumed) => consumed,
             None => {
@@ -464,8 +456,7 @@ where
 
     /// Waits `wait`; `false` once shutdown began.
     async fn pause(&mut self, wait: Duration) -> bool {
-        let stopping = self.stopping.wait_for(|stop| *stop);
-        tokio::time::timeout(wait, stopping).await.is_err()
+        shared::pause(&self.stopping, wait).await
     }
 
     /// Runs the handler until it settles (retries in process), then acknowledges.
@@ -578,21 +569,7 @@ where
 
     /// `call`, or `None` if shutdown began and its deadline passed first.
     async fn within_deadline<T>(&mut self, call: impl Future<Output = T>) -> Option<T> {
-        let deadline = self.consumer.shutdown_deadline;
-        let mut stopping = self.stopping.clone();
-        let cutoff = async move {
-            let _ = stopping.wait_for(|stop| *stop).await;
-            tokio::time::sleep(deadline).await;
-        };
-        let mut call = pin!(call);
-        let mut cutoff = pin!(cutoff);
-        std::future::poll_fn(|context| {
-            if let std::task::Poll::Ready(done) = call.as_mut().poll(context) {
-                return std::task::Poll::Ready(Some(done));
-            }
-            cutoff.as_mut().poll(context).map(|()| None)
-        })
-        .await
+        shared::within_deadline(&self.stopping, self.consumer.shutdown_deadline, call).await
     }
 
     /// Disconnects once the acknowledgements queued before are written.
