@@ -3,6 +3,7 @@
 //! reconnection), checked in the database (effects and dedup rows) and in what the broker
 //! holds afterwards (feature `brokers`).
 
+mod common;
 mod mqtt;
 mod mqtt_crash;
 mod nats;

@@ -7,12 +7,11 @@ use std::time::{Duration, Instant};
 use dedup_runtime::AckPolicy;
 use dedup_runtime::consume::Message;
 use dedup_runtime::rumqttc::MqttConsumer;
-use dedup_suite::TestDatabase;
 use dedup_suite::mosquitto::Mosquitto;
 use dedup_suite::outage::Outage;
 use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
 
-const PATIENCE: Duration = Duration::from_secs(60);
+use super::common::{PATIENCE, count, fails_first_time, fails_permanently, until};
 
 /// A persistent session of `client_id` subscribed to `topic` at QoS 1, left offline: the
 /// broker keeps what comes for it.
@@ -74,27 +73,6 @@ pub(crate) async fn collect(port: u16, client_id: &str, topic: &str) -> Vec<Vec<
         }
     }
     got
-}
-
-fn fails_permanently(message: &Message) -> bool {
-    message.payload() == b"poison"
-}
-
-fn fails_first_time(message: &Message) -> bool {
-    message.payload() == b"flaky" && message.delivery_count() == 1
-}
-
-async fn count<DB: TestDatabase>(pool: &sqlx::Pool<DB>, sql: &str, run: &str) -> i64 {
-    DB::count(pool, sql.to_owned(), vec![run.to_owned()]).await
-}
-
-/// Completes once `done` says so (polled every 20 ms), or panics after [`PATIENCE`].
-async fn until<F: Future<Output = bool>>(mut done: impl FnMut() -> F) {
-    let started = Instant::now();
-    while !done().await {
-        assert!(started.elapsed() < PATIENCE, "not done within {PATIENCE:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn wire(id: &str, body: &[u8]) -> Vec<u8> {

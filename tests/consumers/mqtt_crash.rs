@@ -11,7 +11,7 @@
 //! status 0.
 
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dedup_suite::Shuffle;
@@ -19,18 +19,9 @@ use dedup_suite::mosquitto::Mosquitto;
 
 use super::mqtt::{collect, publish, session};
 
+use super::common::Life;
+
 const POISON: usize = 5;
-
-/// A consumer process, killed when dropped: a failing harness leaves none behind (a
-/// stray one would go on consuming, and relaying, beside the next run).
-struct Life(Child);
-
-impl Drop for Life {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn start(program: &std::path::Path, port: u16, run: &str) -> Life {
     Life(

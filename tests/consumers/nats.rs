@@ -10,11 +10,11 @@ use async_nats::jetstream::{self, Context};
 use dedup_runtime::AckPolicy;
 use dedup_runtime::async_nats::{JetStreamConsumer, provenance};
 use dedup_runtime::consume::{Consumed, Message};
-use dedup_suite::TestDatabase;
 use dedup_suite::outage::Outage;
 
+use super::common::{count, fails_first_time, fails_permanently, until};
+
 pub(crate) const NATS: &str = "nats://127.0.0.1:4222";
-const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A JetStream context on a connection of the test's own.
 pub(crate) async fn context() -> Context {
@@ -109,31 +109,8 @@ async fn delete(js: &Context, stream: &str) {
     }
 }
 
-/// Completes once `done` says so (polled every 20 ms), or panics after [`PATIENCE`].
-async fn until<F: Future<Output = bool>>(mut done: impl FnMut() -> F) {
-    let started = Instant::now();
-    while !done().await {
-        assert!(started.elapsed() < PATIENCE, "not done within {PATIENCE:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 fn header<'m>(headers: &'m HeaderMap, name: &str) -> Option<&'m str> {
     headers.get(name).map(|value| value.as_str())
-}
-
-/// What the handlers do with a message, by its body.
-fn fails_permanently(message: &Message) -> bool {
-    message.payload() == b"poison"
-}
-
-fn fails_first_time(message: &Message) -> bool {
-    message.payload() == b"flaky" && message.delivery_count() == 1
-}
-
-/// Counts rows of `sql` (a `COUNT(*)` with the run's name bound once).
-async fn count<DB: TestDatabase>(pool: &sqlx::Pool<DB>, sql: &str, run: &str) -> i64 {
-    DB::count(pool, sql.to_owned(), vec![run.to_owned()]).await
 }
 
 macro_rules! backend {

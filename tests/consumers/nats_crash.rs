@@ -17,7 +17,7 @@
 //! SIGTERM'd process out within its deadline, with status 0.
 
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
@@ -26,20 +26,24 @@ use dedup_suite::Shuffle;
 
 use super::nats::{NATS, context, messages, pending_in, stored};
 
+use super::common::Life;
+
 const POISON: usize = 5;
 
-fn start(program: &std::path::Path, stream: &str) -> Child {
-    Command::new(program)
-        .env("NATS_URL", NATS)
-        .env("DATABASE_URL", dedup_suite::postgres_url())
-        .env("STREAM", stream)
-        .env("SUBJECT", format!("{stream}.orders"))
-        .env("EVENTS_SUBJECT", format!("{stream}.events"))
-        .env("ACK_WAIT_MS", "2000")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the example")
+fn start(program: &std::path::Path, stream: &str) -> Life {
+    Life(
+        Command::new(program)
+            .env("NATS_URL", NATS)
+            .env("DATABASE_URL", dedup_suite::postgres_url())
+            .env("STREAM", stream)
+            .env("SUBJECT", format!("{stream}.orders"))
+            .env("EVENTS_SUBJECT", format!("{stream}.events"))
+            .env("ACK_WAIT_MS", "2000")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the example"),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

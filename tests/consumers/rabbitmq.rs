@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 use dedup_runtime::AckPolicy;
 use dedup_runtime::consume::{Consumed, Message};
 use dedup_runtime::lapin::RabbitMqConsumer;
-use dedup_suite::TestDatabase;
 use dedup_suite::outage::Outage;
 use lapin::options::{
     BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
@@ -16,8 +15,9 @@ use lapin::options::{
 use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 
+use super::common::{count, fails_first_time, fails_permanently, until};
+
 pub(crate) const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-const PATIENCE: Duration = Duration::from_secs(60);
 
 /// A channel in confirm mode on a connection of the test's own.
 pub(crate) async fn channel() -> Channel {
@@ -100,29 +100,6 @@ async fn delete(channel: &Channel, queue: &str) {
             .await
             .unwrap();
     }
-}
-
-/// Completes once `done` says so (polled every 20 ms), or panics after [`PATIENCE`].
-async fn until<F: Future<Output = bool>>(mut done: impl FnMut() -> F) {
-    let started = Instant::now();
-    while !done().await {
-        assert!(started.elapsed() < PATIENCE, "not done within {PATIENCE:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// What the handlers do with a message, by its body.
-fn fails_permanently(message: &Message) -> bool {
-    message.payload() == b"poison"
-}
-
-fn fails_first_time(message: &Message) -> bool {
-    message.payload() == b"flaky" && message.delivery_count() == 1
-}
-
-/// Counts rows of `sql` (a `COUNT(*)` with the run's name bound once).
-async fn count<DB: TestDatabase>(pool: &sqlx::Pool<DB>, sql: &str, run: &str) -> i64 {
-    DB::count(pool, sql.to_owned(), vec![run.to_owned()]).await
 }
 
 /// `declare(true)` on a queue that exists without the dead-letter exchange: RabbitMQ

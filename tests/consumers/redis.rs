@@ -9,13 +9,13 @@ use std::time::{Duration, Instant};
 use dedup_runtime::AckPolicy;
 use dedup_runtime::consume::{Consumed, Message};
 use dedup_runtime::redis::RedisStreamsConsumer;
-use dedup_suite::TestDatabase;
 use dedup_suite::outage::Outage;
 use redis::Value;
 use redis::aio::MultiplexedConnection;
 
+use super::common::{count, fails_first_time, fails_permanently, until};
+
 pub(crate) const REDIS: &str = "redis://127.0.0.1:6379";
-const PATIENCE: Duration = Duration::from_secs(60);
 const GROUP: &str = "hosted";
 
 pub(crate) fn client() -> redis::Client {
@@ -104,29 +104,6 @@ pub(crate) async fn delete(redis: &mut MultiplexedConnection, stream: &str) {
         .query_async(redis)
         .await
         .unwrap();
-}
-
-/// Completes once `done` says so (polled every 20 ms), or panics after [`PATIENCE`].
-async fn until<F: Future<Output = bool>>(mut done: impl FnMut() -> F) {
-    let started = Instant::now();
-    while !done().await {
-        assert!(started.elapsed() < PATIENCE, "not done within {PATIENCE:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// What the handlers do with a message, by its body.
-fn fails_permanently(message: &Message) -> bool {
-    message.payload() == b"poison"
-}
-
-fn fails_first_time(message: &Message) -> bool {
-    message.payload() == b"flaky" && message.delivery_count() == 1
-}
-
-/// Counts rows of `sql` (a `COUNT(*)` with the run's name bound once).
-async fn count<DB: TestDatabase>(pool: &sqlx::Pool<DB>, sql: &str, run: &str) -> i64 {
-    DB::count(pool, sql.to_owned(), vec![run.to_owned()]).await
 }
 
 fn text(fields: &HashMap<String, Vec<u8>>, name: &str) -> String {

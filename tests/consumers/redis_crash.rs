@@ -15,29 +15,33 @@
 //! deadline, with status 0.
 
 use std::collections::BTreeSet;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use dedup_suite::Shuffle;
 
 use super::redis::{REDIS, connection, create_group, delete, entries, length, pending};
 
+use super::common::Life;
+
 const POISON: usize = 5;
 const GROUP: &str = "orders";
 
-fn start(program: &std::path::Path, stream: &str, outbox: &str) -> Child {
-    Command::new(program)
-        .env("REDIS_URL", REDIS)
-        .env("DATABASE_URL", dedup_suite::postgres_url())
-        .env("STREAM", stream)
-        .env("GROUP", GROUP)
-        .env("MEMBER", "orders-0")
-        .env("EVENTS_STREAM", format!("{stream}.events"))
-        .env("OUTBOX_TABLE", outbox)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start the example")
+fn start(program: &std::path::Path, stream: &str, outbox: &str) -> Life {
+    Life(
+        Command::new(program)
+            .env("REDIS_URL", REDIS)
+            .env("DATABASE_URL", dedup_suite::postgres_url())
+            .env("STREAM", stream)
+            .env("GROUP", GROUP)
+            .env("MEMBER", "orders-0")
+            .env("EVENTS_STREAM", format!("{stream}.events"))
+            .env("OUTBOX_TABLE", outbox)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the example"),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
