@@ -560,9 +560,9 @@ where
 
     /// Runs the handler for `delivery` and settles it; `false` when the settlement could
     /// not be sent (the channel is lost).
-    async fn process(&mut self, delivery: Delivery, consumed: &mut Consumed) -> bool {
+    async fn process(&mut self, mut delivery: Delivery, consumed: &mut Consumed) -> bool {
         let message = Arc::new(message(
-            &delivery,
+            &mut delivery,
             &self.consumer.message_id,
             &self.consumer.queue,
         ));
@@ -593,7 +593,6 @@ where
         let _entered = span.enter();
         let sent = match ack {
             Ack::Ack => {
-                consumed.acknowledged += 1;
                 delivery
                     .acker
                     .ack(::lapin::options::BasicAckOptions::default())
@@ -608,7 +607,6 @@ where
                 if !self.pause(after).await {
                     return hand_back(&delivery, consumed).await;
                 }
-                consumed.retried += 1;
                 delivery
                     .acker
                     .reject(BasicRejectOptions { requeue: true })
@@ -618,27 +616,24 @@ where
                 if let Err(error) = &result {
                     tracing::warn!(%error, "RabbitMQ consumer: permanent failure; dead-lettered");
                 }
-                consumed.dead_lettered += 1;
                 delivery
                     .acker
                     .reject(BasicRejectOptions { requeue: false })
                     .await
             }
         };
-        match sent {
-            Ok(true) => true,
-            // Not sent: the channel is gone (or the delivery was settled already). The
-            // broker delivers the message again.
-            Ok(false) | Err(_) => {
-                match ack {
-                    Ack::Ack => consumed.acknowledged -= 1,
-                    Ack::Retry { .. } => consumed.retried -= 1,
-                    Ack::DeadLetter => consumed.dead_lettered -= 1,
-                }
-                consumed.dropped += 1;
-                false
-            }
-        }
+        // Counted by what reached the broker: a settlement not sent (the channel gone,
+        // or the delivery settled already) leaves the message to be delivered again.
+        let counter = match sent {
+            Ok(true) => match ack {
+                Ack::Ack => &mut consumed.acknowledged,
+                Ack::Retry { .. } => &mut consumed.retried,
+                Ack::DeadLetter => &mut consumed.dead_lettered,
+            },
+            Ok(false) | Err(_) => &mut consumed.dropped,
+        };
+        *counter += 1;
+        matches!(sent, Ok(true))
     }
 
     /// `call`, or `None` if shutdown began and its deadline passed first.
@@ -687,8 +682,8 @@ async fn requeue(delivery: &Delivery) -> bool {
     matches!(delivery.acker.nack(back).await, Ok(true))
 }
 
-/// The [`Message`] of `delivery`.
-fn message(delivery: &Delivery, from: &MessageIdFrom, queue: &str) -> Message {
+/// The [`Message`] of `delivery`, its payload moved out.
+fn message(delivery: &mut Delivery, from: &MessageIdFrom, queue: &str) -> Message {
     let headers: Vec<(String, Vec<u8>)> = delivery
         .properties
         .headers()
@@ -714,7 +709,8 @@ fn message(delivery: &Delivery, from: &MessageIdFrom, queue: &str) -> Message {
     };
     Message {
         id: id.unwrap_or_default(),
-        payload: delivery.data.clone(),
+        // The delivery's own bytes: it is settled through its acker, without them.
+        payload: std::mem::take(&mut delivery.data),
         headers,
         delivery: super::delivery_count(delivery),
         destination: queue.to_owned(),
