@@ -115,7 +115,10 @@ pub struct Consumed {
 }
 
 impl Consumed {
-    #[cfg_attr(not(any(feature = "lapin", feature = "async-nats")), allow(dead_code))]
+    #[cfg_attr(
+        not(any(feature = "lapin", feature = "async-nats", feature = "rdkafka")),
+        allow(dead_code)
+    )]
     pub(crate) fn add(&mut self, other: &Consumed) {
         self.acknowledged += other.acknowledged;
         self.retried += other.retried;
@@ -132,6 +135,7 @@ impl Consumed {
 #[cfg(any(
     feature = "lapin",
     feature = "async-nats",
+    feature = "rdkafka",
     feature = "redis",
     feature = "rumqttc"
 ))]
@@ -174,6 +178,35 @@ pub(crate) mod shared {
         first(call, cutoff).await
     }
 
+    /// The longest error text a dead letter's header keeps, in bytes.
+    #[cfg_attr(
+        not(any(feature = "async-nats", feature = "rdkafka")),
+        allow(dead_code)
+    )]
+    pub(crate) const ERROR_LIMIT: usize = 1024;
+
+    /// `text` as a header value: no control characters (a line break would end a NATS
+    /// header), at most [`ERROR_LIMIT`] bytes, cut at a character boundary with a `…`.
+    #[cfg_attr(
+        not(any(feature = "async-nats", feature = "rdkafka")),
+        allow(dead_code)
+    )]
+    pub(crate) fn header_text(text: &str) -> String {
+        let mut value: String = text
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
+        if value.len() > ERROR_LIMIT {
+            let mut cut = ERROR_LIMIT - '…'.len_utf8();
+            while !value.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            value.truncate(cut);
+            value.push('…');
+        }
+        value
+    }
+
     /// `work`'s output if it ends first, `None` if `other` does.
     pub(crate) async fn first<T>(
         work: impl Future<Output = T>,
@@ -188,5 +221,20 @@ pub(crate) mod shared {
             other.as_mut().poll(context).map(|()| None)
         })
         .await
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn error_texts_fit_one_header() {
+            assert_eq!(header_text("a\r\nb\tc"), "a  b c");
+            let long = "é".repeat(1000);
+            let value = header_text(&long);
+            assert!(value.len() <= ERROR_LIMIT, "{}", value.len());
+            assert!(value.ends_with('…'));
+            assert_eq!(header_text("short"), "short");
+        }
     }
 }

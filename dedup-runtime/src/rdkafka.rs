@@ -1,4 +1,9 @@
-//! The outbox's Kafka publisher (feature `rdkafka`): [`KafkaPublisher`].
+//! Kafka through [rust-rdkafka](https://docs.rs/rdkafka) (feature `rdkafka`): the hosted
+//! consumer [`KafkaConsumer`], which runs an `#[idempotent]` handler for every record of a
+//! topic as a member of a consumer group, and the outbox's publisher [`KafkaPublisher`].
+//!
+//! The feature turns on none of rdkafka's own features but `tokio`: your own rdkafka
+//! dependency picks librdkafka's build, TLS, SASL and compression.
 
 use std::time::Duration;
 
@@ -8,6 +13,10 @@ use ::rdkafka::message::{Header, OwnedHeaders};
 use ::rdkafka::producer::{FutureProducer, FutureRecord};
 
 use crate::outbox::{OutboxMessage, Publisher};
+
+mod consumer;
+
+pub use consumer::{ConsumeError, KafkaConsumer, MessageIdFrom, provenance};
 
 /// Publishes an outbox's rows to Kafka, for the relay
 /// ([`Relay::run`](crate::outbox::Relay::run)): each to the row's destination as its

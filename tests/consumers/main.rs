@@ -4,6 +4,7 @@
 //! holds afterwards (feature `brokers`).
 
 mod common;
+mod kafka;
 mod mqtt;
 mod mqtt_crash;
 mod nats;

@@ -620,6 +620,13 @@ mod brokers {
         jetstream_consumer_sqlite: sqlx::Sqlite, sqlx::SqliteConnection;
     }
 
+    hosted_consumers! {
+        dedup_runtime::rdkafka::KafkaConsumer =>
+        kafka_consumer_postgres: sqlx::Postgres, sqlx::PgConnection;
+        kafka_consumer_mysql: sqlx::MySql, sqlx::MySqlConnection;
+        kafka_consumer_sqlite: sqlx::Sqlite, sqlx::SqliteConnection;
+    }
+
     publishers! {
         rabbitmq: RabbitMqPublisher,
         jetstream: JetStreamPublisher,

@@ -60,7 +60,7 @@ pub mod provenance {
     /// [`ERROR_LIMIT`] bytes with a `…`); absent when the handler returned no error.
     pub const ERROR: &str = "Dedup-Error";
     /// The longest error text kept, in bytes.
-    pub const ERROR_LIMIT: usize = 1024;
+    pub const ERROR_LIMIT: usize = crate::consume::shared::ERROR_LIMIT;
 }
 
 /// Runs an `#[idempotent]` handler for every message of a durable JetStream pull
@@ -707,7 +707,7 @@ where
             super::delivery_count(message).to_string().as_str(),
         );
         if let Some(error) = error {
-            headers.insert(provenance::ERROR, header_text(error).as_str());
+            headers.insert(provenance::ERROR, shared::header_text(error).as_str());
         }
         message
             .context
@@ -786,38 +786,5 @@ fn message(message: &::async_nats::jetstream::Message, from: &MessageIdFrom) -> 
         headers,
         delivery: super::delivery_count(message),
         destination: message.subject.to_string(),
-    }
-}
-
-/// `text` as a header value: no line breaks (they would end the header), at most
-/// [`provenance::ERROR_LIMIT`] bytes, cut at a character boundary with a `…`.
-fn header_text(text: &str) -> String {
-    let mut value: String = text
-        .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect();
-    if value.len() > provenance::ERROR_LIMIT {
-        let mut cut = provenance::ERROR_LIMIT - '…'.len_utf8();
-        while !value.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        value.truncate(cut);
-        value.push('…');
-    }
-    value
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn error_texts_fit_one_header() {
-        assert_eq!(header_text("a\r\nb\tc"), "a  b c");
-        let long = "é".repeat(1000);
-        let value = header_text(&long);
-        assert!(value.len() <= provenance::ERROR_LIMIT, "{}", value.len());
-        assert!(value.ends_with('…'));
-        assert_eq!(header_text("short"), "short");
     }
 }

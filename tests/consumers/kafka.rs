@@ -1,0 +1,472 @@
+//! `dedup_runtime::rdkafka::KafkaConsumer` against a real Kafka-protocol broker (tansu in
+//! CI, at `DEDUP_TEST_KAFKA_BROKERS`, 127.0.0.1:19092 by default), on PostgreSQL, MariaDB
+//! and SQLite: what it commits, what it dead-letters and in what order it applies.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use dedup_runtime::AckPolicy;
+use dedup_runtime::consume::{Consumed, Message};
+use dedup_runtime::rdkafka::{ConsumeError, KafkaConsumer, MessageIdFrom, provenance};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::{Header, Headers as _, Message as _, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+
+use super::common::{count, fails_first_time, fails_permanently, until};
+
+pub(crate) fn brokers() -> String {
+    std::env::var("DEDUP_TEST_KAFKA_BROKERS").unwrap_or_else(|_| "127.0.0.1:19092".to_owned())
+}
+
+/// A client configuration for the test's broker.
+pub(crate) fn client() -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", brokers());
+    config
+}
+
+/// The configuration a consumer of `group` is given: short session and poll intervals,
+/// so that a rebalance is over in seconds.
+pub(crate) fn member(group: &str) -> ClientConfig {
+    let mut config = client();
+    config
+        .set("group.id", group)
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500")
+        .set("max.poll.interval.ms", "15000");
+    config
+}
+
+/// Creates `topic` with `partitions` partitions.
+pub(crate) async fn topic(topic: &str, partitions: i32) {
+    let admin: AdminClient<DefaultClientContext> = client().create().expect("admin client");
+    let created = admin
+        .create_topics(
+            [&NewTopic::new(
+                topic,
+                partitions,
+                TopicReplication::Fixed(1),
+            )],
+            &AdminOptions::new(),
+        )
+        .await
+        .unwrap_or_else(|error| {
+            panic!(
+                "no Kafka-protocol broker answers at {} ({error}); .ci/run starts tansu",
+                brokers()
+            )
+        });
+    for result in created {
+        result.unwrap_or_else(|(topic, code)| panic!("create {topic}: {code}"));
+    }
+}
+
+/// One record to publish: partition, id header (none when `None`), payload.
+pub(crate) type Record<'a> = (i32, Option<&'a str>, &'a [u8]);
+
+/// Publishes `records` in order, each with its id in the header `id` and a header
+/// `trace-id: t-1`, acknowledged by the broker; returns each partition's end (the offset
+/// after its last record).
+pub(crate) async fn publish(topic: &str, records: &[Record<'_>]) -> BTreeMap<i32, i64> {
+    let producer: FutureProducer = client().set("acks", "all").create().expect("a producer");
+    let mut ends = BTreeMap::new();
+    for &(partition, id, payload) in records {
+        let mut headers = OwnedHeaders::new().insert(Header {
+            key: "trace-id",
+            value: Some("t-1"),
+        });
+        if let Some(id) = id {
+            headers = headers.insert(Header {
+                key: "id",
+                value: Some(id),
+            });
+        }
+        let record = FutureRecord::<str, [u8]>::to(topic)
+            .partition(partition)
+            .key(id.unwrap_or("no-id"))
+            .payload(payload)
+            .headers(headers);
+        let (partition, offset) = producer
+            .send(record, Duration::from_secs(10))
+            .await
+            .map(|delivery| (delivery.partition, delivery.offset))
+            .unwrap_or_else(|(error, _)| panic!("produce to {topic}: {error}"));
+        let end = ends.entry(partition).or_insert(0);
+        *end = (*end).max(offset + 1);
+    }
+    ends
+}
+
+/// `group`'s committed offsets of `topic`'s `partitions` (`-1`: none).
+pub(crate) fn committed(group: &str, topic: &str, partitions: i32) -> BTreeMap<i32, i64> {
+    let reader: BaseConsumer = client().set("group.id", group).create().unwrap();
+    let mut list = TopicPartitionList::new();
+    for partition in 0..partitions {
+        list.add_partition(topic, partition);
+    }
+    let committed = reader
+        .committed_offsets(list, Duration::from_secs(10))
+        .expect("committed offsets");
+    committed
+        .elements()
+        .iter()
+        .map(|element| {
+            let offset = match element.offset() {
+                Offset::Offset(offset) => offset,
+                _ => -1,
+            };
+            (element.partition(), offset)
+        })
+        .collect()
+}
+
+/// A record of the dead topic: partition, key, payload, headers.
+pub(crate) type Dead = (i32, Vec<u8>, Vec<u8>, HashMap<String, Vec<u8>>);
+
+/// Every record of `topic`'s `partitions`, read from the start.
+pub(crate) fn read_all(topic: &str, partitions: i32, expected: usize) -> Vec<Dead> {
+    let reader: BaseConsumer = client()
+        .set("group.id", dedup_suite::unique("reader"))
+        .set("enable.auto.commit", "false")
+        .create()
+        .unwrap();
+    let mut list = TopicPartitionList::new();
+    for partition in 0..partitions {
+        list.add_partition_offset(topic, partition, Offset::Beginning)
+            .unwrap();
+    }
+    reader.assign(&list).unwrap();
+    let mut found = Vec::new();
+    let started = std::time::Instant::now();
+    while found.len() < expected && started.elapsed() < Duration::from_secs(20) {
+        if let Some(Ok(record)) = reader.poll(Duration::from_millis(100)) {
+            let headers = record
+                .headers()
+                .map(|headers| {
+                    headers
+                        .iter()
+                        .map(|h| (h.key.to_owned(), h.value.unwrap_or_default().to_vec()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            found.push((
+                record.partition(),
+                record.key().unwrap_or_default().to_vec(),
+                record.payload().unwrap_or_default().to_vec(),
+                headers,
+            ));
+        }
+    }
+    // Anything more would be a copy too many.
+    let extra = Duration::from_millis(500);
+    let quiet = std::time::Instant::now();
+    while quiet.elapsed() < extra {
+        if let Some(Ok(record)) = reader.poll(Duration::from_millis(100)) {
+            found.push((
+                record.partition(),
+                record.key().unwrap_or_default().to_vec(),
+                record.payload().unwrap_or_default().to_vec(),
+                HashMap::new(),
+            ));
+        }
+    }
+    found
+}
+
+fn never() -> impl Fn(
+    sqlx::SqlitePool,
+    Arc<Message>,
+) -> std::future::Ready<Result<dedup_runtime::Outcome<()>, sqlx::Error>> {
+    |_, _| panic!("no record is handled")
+}
+
+/// No `group.id`, no topic, a dead topic narrower than the topic: each refused at start,
+/// with its own error, and nothing consumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuses_to_start_without_a_group_a_topic_or_a_wide_enough_dead_topic() {
+    let pool = dedup_suite::sqlite().await;
+    let name = dedup_suite::unique("kafka-refuse");
+    topic(&name, 3).await;
+    topic(&format!("{name}.narrow"), 2).await;
+
+    let error = KafkaConsumer::new(client(), &name)
+        .run(&*pool, never(), std::future::pending())
+        .await
+        .expect_err("no group");
+    assert!(matches!(error, ConsumeError::NoGroup), "{error}");
+    assert!(error.to_string().contains("group.id"), "{error}");
+
+    let error = KafkaConsumer::new(member("g"), &format!("{name}.missing"))
+        .run(&*pool, never(), std::future::pending())
+        .await
+        .expect_err("no topic");
+    assert!(matches!(error, ConsumeError::NoTopic(_)), "{error}");
+
+    let error = KafkaConsumer::new(member("g"), &name)
+        .with_dead_topic(&format!("{name}.narrow"))
+        .run(&*pool, never(), std::future::pending())
+        .await
+        .expect_err("a narrow dead topic");
+    assert!(
+        matches!(
+            error,
+            ConsumeError::DeadTopic {
+                partitions: 2,
+                needed: 3,
+                ..
+            }
+        ),
+        "{error}"
+    );
+}
+
+/// Ids from the key (`MessageIdFrom::Key`) and, by default, from the last header `id`
+/// of a record that has two; the handler sees every header, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_id_comes_from_where_it_is_told() {
+    let pool = dedup_suite::sqlite().await;
+    let name = dedup_suite::unique("kafka-ids");
+    topic(&name, 1).await;
+    let producer: FutureProducer = client().create().unwrap();
+    let headers = OwnedHeaders::new()
+        .insert(Header {
+            key: "id",
+            value: Some("first"),
+        })
+        .insert(Header {
+            key: "id",
+            value: Some("last"),
+        });
+    producer
+        .send(
+            FutureRecord::<str, str>::to(&name)
+                .key("the-key")
+                .payload("body")
+                .headers(headers),
+            Duration::from_secs(10),
+        )
+        .await
+        .unwrap();
+    for (from, expected) in [
+        (MessageIdFrom::Header("id".to_owned()), "last"),
+        (MessageIdFrom::Key, "the-key"),
+    ] {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let record = {
+            let seen = seen.clone();
+            move |_: sqlx::SqlitePool, msg: Arc<Message>| {
+                let headers: Vec<(String, Vec<u8>)> = msg
+                    .headers()
+                    .map(|(name, value)| (name.to_owned(), value.to_vec()))
+                    .collect();
+                seen.lock().unwrap().push((msg.id().to_owned(), headers));
+                async { Ok::<_, sqlx::Error>(dedup_runtime::Outcome::Processed(())) }
+            }
+        };
+        let consumer =
+            KafkaConsumer::new(member(&dedup_suite::unique("ids")), &name).message_id(from);
+        let done = until(|| async { !seen.lock().unwrap().is_empty() });
+        consumer.run(&*pool, record, done).await.unwrap();
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen[0].0, expected);
+        assert_eq!(
+            seen[0].1,
+            [
+                ("id".to_owned(), b"first".to_vec()),
+                ("id".to_owned(), b"last".to_vec())
+            ]
+        );
+    }
+}
+
+macro_rules! backend {
+    ($backend:ident, db = $db:ty, conn = $conn:ty, pool = $pool:expr,
+     effects = $effects:literal, insert = $insert:literal,
+     count = $count:literal, distinct = $distinct:literal) => {
+        mod $backend {
+            use super::*;
+
+            const CONSUMER: &str = "kafka-hosted";
+
+            /// The effect: one row per record, no unique constraint (a record applied
+            /// twice would show as two rows), in the dedup record's transaction.
+            #[dedup_runtime::idempotent(consumer = "kafka-hosted", key = msg.id())]
+            async fn apply(tx: &mut $conn, msg: &Message, run: &str) -> Result<(), sqlx::Error> {
+                if fails_permanently(msg) {
+                    return Err(sqlx::Error::Protocol("a poison\nmessage".into()));
+                }
+                if fails_first_time(msg) {
+                    return Err(sqlx::Error::PoolTimedOut);
+                }
+                sqlx::query($insert)
+                    .bind(run)
+                    .bind(msg.id())
+                    .bind(msg.header("trace-id").unwrap_or_default())
+                    .execute(&mut *tx)
+                    .await?;
+                Ok(())
+            }
+
+            async fn setup() -> (impl std::ops::Deref<Target = sqlx::Pool<$db>>, String) {
+                let pool = $pool;
+                dedup_runtime::migrate(&*pool).await.unwrap();
+                dedup_suite::ddl(&*pool, $effects).await;
+                (pool, dedup_suite::unique("run"))
+            }
+
+            /// Three partitions: each record processed once and its offset committed
+            /// after its commit, copies found duplicates, a transient failure retried
+            /// in place with the records after it in its partition waiting, a poison
+            /// record and one without an id dead-lettered to the same partition of the
+            /// dead topic with key, payload, headers and provenance; the group's offsets
+            /// at every partition's end.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn settles_after_commit_retries_in_order_and_dead_letters() {
+                let (pool, run) = setup().await;
+                let name = dedup_suite::unique("kafka-hosted");
+                let group = dedup_suite::unique("group");
+                topic(&name, 3).await;
+                let ids: Vec<String> = (0..30).map(|n| format!("{run}-{n}")).collect();
+                let (flaky, poison) = (format!("{run}-flaky"), format!("{run}-poison"));
+                let mut records: Vec<Record<'_>> = Vec::new();
+                for (n, id) in ids.iter().enumerate() {
+                    records.push(((n % 3) as i32, Some(id), b"body"));
+                    if n == 4 {
+                        // In partition 1, before ids 7, 10, …: they wait for its retry.
+                        records.push((1, Some(&flaky), b"flaky"));
+                    }
+                }
+                for (n, id) in ids.iter().enumerate().step_by(3) {
+                    records.push(((n % 3) as i32, Some(id), b"body")); // a copy
+                }
+                records.push((2, Some(&poison), b"poison"));
+                records.push((0, None, b"no id"));
+                let ends = publish(&name, &records).await;
+
+                let order = Arc::new(Mutex::new(Vec::new()));
+                let consumer = KafkaConsumer::new(member(&group), &name);
+                let policy = AckPolicy::new()
+                    .retry_after(Duration::from_millis(10), Duration::from_millis(10));
+                let db: &sqlx::Pool<$db> = &pool;
+                let handler = {
+                    let (run, order) = (run.clone(), order.clone());
+                    move |pool: sqlx::Pool<$db>, msg: Arc<Message>| {
+                        let (run, order) = (run.clone(), order.clone());
+                        async move {
+                            let result = apply(&pool, &msg, &run).await;
+                            if result.is_ok() {
+                                order.lock().unwrap().push(msg.id().to_owned());
+                            }
+                            result
+                        }
+                    }
+                };
+                let done = until(|| async {
+                    count(db, $count, &run).await == 31 && committed(&group, &name, 3) == ends
+                });
+                let consumed: Consumed =
+                    consumer.run_with(db, &policy, handler, done).await.unwrap();
+
+                assert_eq!(
+                    count(db, $count, &run).await,
+                    31,
+                    "30 ids and the flaky one"
+                );
+                assert_eq!(count(db, $distinct, &run).await, 31, "each once");
+                for id in ids.iter().chain([&flaky]) {
+                    assert_eq!(dedup_suite::claims(db, CONSUMER, id).await, 1, "{id}");
+                }
+                assert_eq!(dedup_suite::claims(db, CONSUMER, &poison).await, 0);
+                assert_eq!(committed(&group, &name, 3), ends, "every offset committed");
+                // Partition 1's records after the flaky one were applied after it.
+                let order = order.lock().unwrap();
+                let at = |id: &str| order.iter().position(|seen| seen == id).unwrap();
+                for n in (7..30).step_by(3) {
+                    assert!(at(&flaky) < at(&ids[n]), "{} before the flaky one", ids[n]);
+                }
+                let mut dead = read_all(&format!("{name}.dead"), 3, 2);
+                dead.sort_by(|a, b| a.0.cmp(&b.0));
+                assert_eq!(dead.len(), 2, "two dead letters, once each");
+                let (partition, key, payload, headers) = &dead[0];
+                assert_eq!(
+                    (*partition, &key[..], &payload[..]),
+                    (0, &b"no-id"[..], &b"no id"[..])
+                );
+                assert_eq!(
+                    headers.get("trace-id").map(Vec::as_slice),
+                    Some(&b"t-1"[..])
+                );
+                assert!(
+                    headers.contains_key(provenance::ERROR),
+                    "an empty id: refused"
+                );
+                let (partition, key, payload, headers) = &dead[1];
+                assert_eq!(
+                    (*partition, &key[..], &payload[..]),
+                    (2, poison.as_bytes(), &b"poison"[..])
+                );
+                let header = |name: &str| String::from_utf8(headers[name].clone()).unwrap();
+                assert_eq!(header(provenance::TOPIC), name);
+                assert_eq!(header(provenance::PARTITION), "2");
+                assert_eq!(header(provenance::OFFSET), (ends[&2] - 1).to_string());
+                assert_eq!(header(provenance::GROUP), group);
+                assert_eq!(header(provenance::ATTEMPTS), "1");
+                assert_eq!(
+                    header(provenance::ERROR),
+                    "encountered unexpected or invalid data: a poison message",
+                    "its line break made a space"
+                );
+                assert!(header(provenance::ERROR_CLASS).contains("Error"));
+                assert!(header(provenance::TIMESTAMP).parse::<i64>().unwrap() > 0);
+                assert_eq!(header("id"), poison);
+                assert_eq!(
+                    (
+                        consumed.acknowledged,
+                        consumed.retried,
+                        consumed.dead_lettered
+                    ),
+                    (41, 1, 2),
+                    "{consumed:?}"
+                );
+            }
+        }
+    };
+}
+
+backend!(
+    postgres,
+    db = sqlx::Postgres,
+    conn = sqlx::PgConnection,
+    pool = Box::new(dedup_suite::postgres().await),
+    effects = "CREATE TABLE IF NOT EXISTS consumer_effects \
+               (run text NOT NULL, message_id text NOT NULL, trace bytea NOT NULL)",
+    insert = "INSERT INTO consumer_effects (run, message_id, trace) VALUES ($1, $2, $3)",
+    count = "SELECT COUNT(*) FROM consumer_effects WHERE run = $1 AND trace = 't-1'",
+    distinct = "SELECT COUNT(DISTINCT message_id) FROM consumer_effects WHERE run = $1"
+);
+backend!(
+    mysql,
+    db = sqlx::MySql,
+    conn = sqlx::MySqlConnection,
+    pool = Box::new(dedup_suite::mysql().await),
+    effects = "CREATE TABLE IF NOT EXISTS consumer_effects (run VARCHAR(255) NOT NULL, \
+               message_id VARBINARY(255) NOT NULL, trace BLOB NOT NULL) ENGINE = InnoDB",
+    insert = "INSERT INTO consumer_effects (run, message_id, trace) VALUES (?, ?, ?)",
+    count = "SELECT COUNT(*) FROM consumer_effects WHERE run = ? AND trace = 't-1'",
+    distinct = "SELECT COUNT(DISTINCT message_id) FROM consumer_effects WHERE run = ?"
+);
+backend!(
+    sqlite,
+    db = sqlx::Sqlite,
+    conn = sqlx::SqliteConnection,
+    pool = dedup_suite::sqlite().await,
+    effects = "CREATE TABLE IF NOT EXISTS consumer_effects \
+               (run TEXT NOT NULL, message_id TEXT NOT NULL, trace BLOB NOT NULL)",
+    insert = "INSERT INTO consumer_effects (run, message_id, trace) VALUES (?1, ?2, ?3)",
+    count = "SELECT COUNT(*) FROM consumer_effects WHERE run = ?1 AND CAST(trace AS TEXT) = 't-1'",
+    distinct = "SELECT COUNT(DISTINCT message_id) FROM consumer_effects WHERE run = ?1"
+);
