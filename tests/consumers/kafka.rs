@@ -142,7 +142,12 @@ pub(crate) fn read_all(topic: &str, partitions: i32, expected: usize) -> Vec<Dea
     reader.assign(&list).unwrap();
     let mut found = Vec::new();
     let started = std::time::Instant::now();
-    while found.len() < expected && started.elapsed() < Duration::from_secs(20) {
+    // Until `expected` came, then half a second more: anything more would be a copy
+    // too many.
+    let mut complete: Option<std::time::Instant> = None;
+    while complete.is_none_or(|at| at.elapsed() < Duration::from_millis(500))
+        && started.elapsed() < Duration::from_secs(20)
+    {
         if let Some(Ok(record)) = reader.poll(Duration::from_millis(100)) {
             let headers = record
                 .headers()
@@ -160,18 +165,8 @@ pub(crate) fn read_all(topic: &str, partitions: i32, expected: usize) -> Vec<Dea
                 headers,
             ));
         }
-    }
-    // Anything more would be a copy too many.
-    let extra = Duration::from_millis(500);
-    let quiet = std::time::Instant::now();
-    while quiet.elapsed() < extra {
-        if let Some(Ok(record)) = reader.poll(Duration::from_millis(100)) {
-            found.push((
-                record.partition(),
-                record.key().unwrap_or_default().to_vec(),
-                record.payload().unwrap_or_default().to_vec(),
-                HashMap::new(),
-            ));
+        if complete.is_none() && found.len() >= expected {
+            complete = Some(std::time::Instant::now());
         }
     }
     found
@@ -470,3 +465,222 @@ backend!(
     count = "SELECT COUNT(*) FROM consumer_effects WHERE run = ?1 AND CAST(trace AS TEXT) = 't-1'",
     distinct = "SELECT COUNT(DISTINCT message_id) FROM consumer_effects WHERE run = ?1"
 );
+
+/// A SQLite pool with the effects table, and a run's name.
+async fn sqlite_setup() -> (impl std::ops::Deref<Target = sqlx::SqlitePool>, String) {
+    let pool = dedup_suite::sqlite().await;
+    dedup_runtime::migrate(&*pool).await.unwrap();
+    dedup_suite::ddl(
+        &*pool,
+        "CREATE TABLE IF NOT EXISTS kafka_effects (run TEXT NOT NULL, message_id TEXT NOT NULL)",
+    )
+    .await;
+    (pool, dedup_suite::unique("run"))
+}
+
+#[dedup_runtime::idempotent(consumer = "kafka-lanes", key = msg.id())]
+async fn record_effect(
+    tx: &mut sqlx::SqliteConnection,
+    msg: &Message,
+    run: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO kafka_effects (run, message_id) VALUES (?1, ?2)")
+        .bind(run)
+        .bind(msg.id())
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+const EFFECTS: &str = "SELECT COUNT(*) FROM kafka_effects WHERE run = ?1";
+const DISTINCT: &str = "SELECT COUNT(DISTINCT message_id) FROM kafka_effects WHERE run = ?1";
+
+/// `count` ids of `run` spread round-robin over `partitions`.
+async fn publish_ids(name: &str, run: &str, count: usize, partitions: i32) -> BTreeMap<i32, i64> {
+    let ids: Vec<String> = (0..count).map(|n| format!("{run}-{n}")).collect();
+    let records: Vec<Record<'_>> = ids
+        .iter()
+        .enumerate()
+        .map(|(n, id)| ((n as i32) % partitions, Some(id.as_str()), &b"body"[..]))
+        .collect();
+    publish(name, &records).await
+}
+
+/// Shutdown in the middle of a run: the records in hand finish, the final commit covers
+/// exactly what finished — each partition's committed offset is the count of its records
+/// applied — and nothing more is applied after `run` returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_commits_what_finished_before_it_returns() {
+    let (pool, run) = sqlite_setup().await;
+    let name = dedup_suite::unique("kafka-stop");
+    let group = dedup_suite::unique("group");
+    topic(&name, 2).await;
+    publish_ids(&name, &run, 60, 2).await;
+    let applied = Arc::new(Mutex::new(Vec::new()));
+    let slow = {
+        let (run, applied) = (run.clone(), applied.clone());
+        move |pool: sqlx::SqlitePool, msg: Arc<Message>| {
+            let (run, applied) = (run.clone(), applied.clone());
+            async move {
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                let result = record_effect(&pool, &msg, &run).await;
+                applied.lock().unwrap().push(msg.id().to_owned());
+                result
+            }
+        }
+    };
+    let db: &sqlx::SqlitePool = &pool;
+    let stop = until(|| async { count(db, EFFECTS, &run).await >= 6 });
+    let consumed = KafkaConsumer::new(member(&group), &name)
+        .commit_interval(Duration::from_secs(60)) // only the final commit
+        .run(db, slow, stop)
+        .await
+        .unwrap();
+    let effects = count(db, EFFECTS, &run).await;
+    assert_eq!(effects, consumed.acknowledged as i64, "{consumed:?}");
+    assert!(effects < 60, "stopped in the middle: {effects}");
+    let committed = committed(&group, &name, 2);
+    let mut per_partition = BTreeMap::new();
+    for id in applied.lock().unwrap().iter() {
+        let n: i32 = id.rsplit('-').next().unwrap().parse().unwrap();
+        *per_partition.entry(n % 2).or_insert(0) += 1;
+    }
+    for partition in 0..2 {
+        assert_eq!(
+            committed[&partition],
+            per_partition.get(&partition).copied().unwrap_or(-1),
+            "partition {partition}: committed {committed:?}, applied {per_partition:?}"
+        );
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        count(db, EFFECTS, &run).await,
+        effects,
+        "nothing after the return"
+    );
+}
+
+/// A record not finished within the shutdown deadline: its call is dropped (its
+/// transaction rolled back: no effect, no dedup row) and its offset is not committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_past_the_shutdown_deadline_rolls_back_and_stays_uncommitted() {
+    let (pool, run) = sqlite_setup().await;
+    let name = dedup_suite::unique("kafka-deadline");
+    let group = dedup_suite::unique("group");
+    topic(&name, 1).await;
+    publish_ids(&name, &run, 1, 1).await;
+    let started = Arc::new(tokio::sync::Notify::new());
+    let stuck = {
+        let started = started.clone();
+        move |_: sqlx::SqlitePool, _: Arc<Message>| {
+            let started = started.clone();
+            async move {
+                started.notify_one();
+                tokio::time::sleep(Duration::from_secs(30)).await;
+                Ok::<_, sqlx::Error>(dedup_runtime::Outcome::Processed(()))
+            }
+        }
+    };
+    let begun = std::time::Instant::now();
+    let consumed = KafkaConsumer::new(member(&group), &name)
+        .shutdown_deadline(Duration::from_millis(100))
+        .run(&*pool, stuck, async { started.notified().await })
+        .await
+        .unwrap();
+    assert!(
+        begun.elapsed() < Duration::from_secs(20),
+        "out within its deadline"
+    );
+    assert_eq!(
+        (consumed.acknowledged, consumed.requeued),
+        (0, 1),
+        "{consumed:?}"
+    );
+    assert_eq!(
+        dedup_suite::claims(&*pool, "kafka-lanes", &format!("{run}-0")).await,
+        0
+    );
+    assert_eq!(committed(&group, &name, 1)[&0], -1, "nothing committed");
+}
+
+/// Two members of one group, the second joining in the middle of the first's work
+/// (`strategy`: eager `range` or `cooperative-sticky`): the first's partitions revoked
+/// and committed in the callback, then shared. Every record applied once, every offset
+/// committed at its end, and the second member took records of its own.
+async fn two_members_apply_each_record_once(strategy: &str) {
+    let (pool, run) = sqlite_setup().await;
+    let name = dedup_suite::unique("kafka-rebalance");
+    let group = dedup_suite::unique("group");
+    const RECORDS: usize = 400;
+    topic(&name, 4).await;
+    let ends = publish_ids(&name, &run, RECORDS, 4).await;
+    let second_took = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let handler = |second: bool| {
+        let (run, second_took) = (run.clone(), second_took.clone());
+        move |pool: sqlx::SqlitePool, msg: Arc<Message>| {
+            let (run, second_took) = (run.clone(), second_took.clone());
+            async move {
+                use std::sync::atomic::Ordering;
+                if second {
+                    second_took.fetch_add(1, Ordering::SeqCst);
+                } else if second_took.load(Ordering::SeqCst) == 0 {
+                    // The first member is slow until the second has joined: work is
+                    // left for it whatever the join's duration.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                record_effect(&pool, &msg, &run).await
+            }
+        }
+    };
+    let config = || {
+        let mut config = member(&group);
+        config.set("partition.assignment.strategy", strategy);
+        config
+    };
+    let db: &sqlx::SqlitePool = &pool;
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let stopped = |mut stopping: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = stopping.wait_for(|stop| *stop).await;
+    };
+    let first_member = KafkaConsumer::new(config(), &name);
+    let first = first_member.run(db, handler(false), stopped(stopping.clone()));
+    let second = async {
+        until(|| async { count(db, EFFECTS, &run).await >= 20 }).await;
+        KafkaConsumer::new(config(), &name)
+            .run(db, handler(true), stopped(stopping.clone()))
+            .await
+    };
+    let watch = async {
+        until(|| async {
+            count(db, EFFECTS, &run).await == RECORDS as i64 && committed(&group, &name, 4) == ends
+        })
+        .await;
+        let _ = stop.send(true);
+    };
+    let (first, second, ()) = tokio::join!(first, second, watch);
+    let (first, second) = (first.unwrap(), second.unwrap());
+    assert_eq!(count(db, EFFECTS, &run).await, RECORDS as i64);
+    assert_eq!(count(db, DISTINCT, &run).await, RECORDS as i64, "each once");
+    assert_eq!(committed(&group, &name, 4), ends, "every offset committed");
+    assert!(
+        second.acknowledged > 0,
+        "the second member took partitions: {first:?} {second:?}"
+    );
+    // The revoke callback committed what the first member finished before its
+    // partitions moved: the second started after it, and read no record twice.
+    assert_eq!(
+        first.acknowledged + second.acknowledged,
+        RECORDS as u64,
+        "{first:?} {second:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_members_rebalancing_eagerly_apply_each_record_once() {
+    two_members_apply_each_record_once("range").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_members_rebalancing_cooperatively_apply_each_record_once() {
+    two_members_apply_each_record_once("cooperative-sticky").await;
+}

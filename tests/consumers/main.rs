@@ -5,6 +5,7 @@
 
 mod common;
 mod kafka;
+mod kafka_crash;
 mod mqtt;
 mod mqtt_crash;
 mod nats;

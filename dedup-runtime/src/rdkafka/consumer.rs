@@ -98,7 +98,10 @@ pub mod provenance {
 ///   (`<topic>.dead` by default) on the same partition number, and its offset committed
 ///   only once the broker acknowledged the copy. The dead topic is created at start with
 ///   the topic's partition count when it does not exist; one with fewer partitions is
-///   refused ([`ConsumeError::DeadTopic`]).
+///   refused ([`ConsumeError::DeadTopic`]). A process killed between the copy and the
+///   offset's commit copies the record again when it is read again: a dead letter is
+///   stored at least once, and its [`provenance`] (topic, partition, offset) tells copies
+///   apart.
 /// - **Bounds what it holds**: at most [`prefetch`](Self::prefetch) records per
 ///   partition wait in its lane; when a lane is full the consumer stops taking records,
 ///   and a partition full for a second is paused (and resumed when its lane has drained

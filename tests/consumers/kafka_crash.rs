@@ -1,0 +1,215 @@
+//! The SIGKILL harness of the hosted Kafka consumer: `examples/kafka_consumer.rs`, driven
+//! through its documented settings only (`KAFKA_BROKERS`, `KAFKA_<NAME>`, `DATABASE_URL`,
+//! `TOPIC`, `GROUP`, `EVENTS_TOPIC`), killed with SIGKILL at random moments while it
+//! consumes, started again each time, and finally stopped with SIGTERM once everything is
+//! in. Nothing is read from the process: the proof is in the database and the broker.
+//!
+//! Published: `DEDUP_CRASH_MESSAGES` ids (2,000) over 4 partitions, a tenth of them twice,
+//! and 5 records without an id (poison: dead-lettered), in a shuffled order. Checked:
+//! every order applied once (effects = ids, each once), one dedup row per id, the group's
+//! offsets at every partition's end, the 5 poison records in the dead topic (each at least
+//! once: a dead letter is produced before its offset commits), an
+//! `accepted` event for every order in the events topic (at least once: a relay killed
+//! between its send and its mark sends again, with the same id), and the SIGTERM'd
+//! process out within its deadline, with status 0.
+
+use std::collections::BTreeSet;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dedup_runtime::rdkafka::provenance;
+use dedup_suite::Shuffle;
+
+use super::common::Life;
+use super::kafka::{Record, brokers, committed, publish, read_all, topic};
+
+const POISON: usize = 5;
+const PARTITIONS: i32 = 4;
+
+fn start(program: &std::path::Path, name: &str) -> Life {
+    Life(
+        Command::new(program)
+            .env("KAFKA_BROKERS", brokers())
+            // A killed member's partitions move on within a second or two.
+            .env("KAFKA_SESSION_TIMEOUT_MS", "1500")
+            .env("KAFKA_HEARTBEAT_INTERVAL_MS", "300")
+            .env("KAFKA_MAX_POLL_INTERVAL_MS", "10000")
+            .env("DATABASE_URL", dedup_suite::postgres_url())
+            .env("TOPIC", name)
+            .env("GROUP", name)
+            .env("EVENTS_TOPIC", format!("{name}.events"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start the example"),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
+    let messages = dedup_suite::env_number("DEDUP_CRASH_MESSAGES", 2_000);
+    let kills = dedup_suite::env_number("DEDUP_CRASH_KILLS", 20);
+    let seed = dedup_suite::crash_seed();
+    let mut random = Shuffle::new(seed);
+    let pool = dedup_suite::postgres().await;
+    let run = dedup_suite::unique("crash");
+    let name = format!("hosted-{run}");
+    topic(&name, PARTITIONS).await;
+    topic(&format!("{name}.events"), 1).await;
+
+    let ids: Vec<String> = (0..messages).map(|n| format!("{run}-{n}")).collect();
+    let mut plan: Vec<Option<&str>> = ids.iter().map(|id| Some(id.as_str())).collect();
+    plan.extend(ids.iter().step_by(10).map(|id| Some(id.as_str())));
+    plan.extend((0..POISON).map(|_| None));
+    random.shuffle(&mut plan);
+    let records: Vec<Record<'_>> = plan
+        .iter()
+        .enumerate()
+        .map(|(n, id)| {
+            let body: &[u8] = id.map_or(b"poison", str::as_bytes);
+            ((n as i32) % PARTITIONS, *id, body)
+        })
+        .collect();
+    let ends = publish(&name, &records).await;
+
+    let program = dedup_suite::example_binary("brokers", &["kafka_consumer"], "kafka_consumer");
+    let count = |sql: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql))
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    let effects =
+        format!("SELECT COUNT(*) FROM example_kafka_orders WHERE message_id LIKE '{run}-%'");
+    dedup_suite::ddl(
+        &pool,
+        "CREATE TABLE IF NOT EXISTS example_kafka_orders (message_id text, body bytea)",
+    )
+    .await;
+    let started = Instant::now();
+    let mut killed = 0;
+    // Each life is killed once it has applied an order, 0 to 40 ms later: in the middle
+    // of the work (between a COMMIT and its offset's commit included).
+    while killed < kills {
+        let before = count(effects.clone()).await;
+        if before == messages as i64 {
+            break;
+        }
+        let mut child = start(&program, &name);
+        let born = Instant::now();
+        while count(effects.clone()).await == before {
+            assert!(
+                born.elapsed() < Duration::from_secs(60),
+                "a life applied nothing"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        tokio::time::sleep(Duration::from_millis(random.next_u64() % 40)).await;
+        child.0.kill().expect("SIGKILL");
+        child.0.wait().expect("reaped");
+        killed += 1;
+    }
+    let applied_under_kills = count(effects.clone()).await;
+    assert!(
+        killed >= kills.min(20),
+        "only {killed} kills landed before the work was done: publish more"
+    );
+
+    // The last life: everything in, then SIGTERM.
+    let mut child = start(&program, &name);
+    let patience = Duration::from_secs(120);
+    let last = Instant::now();
+    let sent = format!(
+        "SELECT COUNT(*) FROM kafka_orders_outbox WHERE destination = '{name}.events' AND state = 2"
+    );
+    loop {
+        let done = count(effects.clone()).await == messages as i64
+            && count(sent.clone()).await == messages as i64
+            && committed(&name, &name, PARTITIONS) == ends;
+        if done {
+            break;
+        }
+        assert!(
+            last.elapsed() < patience,
+            "not done within {patience:?} after the kills"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let term = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let stopping = Instant::now();
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            stopping.elapsed() < Duration::from_secs(15),
+            "not out within its deadline"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "SIGTERM: a clean exit ({status})");
+
+    let distinct = format!(
+        "SELECT COUNT(DISTINCT message_id) FROM example_kafka_orders WHERE message_id LIKE '{run}-%'"
+    );
+    let dedup = format!(
+        "SELECT COUNT(*) FROM processed_messages WHERE consumer = 'kafka-orders' \
+         AND message_id LIKE '{run}-%'"
+    );
+    let (applied, applied_once, rows) = (
+        count(effects).await,
+        count(distinct).await,
+        count(dedup).await,
+    );
+    let dead = read_all(&format!("{name}.dead"), PARTITIONS, POISON);
+    let events = read_all(&format!("{name}.events"), 1, messages);
+    let distinct_events: BTreeSet<&[u8]> = events
+        .iter()
+        .filter_map(|(_, _, _, headers)| headers.get("id").map(Vec::as_slice))
+        .collect();
+    eprintln!(
+        "hosted Kafka consumer under SIGKILL (seed {seed}): {killed} kills in {} lives, \
+         {applied_under_kills} orders applied before the last life; effects {applied} for \
+         {messages} ids ({applied_once} distinct); {rows} dedup rows; dead letters {}; \
+         events {} ({} distinct); {:.1} s",
+        killed + 1,
+        dead.len(),
+        events.len(),
+        distinct_events.len(),
+        started.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        (applied, applied_once, rows),
+        (messages as i64, messages as i64, messages as i64)
+    );
+    assert_eq!(
+        committed(&name, &name, PARTITIONS),
+        ends,
+        "every offset committed"
+    );
+    // A dead letter is produced before its offset is committed: a life killed between
+    // the two produces it again (at least once, like the relay's events). Each poison
+    // record is there, by its source position, and nothing else.
+    assert!(
+        dead.iter().all(|(_, _, payload, _)| payload == b"poison"),
+        "only poison records dead-lettered"
+    );
+    let positions: BTreeSet<(Vec<u8>, Vec<u8>)> = dead
+        .iter()
+        .map(|(_, _, _, headers)| {
+            (
+                headers[provenance::PARTITION].clone(),
+                headers[provenance::OFFSET].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(positions.len(), POISON, "each poison record dead-lettered");
+    assert_eq!(distinct_events.len(), messages, "an event for every order");
+}
