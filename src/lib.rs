@@ -36,6 +36,7 @@ pub mod outage;
 pub mod partner;
 #[cfg(feature = "brokers")]
 pub mod rabbitmq;
+pub mod tansu;
 
 use std::collections::BTreeMap;
 use std::future::Future;

