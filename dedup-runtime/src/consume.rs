@@ -4,7 +4,8 @@
 //! A hosted consumer ([`lapin::RabbitMqConsumer`](crate::lapin::RabbitMqConsumer),
 //! [`redis::RedisStreamsConsumer`](crate::redis::RedisStreamsConsumer),
 //! [`rumqttc::MqttConsumer`](crate::rumqttc::MqttConsumer),
-//! [`async_nats::JetStreamConsumer`](crate::async_nats::JetStreamConsumer))
+//! [`async_nats::JetStreamConsumer`](crate::async_nats::JetStreamConsumer),
+//! [`rdkafka::KafkaConsumer`](crate::rdkafka::KafkaConsumer))
 //! owns everything between the broker and an `#[idempotent]` handler: it takes each
 //! message's id from where the broker's convention (and this crate's publishers) put it,
 //! calls the handler, lets [`AckPolicy`](crate::AckPolicy) decide, and settles the
@@ -32,6 +33,22 @@
 //! Decode the payload inside the handler: a payload that does not decode is an error of
 //! the handler, which `AckPolicy` dead-letters (a permanent failure), in the same
 //! transaction that would have recorded the message.
+//!
+//! # Metrics
+//!
+//! With the feature `metrics`, every hosted consumer records, through the [`metrics`](https://docs.rs/metrics)
+//! facade, with the labels `system` (`rabbitmq`, `kafka`, `nats`, `redis`, `mqtt`),
+//! `destination` (the queue, topic, stream or subject consumed) and `group` (the
+//! consumer group or durable consumer; empty where the broker has none):
+//!
+//! | name | kind | more labels | what |
+//! | --- | --- | --- | --- |
+//! | `dedup_consumer_messages_total` | counter | `outcome`: `acknowledged`, `retried`, `dead_lettered`, `requeued`, `dropped` | messages, by what the consumer told the broker (the fields of [`Consumed`]) |
+//! | `dedup_consumer_process_duration_seconds` | histogram | | one handler call, its transaction included |
+//! | `dedup_consumer_lag` | gauge | `partition` (Kafka) | what the broker says is left: Kafka's consumer lag per partition from librdkafka's statistics (`statistics.interval.ms`, set to 5 s unless yours says otherwise), JetStream's pending count at each message; not recorded for RabbitMQ, Redis Streams and MQTT |
+//!
+//! The handler's own metrics (`dedup_processed_total`, …) are recorded as well, by the
+//! `#[idempotent]` handler itself.
 
 /// A message as a hosted consumer hands it to its handler.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -46,7 +63,8 @@ pub struct Message {
 impl Message {
     /// Its id, the key to dedup on, taken from where the consumer was told to read it
     /// (RabbitMQ: the `message-id` property by default; Redis Streams: the entry's field
-    /// `id`; NATS: the `Message-Id` header; MQTT: the payload's first line). Empty when the
+    /// `id`; NATS: the `Message-Id` header; Kafka: the record header `id`; MQTT: the
+    /// payload's first line). Empty when the
     /// message carries none: the handler's key check refuses it as an invalid id, and
     /// `AckPolicy` dead-letters it.
     pub fn id(&self) -> &str {
@@ -62,7 +80,7 @@ impl Message {
     /// AMQP headers table; a string or byte array as its bytes, a number or a boolean as
     /// its decimal text; other values left out. Redis Streams: the entry's fields but the
     /// id and `body`. NATS: each value of a header that has several as a pair of its own.
-    /// MQTT 3.1.1: none).
+    /// Kafka: the record's headers, a null value as no bytes. MQTT 3.1.1: none).
     pub fn headers(&self) -> impl Iterator<Item = (&str, &[u8])> {
         self.headers
             .iter()
@@ -70,19 +88,20 @@ impl Message {
     }
 
     /// The value of the first header named `name` (compared as the broker compares:
-    /// RabbitMQ, Redis and NATS exactly).
+    /// RabbitMQ, Redis, NATS and Kafka exactly).
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers().find(|(key, _)| *key == name).map(|(_, v)| v)
     }
 
     /// Which delivery of the message this is, counting from 1, as
-    /// [`AckPolicy::decide`](crate::AckPolicy::decide) takes it.
+    /// [`AckPolicy::decide`](crate::AckPolicy::decide) takes it (Kafka, which keeps no
+    /// count: the consumer's own calls of the handler for this record, from 1).
     pub fn delivery_count(&self) -> u64 {
         self.delivery
     }
 
     /// Where it came from: the queue (RabbitMQ), the stream (Redis), the subject (NATS),
-    /// the topic (MQTT).
+    /// the topic (Kafka, MQTT).
     pub fn destination(&self) -> &str {
         &self.destination
     }
@@ -141,17 +160,190 @@ impl Consumed {
 ))]
 pub(crate) mod shared {
     use std::future::Future;
+
+    use super::Consumed;
     use std::pin::pin;
     use std::task::Poll;
     use std::time::Duration;
 
     use tokio::sync::watch;
 
+    /// A consumer's metrics (feature `metrics`; without it, nothing): see the table in
+    /// [the module's docs](crate::consume#metrics).
+    #[derive(Clone, Default)]
+    pub(crate) struct Meter {
+        #[cfg(feature = "metrics")]
+        inner: Option<std::sync::Arc<Instruments>>,
+    }
+
+    #[cfg(feature = "metrics")]
+    struct Instruments {
+        labels: Vec<metrics::Label>,
+        acknowledged: metrics::Counter,
+        retried: metrics::Counter,
+        dead_lettered: metrics::Counter,
+        requeued: metrics::Counter,
+        dropped: metrics::Counter,
+        duration: metrics::Histogram,
+        lag: metrics::Gauge,
+        /// Kafka: one gauge per partition, made on the run's own thread (where a
+        /// thread-local recorder is, if any): the lag is set on the poll thread.
+        partitions: std::sync::OnceLock<Vec<metrics::Gauge>>,
+        /// What the counters recorded so far, all workers together.
+        recorded: std::sync::Mutex<Consumed>,
+    }
+
+    /// `now` minus `seen`, field by field (0 where `seen` is ahead).
+    #[cfg(feature = "metrics")]
+    fn minus(now: &Consumed, seen: &Consumed) -> Consumed {
+        Consumed {
+            acknowledged: now.acknowledged.saturating_sub(seen.acknowledged),
+            retried: now.retried.saturating_sub(seen.retried),
+            dead_lettered: now.dead_lettered.saturating_sub(seen.dead_lettered),
+            requeued: now.requeued.saturating_sub(seen.requeued),
+            dropped: now.dropped.saturating_sub(seen.dropped),
+            reconnects: now.reconnects.saturating_sub(seen.reconnects),
+        }
+    }
+
+    #[cfg(feature = "metrics")]
+    impl Instruments {
+        /// Increments each counter by what `now` counts beyond `seen`.
+        fn record(&self, seen: &Consumed, now: &Consumed) {
+            let delta = minus(now, seen);
+            for (counter, by) in [
+                (&self.acknowledged, delta.acknowledged),
+                (&self.retried, delta.retried),
+                (&self.dead_lettered, delta.dead_lettered),
+                (&self.requeued, delta.requeued),
+                (&self.dropped, delta.dropped),
+            ] {
+                if by > 0 {
+                    counter.increment(by);
+                }
+            }
+        }
+    }
+
+    impl Meter {
+        /// The metrics of a consumer of `destination` on `system` (OpenTelemetry's
+        /// `messaging.system` names), in `group` (empty when the broker has none).
+        #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+        pub(crate) fn new(system: &'static str, destination: &str, group: &str) -> Meter {
+            #[cfg(feature = "metrics")]
+            {
+                let labels = vec![
+                    metrics::Label::new("system", system),
+                    metrics::Label::new("destination", destination.to_owned()),
+                    metrics::Label::new("group", group.to_owned()),
+                ];
+                let counter = |outcome: &'static str| {
+                    let mut labels = labels.clone();
+                    labels.push(metrics::Label::new("outcome", outcome));
+                    metrics::counter!("dedup_consumer_messages_total", labels)
+                };
+                let instruments = Instruments {
+                    acknowledged: counter("acknowledged"),
+                    retried: counter("retried"),
+                    dead_lettered: counter("dead_lettered"),
+                    requeued: counter("requeued"),
+                    dropped: counter("dropped"),
+                    duration: metrics::histogram!(
+                        "dedup_consumer_process_duration_seconds",
+                        labels.clone()
+                    ),
+                    lag: metrics::gauge!("dedup_consumer_lag", labels.clone()),
+                    labels,
+                    partitions: std::sync::OnceLock::new(),
+                    recorded: std::sync::Mutex::default(),
+                };
+                Meter {
+                    inner: Some(std::sync::Arc::new(instruments)),
+                }
+            }
+            #[cfg(not(feature = "metrics"))]
+            Meter {}
+        }
+
+        /// Records what a worker's `now` counts beyond its `seen`, and makes `seen` `now`:
+        /// after each message, so that the counters move as the consumer works.
+        #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+        pub(crate) fn catch_up(&self, seen: &mut Consumed, now: &Consumed) {
+            #[cfg(feature = "metrics")]
+            if let Some(meter) = &self.inner {
+                let mut recorded = meter.recorded.lock().unwrap_or_else(|p| p.into_inner());
+                meter.record(seen, now);
+                recorded.add(&minus(now, seen));
+            }
+            *seen = *now;
+        }
+
+        /// The run's end: records what `total` counts beyond what the workers recorded
+        /// (what they counted on paths without a [`catch_up`](Self::catch_up)).
+        #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+        pub(crate) fn finish(&self, total: &Consumed) {
+            #[cfg(feature = "metrics")]
+            if let Some(meter) = &self.inner {
+                let mut recorded = meter.recorded.lock().unwrap_or_else(|p| p.into_inner());
+                meter.record(&recorded, total);
+                *recorded = *total;
+            }
+        }
+
+        /// Records one handler call's duration, from `started`.
+        #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+        pub(crate) fn processed(&self, started: std::time::Instant) {
+            #[cfg(feature = "metrics")]
+            if let Some(meter) = &self.inner {
+                meter.duration.record(started.elapsed().as_secs_f64());
+            }
+        }
+
+        /// Records the consumer's lag as the broker told it: messages not yet delivered
+        /// (or not yet acknowledged), for one `partition` where the broker has them.
+        #[cfg_attr(not(feature = "metrics"), allow(unused_variables, dead_code))]
+        pub(crate) fn lag(&self, partition: Option<i32>, lag: u64) {
+            #[cfg(feature = "metrics")]
+            if let Some(meter) = &self.inner {
+                #[allow(clippy::cast_precision_loss)]
+                let lag = lag as f64;
+                match partition {
+                    None => meter.lag.set(lag),
+                    Some(partition) => {
+                        let gauges = meter.partitions.get();
+                        let index = usize::try_from(partition).ok();
+                        if let Some(gauge) = gauges.zip(index).and_then(|(g, i)| g.get(i)) {
+                            gauge.set(lag);
+                        }
+                    }
+                }
+            }
+        }
+
+        /// Kafka: makes the lag gauges of partitions `0..count`, once.
+        #[cfg_attr(not(feature = "metrics"), allow(unused_variables, dead_code))]
+        pub(crate) fn partitions(&self, count: usize) {
+            #[cfg(feature = "metrics")]
+            if let Some(meter) = &self.inner {
+                let _ = meter.partitions.set(
+                    (0..count)
+                        .map(|partition| {
+                            let mut labels = meter.labels.clone();
+                            labels.push(metrics::Label::new("partition", partition.to_string()));
+                            metrics::gauge!("dedup_consumer_lag", labels)
+                        })
+                        .collect(),
+                );
+            }
+        }
+    }
+
     /// The first and the longest wait before a consumer connects again.
     pub(crate) const RECONNECT: (Duration, Duration) =
         (Duration::from_millis(100), Duration::from_secs(5));
 
     /// Whether shutdown began.
+    #[allow(dead_code)] // with one broker's feature alone, its consumer may not use it
     pub(crate) fn stopped(stopping: &watch::Receiver<bool>) -> bool {
         *stopping.borrow()
     }
@@ -165,6 +357,7 @@ pub(crate) mod shared {
 
     /// `call`, or `None` if shutdown began and `deadline` passed after it first: the
     /// call is then dropped (a handler's transaction rolls back).
+    #[allow(dead_code)] // with one broker's feature alone, its consumer may not use it
     pub(crate) async fn within_deadline<T>(
         stopping: &watch::Receiver<bool>,
         deadline: Duration,
@@ -208,6 +401,7 @@ pub(crate) mod shared {
     }
 
     /// `work`'s output if it ends first, `None` if `other` does.
+    #[allow(dead_code)] // with one broker's feature alone, its consumer may not use it
     pub(crate) async fn first<T>(
         work: impl Future<Output = T>,
         other: impl Future<Output = ()>,

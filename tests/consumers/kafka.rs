@@ -306,6 +306,28 @@ macro_rules! backend {
                 Ok(())
             }
 
+            /// The batch form of `apply`: the run is the id's prefix (a batch handler
+            /// takes its connection and its messages, nothing else).
+            #[dedup_runtime::idempotent(consumer = "kafka-batches", batch = fresh, key = |msg| msg.id())]
+            async fn apply_batch(tx: &mut $conn, fresh: &[&Message]) -> Result<(), sqlx::Error> {
+                for msg in fresh {
+                    if fails_permanently(msg) {
+                        return Err(sqlx::Error::Protocol("a poison message".into()));
+                    }
+                    if fails_first_time(msg) {
+                        return Err(sqlx::Error::PoolTimedOut);
+                    }
+                    let run = msg.id().rsplit_once('-').map_or("", |(run, _)| run);
+                    sqlx::query($insert)
+                        .bind(run)
+                        .bind(msg.id())
+                        .bind(msg.header("trace-id").unwrap_or_default())
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                Ok(())
+            }
+
             async fn setup() -> (impl std::ops::Deref<Target = sqlx::Pool<$db>>, String) {
                 let pool = $pool;
                 dedup_runtime::migrate(&*pool).await.unwrap();
@@ -427,6 +449,69 @@ macro_rules! backend {
                     (41, 1, 2),
                     "{consumed:?}"
                 );
+            }
+
+            /// The batch form (`run_batches`, up to 8 records a call): the same records
+            /// as above, each settled as its item says — processed or copies
+            /// acknowledged, the flaky one retried, the poison one and the one without
+            /// an id dead-lettered — and every offset committed.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn batches_settle_each_record_as_its_item_says() {
+                let (pool, run) = setup().await;
+                let name = dedup_suite::unique("kafka-batches");
+                let group = dedup_suite::unique("group");
+                topic(&name, 3).await;
+                let ids: Vec<String> = (0..30).map(|n| format!("{run}-{n}")).collect();
+                let (flaky, poison) = (format!("{run}-flaky"), format!("{run}-poison"));
+                let mut records: Vec<Record<'_>> = Vec::new();
+                for (n, id) in ids.iter().enumerate() {
+                    records.push(((n % 3) as i32, Some(id), b"body"));
+                    if n == 4 {
+                        records.push((1, Some(&flaky), b"flaky"));
+                        records.push((1, Some(&poison), b"poison"));
+                    }
+                }
+                for (n, id) in ids.iter().enumerate().step_by(3) {
+                    records.push(((n % 3) as i32, Some(id), b"body")); // a copy
+                }
+                records.push((0, None, b"no id"));
+                let ends = publish(&name, &records).await;
+
+                let consumer = KafkaConsumer::new(member(&group), &name);
+                let policy = AckPolicy::new()
+                    .retry_after(Duration::from_millis(10), Duration::from_millis(10));
+                let db: &sqlx::Pool<$db> = &pool;
+                let handler = |pool: sqlx::Pool<$db>, batch: Arc<[Message]>| async move {
+                    apply_batch(&pool, &batch).await
+                };
+                let done = until(|| async {
+                    count(db, $count, &run).await == 31 && committed(&group, &name, 3) == ends
+                });
+                let consumed = consumer
+                    .run_batches_with(db, 8, &policy, handler, done)
+                    .await
+                    .unwrap();
+
+                assert_eq!(count(db, $count, &run).await, 31, "30 ids and the flaky one");
+                assert_eq!(count(db, $distinct, &run).await, 31, "each once");
+                for id in ids.iter().chain([&flaky]) {
+                    assert_eq!(dedup_suite::claims(db, "kafka-batches", id).await, 1, "{id}");
+                }
+                assert_eq!(dedup_suite::claims(db, "kafka-batches", &poison).await, 0);
+                assert_eq!(committed(&group, &name, 3), ends, "every offset committed");
+                let mut dead = read_all(&format!("{name}.dead"), 3, 2);
+                dead.sort_by(|a, b| a.0.cmp(&b.0));
+                let dead: Vec<(i32, Vec<u8>)> = dead
+                    .into_iter()
+                    .map(|(partition, _, payload, _)| (partition, payload))
+                    .collect();
+                assert_eq!(dead, [(0, b"no id".to_vec()), (1, b"poison".to_vec())]);
+                assert_eq!(
+                    (consumed.acknowledged, consumed.dead_lettered),
+                    (41, 2),
+                    "{consumed:?}"
+                );
+                assert!(consumed.retried >= 1, "{consumed:?}");
             }
         }
     };

@@ -1,6 +1,6 @@
-//! The SIGKILL harness of the hosted Kafka consumer: `examples/kafka_consumer.rs`, driven
-//! through its documented settings only (`KAFKA_BROKERS`, `KAFKA_<NAME>`, `DATABASE_URL`,
-//! `TOPIC`, `GROUP`, `EVENTS_TOPIC`), killed with SIGKILL at random moments while it
+//! The SIGKILL harness of the hosted Kafka consumer: `examples/kafka_consumer.rs` (Kafka →
+//! PostgreSQL + outbox → RabbitMQ), driven through its documented settings only
+//! (`KAFKA_<NAME>`, `TOPIC`, `DATABASE_URL`, `AMQP_URL`, `EVENTS_QUEUE`), killed with SIGKILL at random moments while it
 //! consumes, started again each time, and finally stopped with SIGTERM once everything is
 //! in. Nothing is read from the process: the proof is in the database and the broker.
 //!
@@ -9,7 +9,7 @@
 //! every order applied once (effects = ids, each once), one dedup row per id, the group's
 //! offsets at every partition's end, the 5 poison records in the dead topic (each at least
 //! once: a dead letter is produced before its offset commits), an
-//! `accepted` event for every order in the events topic (at least once: a relay killed
+//! `accepted` event for every order in the events queue (at least once: a relay killed
 //! between its send and its mark sends again, with the same id), and the SIGTERM'd
 //! process out within its deadline, with status 0.
 
@@ -22,6 +22,7 @@ use dedup_suite::Shuffle;
 
 use super::common::Life;
 use super::kafka::{Record, brokers, committed, publish, read_all, topic};
+use super::rabbitmq::{AMQP, channel};
 
 const POISON: usize = 5;
 const PARTITIONS: i32 = 4;
@@ -29,15 +30,16 @@ const PARTITIONS: i32 = 4;
 fn start(program: &std::path::Path, name: &str) -> Life {
     Life(
         Command::new(program)
-            .env("KAFKA_BROKERS", brokers())
+            .env("KAFKA_BOOTSTRAP_SERVERS", brokers())
+            .env("KAFKA_GROUP_ID", name)
             // A killed member's partitions move on within a second or two.
             .env("KAFKA_SESSION_TIMEOUT_MS", "1500")
             .env("KAFKA_HEARTBEAT_INTERVAL_MS", "300")
             .env("KAFKA_MAX_POLL_INTERVAL_MS", "10000")
             .env("DATABASE_URL", dedup_suite::postgres_url())
             .env("TOPIC", name)
-            .env("GROUP", name)
-            .env("EVENTS_TOPIC", format!("{name}.events"))
+            .env("AMQP_URL", AMQP)
+            .env("EVENTS_QUEUE", format!("{name}.events"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -55,7 +57,7 @@ async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
     let run = dedup_suite::unique("crash");
     let name = format!("hosted-{run}");
     topic(&name, PARTITIONS).await;
-    topic(&format!("{name}.events"), 1).await;
+    let channel = channel().await;
 
     let ids: Vec<String> = (0..messages).map(|n| format!("{run}-{n}")).collect();
     let mut plan: Vec<Option<&str>> = ids.iter().map(|id| Some(id.as_str())).collect();
@@ -82,11 +84,10 @@ async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
                 .unwrap()
         }
     };
-    let effects =
-        format!("SELECT COUNT(*) FROM example_kafka_orders WHERE message_id LIKE '{run}-%'");
+    let effects = format!("SELECT COUNT(*) FROM kafka_orders WHERE message_id LIKE '{run}-%'");
     dedup_suite::ddl(
         &pool,
-        "CREATE TABLE IF NOT EXISTS example_kafka_orders (message_id text, body bytea)",
+        "CREATE TABLE IF NOT EXISTS kafka_orders (message_id text, body bytea)",
     )
     .await;
     let started = Instant::now();
@@ -157,7 +158,7 @@ async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
     assert!(status.success(), "SIGTERM: a clean exit ({status})");
 
     let distinct = format!(
-        "SELECT COUNT(DISTINCT message_id) FROM example_kafka_orders WHERE message_id LIKE '{run}-%'"
+        "SELECT COUNT(DISTINCT message_id) FROM kafka_orders WHERE message_id LIKE '{run}-%'"
     );
     let dedup = format!(
         "SELECT COUNT(*) FROM processed_messages WHERE consumer = 'kafka-orders' \
@@ -169,11 +170,8 @@ async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
         count(dedup).await,
     );
     let dead = read_all(&format!("{name}.dead"), PARTITIONS, POISON);
-    let events = read_all(&format!("{name}.events"), 1, messages);
-    let distinct_events: BTreeSet<&[u8]> = events
-        .iter()
-        .filter_map(|(_, _, _, headers)| headers.get("id").map(Vec::as_slice))
-        .collect();
+    let events = ids_in(&channel, &format!("{name}.events")).await;
+    let distinct_events: BTreeSet<&String> = events.iter().collect();
     eprintln!(
         "hosted Kafka consumer under SIGKILL (seed {seed}): {killed} kills in {} lives, \
          {applied_under_kills} orders applied before the last life; effects {applied} for \
@@ -212,4 +210,22 @@ async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
         .collect();
     assert_eq!(positions.len(), POISON, "each poison record dead-lettered");
     assert_eq!(distinct_events.len(), messages, "an event for every order");
+    channel
+        .queue_delete(
+            format!("{name}.events").as_str().into(),
+            lapin::options::QueueDeleteOptions::default(),
+        )
+        .await
+        .unwrap();
+}
+
+/// Message ids in `queue`, taken out.
+async fn ids_in(channel: &lapin::Channel, queue: &str) -> Vec<String> {
+    let mut ids = Vec::new();
+    let options = lapin::options::BasicGetOptions { no_ack: true };
+    while let Some(message) = channel.basic_get(queue.into(), options).await.unwrap() {
+        let id = message.properties.message_id().as_ref();
+        ids.push(id.map_or_else(String::new, ToString::to_string));
+    }
+    ids
 }

@@ -7,6 +7,7 @@ mod common;
 mod kafka;
 mod kafka_crash;
 mod kafka_outage;
+mod metrics;
 mod mqtt;
 mod mqtt_crash;
 mod nats;

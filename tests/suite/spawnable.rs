@@ -627,6 +627,42 @@ mod brokers {
         kafka_consumer_sqlite: sqlx::Sqlite, sqlx::SqliteConnection;
     }
 
+    /// The Kafka consumer's batch form, on every backend.
+    macro_rules! kafka_batches {
+        ($($name:ident: $db:ty, $conn:ty;)*) => {$(
+            mod $name {
+                use std::sync::Arc;
+
+                use dedup_runtime::consume::Message;
+                use dedup_runtime::rdkafka::KafkaConsumer;
+
+                use super::super::spawnable;
+
+                #[dedup_runtime::idempotent(consumer = "spawned", batch = fresh, key = |msg| msg.id())]
+                async fn apply(tx: &mut $conn, fresh: &[&Message]) -> Result<(), sqlx::Error> {
+                    let _ = fresh;
+                    sqlx::query("SELECT 1").execute(&mut *tx).await?;
+                    Ok(())
+                }
+
+                pub(super) fn run(consumer: KafkaConsumer, pool: sqlx::Pool<$db>) {
+                    drop(spawnable(async move {
+                        let handler = |pool: sqlx::Pool<$db>, batch: Arc<[Message]>| async move {
+                            apply(&pool, &batch).await
+                        };
+                        consumer.run_batches(&pool, 100, handler, super::super::shutdown()).await
+                    }));
+                }
+            }
+        )*};
+    }
+
+    kafka_batches! {
+        kafka_batches_postgres: sqlx::Postgres, sqlx::PgConnection;
+        kafka_batches_mysql: sqlx::MySql, sqlx::MySqlConnection;
+        kafka_batches_sqlite: sqlx::Sqlite, sqlx::SqliteConnection;
+    }
+
     publishers! {
         rabbitmq: RabbitMqPublisher,
         jetstream: JetStreamPublisher,

@@ -190,7 +190,7 @@ impl std::error::Error for ConsumeError {
 }
 
 // The first and the longest wait before pulling again after a failed pull: `RECONNECT`.
-use crate::consume::shared::{self, RECONNECT};
+use crate::consume::shared::{self, Meter, RECONNECT};
 /// How long a pull waits on the server for messages: also the longest a pull lost with
 /// its connection could linger, had the loss gone unseen.
 const PULL_EXPIRES: Duration = Duration::from_secs(5);
@@ -323,6 +323,7 @@ impl JetStreamConsumer {
             wait => wait,
         };
         let (stop, stopping) = watch::channel(false);
+        let meter = Meter::new("nats", &self.stream, &self.durable);
         let workers = futures_util::future::join_all((0..self.concurrency).map(|_| {
             let worker = Worker {
                 consumer: self,
@@ -332,6 +333,8 @@ impl JetStreamConsumer {
                 handler: &handler,
                 stopping: stopping.clone(),
                 progress: (ack_wait / 3).max(Duration::from_millis(10)),
+                meter: &meter,
+                seen: Consumed::default(),
             };
             worker.run()
         }));
@@ -357,6 +360,7 @@ impl JetStreamConsumer {
         for worker in &done {
             consumed.add(worker);
         }
+        meter.finish(&consumed);
         // The hand-backs are plain publications: out before the run returns.
         let client = self.context.client();
         let _ = tokio::time::timeout(Duration::from_secs(5), client.flush()).await;
@@ -390,6 +394,9 @@ struct Worker<'w, DB: Backend, H> {
     stopping: watch::Receiver<bool>,
     /// How often the message in hand is kept from redelivery (`+WPI`).
     progress: Duration,
+    meter: &'w Meter,
+    /// What the metrics recorded of this worker's counts.
+    seen: Consumed,
 }
 
 /// How a pull ended.
@@ -551,7 +558,9 @@ where
                 }
                 Next::Message(Some(Ok(message))) => message,
             };
-            match self.process(message, consumed).await {
+            let processed = self.process(message, consumed).await;
+            self.meter.catch_up(&mut self.seen, consumed);
+            match processed {
                 Processed::Settled => {}
                 Processed::Lost => return Ended::Lost,
                 Processed::Unfinished(message) => {
@@ -592,11 +601,16 @@ where
             (self.handler)(self.pool.clone(), handed.clone()),
             span.clone(),
         );
+        if let Ok(info) = message.info() {
+            self.meter.lag(None, info.pending);
+        }
+        let started = std::time::Instant::now();
         let Some(result) = self.within_deadline(call, &message).await else {
             // Shutdown's deadline passed: the call was dropped, its transaction rolled
             // back. The message goes back once the pull is closed.
             return Processed::Unfinished(Box::new(message));
         };
+        self.meter.processed(started);
         let ack = self.policy.decide(&result, count);
         let _entered = span.enter();
         let sent = match ack {

@@ -143,7 +143,7 @@ impl std::error::Error for ConsumeError {
 /// How long connecting, opening a channel and subscribing may take together.
 const SUBSCRIBE: Duration = Duration::from_secs(30);
 
-use crate::consume::shared::{self, RECONNECT};
+use crate::consume::shared::{self, Meter, RECONNECT};
 
 impl RabbitMqConsumer {
     /// A consumer of `queue` on the broker at `uri` (as
@@ -268,6 +268,7 @@ impl RabbitMqConsumer {
             first.push(link.subscribe().await.map_err(ConsumeError::Start)?);
         }
         let (stop, stopping) = watch::channel(false);
+        let meter = Meter::new("rabbitmq", &self.queue, "");
         let workers = futures_util::future::join_all(first.into_iter().map(|subscription| {
             let worker = Worker {
                 consumer: self,
@@ -276,6 +277,8 @@ impl RabbitMqConsumer {
                 policy,
                 handler: &handler,
                 stopping: stopping.clone(),
+                meter: &meter,
+                seen: Consumed::default(),
             };
             worker.run(subscription)
         }));
@@ -298,6 +301,7 @@ impl RabbitMqConsumer {
         for worker in &done {
             consumed.add(worker);
         }
+        meter.finish(&consumed);
         if let Some(connection) = link.connection.lock().await.take() {
             let closing = connection.close(200, "dedup: consumer stopped".into());
             let _ = tokio::time::timeout(Duration::from_secs(5), closing).await;
@@ -458,6 +462,9 @@ struct Worker<'w, DB: Backend, H> {
     policy: &'w AckPolicy<DB>,
     handler: &'w H,
     stopping: watch::Receiver<bool>,
+    meter: &'w Meter,
+    /// What the metrics recorded of this worker's counts.
+    seen: Consumed,
 }
 
 /// How a subscription ended.
@@ -548,7 +555,9 @@ where
                 // closed: subscribe again.
                 Some(None | Some(Err(_))) => return Ended::Lost,
             };
-            if !self.process(delivery, consumed).await {
+            let settled = self.process(delivery, consumed).await;
+            self.meter.catch_up(&mut self.seen, consumed);
+            if !settled {
                 return Ended::Lost;
             }
             if self.stopped() {
@@ -584,11 +593,13 @@ where
             (self.handler)(self.pool.clone(), message.clone()),
             span.clone(),
         );
+        let started = std::time::Instant::now();
         let Some(result) = self.within_deadline(call).await else {
             // Shutdown's deadline passed: the call was dropped, its transaction rolled
             // back. Hand the message back, counting no failure.
             return hand_back(&delivery, consumed).await;
         };
+        self.meter.processed(started);
         let ack = self.policy.decide(&result, count);
         let _entered = span.enter();
         let sent = match ack {

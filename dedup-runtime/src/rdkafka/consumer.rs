@@ -28,7 +28,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::ack::{Ack, AckOutcome, AckPolicy, DecideError};
 use crate::backend::Backend;
-use crate::consume::shared;
+use crate::batch::{BatchItem, BatchOutcome};
+use crate::consume::shared::{self, Meter};
 use crate::consume::{Consumed, Message};
 
 /// Where a Kafka consumer reads each record's id.
@@ -96,7 +97,8 @@ pub mod provenance {
 /// - **Dead letters** (`Ack::DeadLetter`): a copy of the record — payload, key and headers
 ///   — plus the [`provenance`] headers, produced to the [dead topic](Self::dead_topic)
 ///   (`<topic>.dead` by default) on the same partition number, and its offset committed
-///   only once the broker acknowledged the copy. The dead topic is created at start with
+///   once the broker acknowledged the copy — at once, not at the next interval. The dead
+///   topic is created at start with
 ///   the topic's partition count when it does not exist; one with fewer partitions is
 ///   refused ([`ConsumeError::DeadTopic`]). A process killed between the copy and the
 ///   offset's commit copies the record again when it is read again: a dead letter is
@@ -357,6 +359,129 @@ impl KafkaConsumer {
         O: AckOutcome + Send,
         E: DecideError + std::fmt::Display + Send,
     {
+        let Started {
+            group,
+            dead,
+            producer,
+            meter,
+            shared,
+            lanes_started,
+            poll_ended,
+        } = self.start().await?;
+        let lane = LaneContext {
+            consumer: self,
+            group: &group,
+            dead: &dead,
+            producer: &producer,
+            pool,
+            policy,
+            handler: &handler,
+            shared: &shared,
+            meter: &meter,
+        };
+        let ended = Ended {
+            shared: &shared,
+            meter: &meter,
+            lanes_started,
+            poll_ended,
+        };
+        Ok(ended.drive(shutdown, |start| lane.run(start)).await)
+    }
+
+    /// Consumes until `shutdown` completes, handing each partition's records to an
+    /// `#[idempotent(batch = …)]` handler up to `max` at a time, deciding with the
+    /// default [`AckPolicy`]; see [`run_batches_with`](Self::run_batches_with).
+    pub async fn run_batches<DB, F, Fut, E, B>(
+        &self,
+        pool: &Pool<DB>,
+        max: usize,
+        handler: F,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError>
+    where
+        DB: Backend,
+        F: Fn(Pool<DB>, Arc<[Message]>) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<BatchOutcome<E>, B>> + Send + 'static,
+        E: std::error::Error + Send + 'static,
+        B: std::error::Error + Send + 'static,
+    {
+        self.run_batches_with(pool, max, &AckPolicy::new(), handler, shutdown)
+            .await
+    }
+
+    /// Consumes until `shutdown` completes, handing the records of each partition to
+    /// `handler` in batches: the records its lane holds when the last batch ended, in
+    /// offset order, at most `max` (at least 1; the lane holds at least `max`, whatever
+    /// [`prefetch`](Self::prefetch) says). `handler` is given the pool and the batch, both
+    /// its own: `|pool, batch| async move { apply(&pool, &batch).await }` for an
+    /// `#[idempotent(batch = fresh, key = |msg| msg.id())]` handler `apply(tx, fresh:
+    /// &[&Message])`: one transaction claims every id, runs the body over the fresh ones,
+    /// and commits (see [`batch`](crate::batch)).
+    ///
+    /// Each record is settled as its [`BatchItem`] says, through `policy`: processed, a
+    /// duplicate or a copy of one → finished; a failure the policy calls transient (or
+    /// an item in progress under another delivery's lease) → the batch's unsettled
+    /// records are handed to the handler again, together, after the longest of their
+    /// delays; a permanent failure, an invalid id or a fingerprint mismatch → a dead
+    /// letter. A batch whose call failed as a whole is decided on that error for all its
+    /// records. The offset after the batch is committed once every record of it is
+    /// settled and its dead letters acknowledged; at shutdown or revocation, only the
+    /// records before the first unsettled one count as finished. Within a batch, a
+    /// record retried is applied after the records of the batch that were not.
+    pub async fn run_batches_with<DB, F, Fut, E, B>(
+        &self,
+        pool: &Pool<DB>,
+        max: usize,
+        policy: &AckPolicy<DB>,
+        handler: F,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError>
+    where
+        DB: Backend,
+        F: Fn(Pool<DB>, Arc<[Message]>) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<BatchOutcome<E>, B>> + Send + 'static,
+        E: std::error::Error + Send + 'static,
+        B: std::error::Error + Send + 'static,
+    {
+        let max = max.max(1);
+        let consumer = KafkaConsumer {
+            prefetch: self.prefetch.max(max),
+            ..self.clone()
+        };
+        let Started {
+            group,
+            dead,
+            producer,
+            meter,
+            shared,
+            lanes_started,
+            poll_ended,
+        } = consumer.start().await?;
+        let lane = LaneContext {
+            consumer: &consumer,
+            group: &group,
+            dead: &dead,
+            producer: &producer,
+            pool,
+            policy,
+            handler: &handler,
+            shared: &shared,
+            meter: &meter,
+        };
+        let ended = Ended {
+            shared: &shared,
+            meter: &meter,
+            lanes_started,
+            poll_ended,
+        };
+        Ok(ended
+            .drive(shutdown, |start| lane.run_batches(start, max))
+            .await)
+    }
+
+    /// Checks the group, the topic and the dead topic (creating it if missing),
+    /// subscribes and starts the poll thread.
+    async fn start(&self) -> Result<Started, ConsumeError> {
         let group = self
             .config
             .get("group.id")
@@ -364,9 +489,12 @@ impl KafkaConsumer {
             .ok_or(ConsumeError::NoGroup)?
             .to_owned();
         let producer = self.dead_producer()?;
-        let (starts, mut lanes_started) = mpsc::unbounded_channel();
+        let meter = Meter::new("kafka", &self.topic, &group);
+        let (starts, lanes_started) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared::default());
-        let (consumer, partitions, dead_partitions) = self.connect(shared.clone(), starts).await?;
+        let (consumer, partitions, dead_partitions) =
+            self.connect(shared.clone(), &meter, starts).await?;
+        meter.partitions(partitions);
         let dead = self.dead_topic();
         match dead_partitions {
             Some(found) if found < partitions => {
@@ -382,7 +510,6 @@ impl KafkaConsumer {
         consumer
             .subscribe(&[self.topic.as_str()])
             .map_err(ConsumeError::Start)?;
-
         let (polled, poll_ended) = oneshot::channel();
         let poller = Poller {
             consumer,
@@ -397,50 +524,15 @@ impl KafkaConsumer {
                 let _ = polled.send(());
             })
             .map_err(|error| ConsumeError::Start(KafkaError::Global(io_code(&error))))?;
-
-        let lane = LaneContext {
-            consumer: self,
-            group: &group,
-            dead: &dead,
-            producer: &producer,
-            pool,
-            policy,
-            handler: &handler,
-            shared: &shared,
-        };
-        let mut lanes = FuturesUnordered::new();
-        let mut consumed = Consumed::default();
-        let mut shutdown = std::pin::pin!(shutdown);
-        let mut stopping = false;
-        let mut started_open = true;
-        std::future::poll_fn(|context| {
-            use std::task::Poll;
-            if !stopping && shutdown.as_mut().poll(context).is_ready() {
-                stopping = true;
-                shared.stop();
-            }
-            while started_open {
-                match lanes_started.poll_recv(context) {
-                    Poll::Ready(Some(start)) => lanes.push(lane.run(start)),
-                    Poll::Ready(None) => started_open = false,
-                    Poll::Pending => break,
-                }
-            }
-            while let Poll::Ready(Some(done)) = lanes.poll_next_unpin(context) {
-                consumed.add(&done);
-            }
-            // The poll thread drops its end once it stopped; then no lane starts any more.
-            if !started_open && lanes.is_empty() {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
+        Ok(Started {
+            group,
+            dead,
+            producer,
+            meter,
+            shared,
+            lanes_started,
+            poll_ended,
         })
-        .await;
-        // Every lane ended: the poll thread makes the final commit and closes.
-        shared.lanes_ended();
-        let _ = poll_ended.await;
-        Ok(consumed)
     }
 
     /// The consumer (not yet subscribed), the topic's partition count and the dead
@@ -448,6 +540,7 @@ impl KafkaConsumer {
     async fn connect(
         &self,
         shared: Arc<Shared>,
+        meter: &Meter,
         starts: mpsc::UnboundedSender<LaneStart>,
     ) -> Result<(BaseConsumer<Context>, usize, Option<usize>), ConsumeError> {
         let mut config = self.config.clone();
@@ -457,8 +550,14 @@ impl KafkaConsumer {
         if config.get("auto.offset.reset").is_none() {
             config.set("auto.offset.reset", "earliest");
         }
+        #[cfg(feature = "metrics")]
+        if config.get("statistics.interval.ms").is_none() {
+            // The lag, as a gauge (see `consume`'s metrics).
+            config.set("statistics.interval.ms", "5000");
+        }
         let context = Context {
             shared,
+            meter: meter.clone(),
             topic: self.topic.clone(),
             deadline: self.shutdown_deadline,
             starts: Mutex::new(Some(starts)),
@@ -560,6 +659,70 @@ fn io_code(_: &std::io::Error) -> RDKafkaErrorCode {
     RDKafkaErrorCode::Fail
 }
 
+/// A consumer started by [`KafkaConsumer::start`].
+struct Started {
+    group: String,
+    dead: String,
+    producer: FutureProducer,
+    meter: Meter,
+    shared: Arc<Shared>,
+    lanes_started: mpsc::UnboundedReceiver<LaneStart>,
+    poll_ended: oneshot::Receiver<()>,
+}
+
+/// What a run waits on to end: its lanes, then the poll thread.
+struct Ended<'r> {
+    shared: &'r Shared,
+    meter: &'r Meter,
+    lanes_started: mpsc::UnboundedReceiver<LaneStart>,
+    poll_ended: oneshot::Receiver<()>,
+}
+
+impl Ended<'_> {
+    /// Drives the lanes `lane` makes of each partition assigned until shutdown, then
+    /// until they ended; then waits for the poll thread's final commit and close.
+    async fn drive<L: Future<Output = Consumed>>(
+        mut self,
+        shutdown: impl Future<Output = ()>,
+        lane: impl Fn(LaneStart) -> L,
+    ) -> Consumed {
+        let mut lanes = FuturesUnordered::new();
+        let mut consumed = Consumed::default();
+        let mut shutdown = std::pin::pin!(shutdown);
+        let mut stopping = false;
+        let mut started_open = true;
+        std::future::poll_fn(|context| {
+            use std::task::Poll;
+            if !stopping && shutdown.as_mut().poll(context).is_ready() {
+                stopping = true;
+                self.shared.stop();
+            }
+            while started_open {
+                match self.lanes_started.poll_recv(context) {
+                    Poll::Ready(Some(start)) => lanes.push(lane(start)),
+                    Poll::Ready(None) => started_open = false,
+                    Poll::Pending => break,
+                }
+            }
+            while let Poll::Ready(Some(done)) = lanes.poll_next_unpin(context) {
+                consumed.add(&done);
+            }
+            // The poll thread drops its end once it stopped; then no lane starts any more.
+            if !started_open && lanes.is_empty() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await;
+        // Every lane ended: the poll thread makes the final commit and closes.
+        self.shared.lanes_ended();
+        let _ = self.poll_ended.await;
+        self.meter.finish(&consumed);
+        consumed
+    }
+}
+
 /// What the poll thread and the lanes share, under one lock.
 #[derive(Default)]
 struct Shared {
@@ -578,6 +741,9 @@ struct State {
     generations: u64,
     stopping: bool,
     lanes_ended: bool,
+    /// A dead letter finished: commit at the poll thread's next turn rather than at the
+    /// interval, so that a crash copies it again as rarely as can be.
+    commit_soon: bool,
 }
 
 /// An assigned partition, as the poll thread and its lane see it.
@@ -615,6 +781,12 @@ impl Shared {
             let _ = part.leave.send(true);
         }
         drop(state);
+        self.changed.notify_all();
+    }
+
+    /// Asks the poll thread to commit at its next turn.
+    fn commit_soon(&self) {
+        self.lock().commit_soon = true;
         self.changed.notify_all();
     }
 
@@ -672,13 +844,29 @@ struct LaneStart {
 /// The consumer's context: the rebalance callbacks, on the poll thread.
 struct Context {
     shared: Arc<Shared>,
+    meter: Meter,
     topic: String,
     deadline: Duration,
     /// Where assigned partitions' lanes are sent to be driven; `None` once stopped.
     starts: Mutex<Option<mpsc::UnboundedSender<LaneStart>>>,
 }
 
-impl ClientContext for Context {}
+impl ClientContext for Context {
+    /// librdkafka's statistics: each assigned partition's consumer lag, as a gauge.
+    fn stats(&self, statistics: ::rdkafka::Statistics) {
+        let Some(topic) = statistics.topics.get(&self.topic) else {
+            return;
+        };
+        let assigned = self.shared.lock();
+        for (&partition, stats) in &topic.partitions {
+            if assigned.parts.contains_key(&partition)
+                && let Ok(lag) = u64::try_from(stats.consumer_lag)
+            {
+                self.meter.lag(Some(partition), lag);
+            }
+        }
+    }
+}
 
 impl ConsumerContext for Context {
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
@@ -828,7 +1016,8 @@ impl Poller {
                     None => {}
                 }
             }
-            if last_commit.elapsed() >= self.commit_interval {
+            let soon = std::mem::take(&mut self.shared.lock().commit_soon);
+            if soon || last_commit.elapsed() >= self.commit_interval {
                 last_commit = Instant::now();
                 self.commit(&topic, CommitMode::Async, false);
             }
@@ -939,6 +1128,7 @@ struct LaneContext<'r, DB: Backend, H> {
     policy: &'r AckPolicy<DB>,
     handler: &'r H,
     shared: &'r Shared,
+    meter: &'r Meter,
 }
 
 /// How a record's handling ended.
@@ -965,7 +1155,7 @@ where
             mut records,
             leave,
         } = start;
-        let mut consumed = Consumed::default();
+        let (mut consumed, mut seen) = (Consumed::default(), Consumed::default());
         let mut left = false;
         while let Some(record) = records.recv().await {
             if left || shared::stopped(&leave) {
@@ -973,11 +1163,12 @@ where
                 consumed.requeued += 1;
                 self.shared
                     .update(partition, generation, |part| part.held -= 1);
+                self.meter.catch_up(&mut seen, &consumed);
                 continue;
             }
             self.shared
                 .update(partition, generation, |part| part.busy = true);
-            let offset = record.offset();
+            let (offset, dead) = (record.offset(), consumed.dead_lettered);
             let handled = self.handle(record, &leave, &mut consumed).await;
             if matches!(handled, Handled::Left) {
                 // The records after it must not finish before it: the lane leaves.
@@ -991,7 +1182,12 @@ where
                     part.finished = Some(offset + 1);
                 }
             });
+            if consumed.dead_lettered > dead {
+                self.shared.commit_soon();
+            }
+            self.meter.catch_up(&mut seen, &consumed);
         }
+        self.meter.catch_up(&mut seen, &consumed);
         consumed
     }
 
@@ -1003,15 +1199,7 @@ where
         consumed: &mut Consumed,
     ) -> Handled {
         let (partition, offset) = (record.partition(), record.offset());
-        let id = record_id(&record, &self.consumer.message_id);
-        let headers = record_headers(&record);
-        let mut message = Arc::new(Message {
-            id,
-            payload: record.payload().map(<[u8]>::to_vec).unwrap_or_default(),
-            headers,
-            delivery: 1,
-            destination: self.consumer.topic.clone(),
-        });
+        let mut message = Arc::new(self.message(&record));
         let span = tracing::info_span!(
             "process",
             messaging.system = "kafka",
@@ -1034,11 +1222,12 @@ where
                 (self.handler)(self.pool.clone(), message.clone()),
                 span.clone(),
             );
-            let deadline = self.consumer.shutdown_deadline;
+            let (deadline, started) = (self.consumer.shutdown_deadline, Instant::now());
             let Some(result) = shared::within_deadline(leave, deadline, call).await else {
                 // Past the deadline: dropped, its transaction rolled back.
                 return Handled::Left;
             };
+            self.meter.processed(started);
             match self.policy.decide(&result, attempt) {
                 Ack::Ack => {
                     consumed.acknowledged += 1;
@@ -1079,6 +1268,217 @@ where
                     return Handled::Finished;
                 }
             }
+        }
+    }
+}
+
+/// How a batch's record was settled: its [`Ack`], and for a dead letter the error's type
+/// and text.
+type Settlement = (Ack, Option<(&'static str, String)>);
+
+impl<DB, H, Fut, E, B> LaneContext<'_, DB, H>
+where
+    DB: Backend,
+    H: Fn(Pool<DB>, Arc<[Message]>) -> Fut + Send + Sync,
+    Fut: Future<Output = Result<BatchOutcome<E>, B>> + Send + 'static,
+    E: std::error::Error + Send + 'static,
+    B: std::error::Error + Send + 'static,
+{
+    /// One partition's lane in batches: what it holds, up to `max`, per call.
+    async fn run_batches(&self, start: LaneStart, max: usize) -> Consumed {
+        let LaneStart {
+            partition,
+            generation,
+            mut records,
+            leave,
+        } = start;
+        let (mut consumed, mut seen) = (Consumed::default(), Consumed::default());
+        let mut left = false;
+        while let Some(first) = records.recv().await {
+            let mut batch = vec![first];
+            while batch.len() < max {
+                match records.try_recv() {
+                    Ok(record) => batch.push(record),
+                    Err(_) => break,
+                }
+            }
+            let taken = batch.len();
+            if left || shared::stopped(&leave) {
+                consumed.requeued += taken as u64;
+                self.shared
+                    .update(partition, generation, |part| part.held -= taken);
+                self.meter.catch_up(&mut seen, &consumed);
+                continue;
+            }
+            self.shared
+                .update(partition, generation, |part| part.busy = true);
+            let offsets: Vec<i64> = batch.iter().map(|record| record.offset()).collect();
+            let dead = consumed.dead_lettered;
+            let finished = self.handle_batch(batch, &leave, &mut consumed).await;
+            if finished < taken {
+                // The records after an unsettled one must not finish before it.
+                left = true;
+                consumed.requeued += (taken - finished) as u64;
+            }
+            self.shared.update(partition, generation, |part| {
+                part.busy = false;
+                part.held -= taken;
+                if let Some(last) = finished.checked_sub(1) {
+                    part.finished = Some(offsets[last] + 1);
+                }
+            });
+            if consumed.dead_lettered > dead {
+                self.shared.commit_soon();
+            }
+            self.meter.catch_up(&mut seen, &consumed);
+        }
+        self.meter.catch_up(&mut seen, &consumed);
+        consumed
+    }
+
+    /// Calls the handler for `records` until each is settled, then produces the dead
+    /// letters; how many records, from the first, finished (all, unless the lane had to
+    /// leave first).
+    async fn handle_batch(
+        &self,
+        records: Vec<OwnedMessage>,
+        leave: &watch::Receiver<bool>,
+        consumed: &mut Consumed,
+    ) -> usize {
+        let messages: Vec<Message> = records.iter().map(|record| self.message(record)).collect();
+        let span = tracing::info_span!(
+            "process",
+            messaging.system = "kafka",
+            messaging.operation.type = "process",
+            messaging.destination.name = %self.consumer.topic,
+            messaging.consumer.group.name = %self.group,
+            messaging.destination.partition.id = records[0].partition(),
+            messaging.kafka.offset = records[0].offset(),
+            messaging.batch.message_count = records.len(),
+        );
+        let mut settled: Vec<Option<Settlement>> = vec![None; records.len()];
+        let mut attempts = vec![1_u64; records.len()];
+        let mut attempt = 1_u64;
+        loop {
+            let open: Vec<usize> = (0..records.len())
+                .filter(|&n| settled[n].is_none())
+                .collect();
+            if open.is_empty() {
+                break;
+            }
+            let batch: Arc<[Message]> = open
+                .iter()
+                .map(|&n| Message {
+                    delivery: attempt,
+                    ..messages[n].clone()
+                })
+                .collect();
+            let call = tracing::Instrument::instrument(
+                (self.handler)(self.pool.clone(), batch),
+                span.clone(),
+            );
+            let (deadline, started) = (self.consumer.shutdown_deadline, Instant::now());
+            let Some(result) = shared::within_deadline(leave, deadline, call).await else {
+                return acknowledged_first(&settled, consumed);
+            };
+            self.meter.processed(started);
+            let acks: Vec<Settlement> = match &result {
+                Ok(outcome) => (0..open.len())
+                    .map(|k| item_settlement(self.policy, outcome.settled(k), attempt))
+                    .collect(),
+                Err(error) => {
+                    let ack = self.policy.decide_error(error, attempt);
+                    let text = shared::header_text(&error.to_string());
+                    let failed = (std::any::type_name::<B>(), text);
+                    open.iter().map(|_| (ack, Some(failed.clone()))).collect()
+                }
+            };
+            let mut wait = None;
+            for (&n, (ack, error)) in open.iter().zip(acks) {
+                attempts[n] = attempt;
+                match ack {
+                    Ack::Retry { after } => {
+                        wait = Some(wait.unwrap_or(Duration::ZERO).max(after));
+                        consumed.retried += 1;
+                    }
+                    ack => settled[n] = Some((ack, error)),
+                }
+            }
+            if let Some(wait) = wait {
+                let _entered = span.enter();
+                tracing::debug!(
+                    ?wait,
+                    attempt,
+                    "Kafka consumer: transient failures in a batch; its unsettled records retried"
+                );
+                if !shared::pause(leave, wait).await {
+                    return acknowledged_first(&settled, consumed);
+                }
+                attempt += 1;
+            }
+        }
+        for (n, record) in records.iter().enumerate() {
+            match settled[n].take() {
+                Some((Ack::DeadLetter, error)) => {
+                    if let Some((_, text)) = &error {
+                        let _entered = span.enter();
+                        tracing::warn!(error = %text, offset = record.offset(),
+                            "Kafka consumer: permanent failure in a batch; dead-lettered");
+                    }
+                    if !self.dead_letter(record, attempts[n], error, leave).await {
+                        return n;
+                    }
+                    consumed.dead_lettered += 1;
+                }
+                _ => consumed.acknowledged += 1,
+            }
+        }
+        records.len()
+    }
+}
+
+/// How many records, from the first, are settled by an acknowledgement (their dead
+/// letters, if any, are not produced yet), counted as acknowledged.
+fn acknowledged_first(settled: &[Option<Settlement>], consumed: &mut Consumed) -> usize {
+    let first = settled
+        .iter()
+        .take_while(|settlement| matches!(settlement, Some((Ack::Ack, _))))
+        .count();
+    consumed.acknowledged += first as u64;
+    first
+}
+
+/// What `policy` says of a batch's item at `attempt`.
+fn item_settlement<DB: Backend, E: std::error::Error + 'static>(
+    policy: &AckPolicy<DB>,
+    item: &BatchItem<E>,
+    attempt: u64,
+) -> Settlement {
+    let failed = |error: &(dyn std::error::Error + 'static), class: &'static str| {
+        let text = shared::header_text(&error.to_string());
+        (policy.decide_error(error, attempt), Some((class, text)))
+    };
+    match item {
+        BatchItem::Processed | BatchItem::Duplicate(_) | BatchItem::SameAs { .. } => {
+            (Ack::Ack, None)
+        }
+        BatchItem::Failed(error) => failed(error, std::any::type_name::<E>()),
+        BatchItem::CommitFailed(error) => failed(error, std::any::type_name::<sqlx::Error>()),
+        BatchItem::Invalid(error) => failed(error, std::any::type_name_of_val(error)),
+        BatchItem::FingerprintMismatch(error) => failed(error, std::any::type_name_of_val(error)),
+        BatchItem::InProgress(busy) => (crate::LeaseOutcome::<()>::InProgress(*busy).ack(), None),
+    }
+}
+
+impl<DB: Backend, H> LaneContext<'_, DB, H> {
+    /// The [`Message`] of `record`, at its first delivery.
+    fn message(&self, record: &OwnedMessage) -> Message {
+        Message {
+            id: record_id(record, &self.consumer.message_id),
+            payload: record.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+            headers: record_headers(record),
+            delivery: 1,
+            destination: self.consumer.topic.clone(),
         }
     }
 

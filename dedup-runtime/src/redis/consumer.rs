@@ -163,7 +163,7 @@ impl std::error::Error for ConsumeError {
     }
 }
 
-use crate::consume::shared::{self, RECONNECT};
+use crate::consume::shared::{self, Meter, RECONNECT};
 
 impl RedisStreamsConsumer {
     /// A consumer of `stream` through `client`, as the member `member` of `group`: batches
@@ -304,6 +304,7 @@ impl RedisStreamsConsumer {
         // The first connection, so that a wrong address or stream fails the run at once.
         let connection = self.connect().await.map_err(ConsumeError::Start)?;
         let (stop, stopping) = watch::channel(false);
+        let meter = Meter::new("redis", &self.stream, &self.group);
         let worker = Worker {
             consumer: self,
             pool,
@@ -315,16 +316,20 @@ impl RedisStreamsConsumer {
             held: Vec::new(),
             next_claim: Instant::now(),
             consumed: Consumed::default(),
+            meter: &meter,
+            seen: Consumed::default(),
         };
         let mut work = pin!(worker.run());
         let finished = shared::first(work.as_mut(), shutdown).await;
-        Ok(match finished {
+        let consumed = match finished {
             Some(done) => done,
             None => {
                 let _ = stop.send(true);
                 work.await
             }
-        })
+        };
+        meter.finish(&consumed);
+        Ok(consumed)
     }
 
     /// A connection of the consumer's own (a blocking read holds it), and the group,
@@ -385,6 +390,9 @@ struct Worker<'w, DB: Backend, H> {
     held: Vec<Held>,
     next_claim: Instant,
     consumed: Consumed,
+    meter: &'w Meter,
+    /// What the metrics recorded of `consumed`.
+    seen: Consumed,
 }
 
 impl<DB, H, Fut, O, E> Worker<'_, DB, H>
@@ -632,7 +640,9 @@ where
             let Some(&count) = counts.get(&entry.id) else {
                 continue;
             };
-            match self.process(redis, entry, count).await {
+            let processed = self.process(redis, entry, count).await;
+            self.meter.catch_up(&mut self.seen, &self.consumed);
+            match processed {
                 Ok(Flow::Next) => {}
                 Ok(Flow::Stop) => {
                     self.consumed.requeued += (total - done - 1) as u64;
@@ -742,12 +752,14 @@ where
             (self.handler)(self.pool.clone(), message.clone()),
             span.clone(),
         );
+        let started = std::time::Instant::now();
         let Some(result) = self.within_deadline(call).await else {
             // Shutdown's deadline passed: the call was dropped, its transaction rolled
             // back. The entry stays pending with this member.
             self.consumed.requeued += 1;
             return Ok(Flow::Stop);
         };
+        self.meter.processed(started);
         let _entered = span.enter();
         match self.policy.decide(&result, count) {
             Ack::Ack => {

@@ -118,7 +118,7 @@ impl std::fmt::Display for ConsumeError {
 
 impl std::error::Error for ConsumeError {}
 
-use crate::consume::shared::{self, RECONNECT};
+use crate::consume::shared::{self, Meter, RECONNECT};
 /// How long a connection, a subscription or a dead letter's `PUBACK` may take.
 const WIRE: Duration = Duration::from_secs(30);
 
@@ -196,6 +196,7 @@ impl MqttConsumer {
     {
         let first = self.connect().await.map_err(ConsumeError::Start)?;
         let (stop, stopping) = watch::channel(false);
+        let meter = Meter::new("mqtt", &self.topic, "");
         let worker = Worker {
             consumer: self,
             pool,
@@ -203,16 +204,20 @@ impl MqttConsumer {
             handler: &handler,
             stopping,
             consumed: Consumed::default(),
+            meter: &meter,
+            seen: Consumed::default(),
         };
         let mut work = pin!(worker.run(first));
         let finished = shared::first(work.as_mut(), shutdown).await;
-        Ok(match finished {
+        let consumed = match finished {
             Some(consumed) => consumed,
             None => {
                 let _ = stop.send(true);
                 work.await
             }
-        })
+        };
+        meter.finish(&consumed);
+        Ok(consumed)
     }
 
     /// A connection, subscribed (its `SUBACK` granted at QoS 1 or more).
@@ -350,6 +355,9 @@ struct Worker<'w, DB: Backend, H> {
     handler: &'w H,
     stopping: watch::Receiver<bool>,
     consumed: Consumed,
+    meter: &'w Meter,
+    /// What the metrics recorded of `consumed`.
+    seen: Consumed,
 }
 
 /// What became of one message.
@@ -414,7 +422,9 @@ where
                 if publish.qos == QoS::AtMostOnce {
                     continue; // nothing to acknowledge, nothing redelivered
                 }
-                match self.process(&mut current, &publish).await {
+                let settled = self.process(&mut current, &publish).await;
+                self.meter.catch_up(&mut self.seen, &self.consumed);
+                match settled {
                     Settled::Done => {}
                     Settled::Lost => break,
                     Settled::Stopped => {
@@ -490,12 +500,14 @@ where
                 (self.handler)(self.pool.clone(), shared),
                 span.clone(),
             );
+            let started = std::time::Instant::now();
             let Some(result) = self.within_deadline(call).await else {
                 // Shutdown's deadline passed: the call was dropped and rolled back; the
                 // message stays with the session, unacknowledged.
                 self.consumed.requeued += 1;
                 return Settled::Stopped;
             };
+            self.meter.processed(started);
             let _entered = span.enter();
             match self.policy.decide(&result, message.delivery) {
                 Ack::Retry { after } => {
