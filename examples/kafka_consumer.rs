@@ -1,7 +1,8 @@
 //! Kafka → PostgreSQL + outbox → RabbitMQ: each order (id: header `id`) applied once whatever
 //! Kafka redelivers or the process dies, an `accepted` event per order; SIGTERM stops it.
 //! `KAFKA_<NAME>` is librdkafka's `<name>` (`KAFKA_BOOTSTRAP_SERVERS`, `KAFKA_GROUP_ID`);
-//! `TOPIC` (dead letters: `<topic>.dead`), `DATABASE_URL`, `AMQP_URL`, `EVENTS_QUEUE`.
+//! `TOPIC` (dead letters: `<topic>.dead`), `OFFSETS=database` (offsets kept in the database
+//! too), `DATABASE_URL`, `AMQP_URL`, `EVENTS_QUEUE`.
 
 use dedup_runtime::consume::Message;
 use dedup_runtime::outbox::{Cause, Outbox};
@@ -61,17 +62,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = rdkafka::ClientConfig::new();
     config.set("bootstrap.servers", "127.0.0.1:9092");
     config.set("group.id", "orders");
-    for (name, value) in std::env::vars() {
-        if let Some(name) = name.strip_prefix("KAFKA_") {
-            config.set(name.to_lowercase().replace('_', "."), value);
-        }
+    for (name, value) in std::env::vars().filter(|(name, _)| name.starts_with("KAFKA_")) {
+        config.set(name[6..].to_lowercase().replace('_', "."), value);
     }
     let events = Arc::new((outbox, queue));
     let handler = move |pool: PgPool, msg: Arc<Message>| {
         let events = events.clone();
         async move { apply(&pool, &msg, &events).await }
     };
-    let consumer = KafkaConsumer::new(config, &setting("TOPIC", "orders"));
+    let consumer = KafkaConsumer::new(config, &setting("TOPIC", "orders"))
+        .offsets_in_database(setting("OFFSETS", "kafka") == "database");
     let consumed = consumer.run(&pool, handler, stop).await?;
     relaying.await??;
     println!("stopped: {consumed:?}");

@@ -14,6 +14,7 @@
 //! | leases: mark-first, send-first with a lease | [`LeaseBackend`](crate::lease::LeaseBackend) | `lease.rs`, `lease/<db>.rs` |
 //! | wake-ups of idle workers and relays (`LISTEN`/`NOTIFY`) | `WakeBackend` | `wake.rs`, `wake/<db>.rs` |
 //! | the outbox: enqueue | [`OutboxBackend`](crate::outbox::OutboxBackend) | `outbox.rs`, `outbox/<db>.rs` |
+//! | Kafka offsets kept in the database | `OffsetsBackend` | `offsets.rs`, `offsets/<db>.rs` |
 //!
 //! A new backend implements each of them in a new file per concern, and gets one line
 //! here; a new capability adds a concern (its trait, its files) and a supertrait.
@@ -26,6 +27,7 @@ use crate::classify::ClassifyBackend;
 use crate::inbox::{InboxBackend, InboxOperatorBackend};
 use crate::lease::LeaseBackend;
 use crate::ledger::LedgerBackend;
+use crate::offsets::OffsetsBackend;
 use crate::outbox::OutboxBackend;
 use crate::prune::PruneSql;
 use crate::schema::SchemaBackend;
@@ -63,6 +65,7 @@ pub trait Backend:
     + OutboxBackend
     + PruneSql
     + WakeBackend
+    + OffsetsBackend
     + Sealed
 {
 }

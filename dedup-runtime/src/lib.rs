@@ -257,6 +257,7 @@ mod ledger;
 mod metrics;
 mod migrate;
 mod names;
+mod offsets;
 pub mod outbox;
 mod outcome;
 mod probe;

@@ -691,6 +691,17 @@ impl<'k> Run<'k> {
                 return self.after_error::<DB>(error, self.rerun_body).await.into();
             }
         }
+        // The Kafka consumer's offsets-in-database mode: the record's partition position,
+        // in the transaction the handler itself began for the record's id.
+        #[cfg(feature = "rdkafka")]
+        if self.owned
+            && let Some(claim) = &self.claim
+            && let Some(row) = crate::offsets::pending(claim.id)
+            && let Err(error) = DB::offsets_store(&mut tx.tx, &row).await
+        {
+            self.rollback(tx).await;
+            return self.after_error::<DB>(error, self.rerun_body).await.into();
+        }
         let claimed = self.claim.as_ref().map(|claim| Claimed {
             statements: claim.statements,
             consumer: claim.consumer,

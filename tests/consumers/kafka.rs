@@ -451,6 +451,78 @@ macro_rules! backend {
                 );
             }
 
+            /// Offsets in the database: each partition's row written in the handlers'
+            /// transactions (the poison record, rolled back, does not move it); then,
+            /// with the group's Kafka offsets reset to 0, a second run starts each
+            /// partition at its stored offset, and reads only what was not committed.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn offsets_in_the_database_are_written_with_the_work() {
+                let (pool, run) = setup().await;
+                let name = dedup_suite::unique("kafka-offsets");
+                let group = dedup_suite::unique("group");
+                topic(&name, 2).await;
+                let ids: Vec<String> = (0..10).map(|n| format!("{run}-{n}")).collect();
+                let mut records: Vec<Record<'_>> = ids
+                    .iter()
+                    .enumerate()
+                    .map(|(n, id)| ((n % 2) as i32, Some(id.as_str()), &b"body"[..]))
+                    .collect();
+                let poison = format!("{run}-poison");
+                records.push((1, Some(&poison), b"poison"));
+                let ends = publish(&name, &records).await;
+                let db: &sqlx::Pool<$db> = &pool;
+                let calls = Arc::new(Mutex::new(Vec::new()));
+                let handler = {
+                    let (run, calls) = (run.clone(), calls.clone());
+                    move |pool: sqlx::Pool<$db>, msg: Arc<Message>| {
+                        calls.lock().unwrap().push(msg.id().to_owned());
+                        let run = run.clone();
+                        async move { apply(&pool, &msg, &run).await }
+                    }
+                };
+                let consumer = KafkaConsumer::new(member(&group), &name).offsets_in_database(true);
+                let done = until(|| async {
+                    count(db, $count, &run).await == 10 && committed(&group, &name, 2) == ends
+                });
+                let first = consumer.run(db, handler.clone(), done).await.unwrap();
+                assert_eq!((first.acknowledged, first.dead_lettered), (10, 1), "{first:?}");
+                let stored = |partition: i32| {
+                    let sql = format!(
+                        "SELECT COALESCE(MAX(next_offset), -1) FROM dedup_kafka_offsets \
+                         WHERE consumer_group = '{group}' AND topic = '{name}' \
+                         AND partition_id = {partition}"
+                    );
+                    dedup_suite::TestDatabase::count(db, sql, Vec::new())
+                };
+                assert_eq!(stored(0).await, ends[&0], "partition 0: after its last record");
+                assert_eq!(
+                    stored(1).await,
+                    ends[&1] - 1,
+                    "partition 1: after its last committed record, not after the poison one"
+                );
+
+                // The group's Kafka offsets lost: reset to 0.
+                let reset: rdkafka::consumer::BaseConsumer =
+                    client().set("group.id", &group).create().unwrap();
+                let mut zero = TopicPartitionList::new();
+                for partition in 0..2 {
+                    zero.add_partition_offset(&name, partition, Offset::Offset(0)).unwrap();
+                }
+                reset
+                    .commit(&zero, rdkafka::consumer::CommitMode::Sync)
+                    .expect("offsets reset");
+                assert_eq!(committed(&group, &name, 2), BTreeMap::from([(0, 0), (1, 0)]));
+                calls.lock().unwrap().clear();
+                let done = until(|| async { committed(&group, &name, 2) == ends });
+                let second = consumer.run(db, handler, done).await.unwrap();
+                assert_eq!(
+                    *calls.lock().unwrap(),
+                    std::slice::from_ref(&poison),
+                    "only the record after the stored offsets: {second:?}"
+                );
+                assert_eq!(count(db, $count, &run).await, 10, "nothing applied twice");
+            }
+
             /// The batch form (`run_batches`, up to 8 records a call): the same records
             /// as above, each settled as its item says — processed or copies
             /// acknowledged, the flaky one retried, the poison one and the one without

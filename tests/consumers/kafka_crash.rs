@@ -27,9 +27,10 @@ use super::rabbitmq::{AMQP, channel};
 const POISON: usize = 5;
 const PARTITIONS: i32 = 4;
 
-fn start(program: &std::path::Path, name: &str) -> Life {
+fn start(program: &std::path::Path, name: &str, offsets: &str) -> Life {
     Life(
         Command::new(program)
+            .env("OFFSETS", offsets)
             .env("KAFKA_BOOTSTRAP_SERVERS", brokers())
             .env("KAFKA_GROUP_ID", name)
             // A killed member's partitions move on within a second or two.
@@ -49,6 +50,18 @@ fn start(program: &std::path::Path, name: &str) -> Life {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
+    under_sigkill("kafka").await;
+}
+
+/// The same with the offsets kept in the database too (`OFFSETS=database`): also, each
+/// partition's stored offset is the one after its last record that was not poison (a
+/// poison record's transaction rolls back, so it never moves the stored offset).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_in_the_database_are_effectively_once_under_sigkill() {
+    under_sigkill("database").await;
+}
+
+async fn under_sigkill(offsets: &str) {
     let messages = dedup_suite::env_number("DEDUP_CRASH_MESSAGES", 2_000);
     let kills = dedup_suite::env_number("DEDUP_CRASH_KILLS", 20);
     let seed = dedup_suite::crash_seed();
@@ -99,7 +112,7 @@ async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
         if before == messages as i64 {
             break;
         }
-        let mut child = start(&program, &name);
+        let mut child = start(&program, &name, offsets);
         let born = Instant::now();
         while count(effects.clone()).await == before {
             assert!(
@@ -120,7 +133,7 @@ async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
     );
 
     // The last life: everything in, then SIGTERM.
-    let mut child = start(&program, &name);
+    let mut child = start(&program, &name, offsets);
     let patience = Duration::from_secs(120);
     let last = Instant::now();
     let sent = format!(
@@ -173,7 +186,7 @@ async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
     let events = ids_in(&channel, &format!("{name}.events")).await;
     let distinct_events: BTreeSet<&String> = events.iter().collect();
     eprintln!(
-        "hosted Kafka consumer under SIGKILL (seed {seed}): {killed} kills in {} lives, \
+        "hosted Kafka consumer under SIGKILL, offsets in {offsets} (seed {seed}): {killed} kills in {} lives, \
          {applied_under_kills} orders applied before the last life; effects {applied} for \
          {messages} ids ({applied_once} distinct); {rows} dedup rows; dead letters {}; \
          events {} ({} distinct); {:.1} s",
@@ -210,6 +223,26 @@ async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
         .collect();
     assert_eq!(positions.len(), POISON, "each poison record dead-lettered");
     assert_eq!(distinct_events.len(), messages, "an event for every order");
+    if offsets == "database" {
+        // Offsets in each partition from 0, in publish order.
+        let mut next = [0_i64; PARTITIONS as usize];
+        let mut expected = [0_i64; PARTITIONS as usize];
+        for (partition, id, _) in &records {
+            let partition = *partition as usize;
+            next[partition] += 1;
+            if id.is_some() {
+                expected[partition] = next[partition];
+            }
+        }
+        for (partition, expected) in expected.iter().enumerate() {
+            let stored = count(format!(
+                "SELECT COALESCE(MAX(next_offset), -1) FROM dedup_kafka_offsets \
+                 WHERE consumer_group = '{name}' AND topic = '{name}' AND partition_id = {partition}"
+            ))
+            .await;
+            assert_eq!(stored, *expected, "partition {partition}'s stored offset");
+        }
+    }
     channel
         .queue_delete(
             format!("{name}.events").as_str().into(),

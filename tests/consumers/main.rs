@@ -6,6 +6,7 @@
 mod common;
 mod kafka;
 mod kafka_crash;
+mod kafka_members;
 mod kafka_outage;
 mod metrics;
 mod mqtt;

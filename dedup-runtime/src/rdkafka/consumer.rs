@@ -31,6 +31,7 @@ use crate::backend::Backend;
 use crate::batch::{BatchItem, BatchOutcome};
 use crate::consume::shared::{self, Meter};
 use crate::consume::{Consumed, Message};
+use crate::offsets::{OffsetRow, PENDING, Pending};
 
 /// Where a Kafka consumer reads each record's id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -161,6 +162,7 @@ pub struct KafkaConsumer {
     prefetch: usize,
     shutdown_deadline: Duration,
     commit_interval: Duration,
+    offsets_in_database: bool,
 }
 
 impl std::fmt::Debug for KafkaConsumer {
@@ -174,6 +176,7 @@ impl std::fmt::Debug for KafkaConsumer {
             .field("prefetch", &self.prefetch)
             .field("shutdown_deadline", &self.shutdown_deadline)
             .field("commit_interval", &self.commit_interval)
+            .field("offsets_in_database", &self.offsets_in_database)
             .finish_non_exhaustive()
     }
 }
@@ -200,6 +203,8 @@ pub enum ConsumeError {
     /// librdkafka refused the configuration, the subscription or the dead topic's
     /// creation.
     Start(KafkaError),
+    /// Offsets-in-database mode: the offsets' table could not be created.
+    Database(sqlx::Error),
 }
 
 impl std::fmt::Display for ConsumeError {
@@ -225,6 +230,11 @@ impl std::fmt::Display for ConsumeError {
                  record's partition number, so give it {needed} or more"
             ),
             ConsumeError::Start(error) => write!(f, "Kafka consumer could not start: {error}"),
+            ConsumeError::Database(error) => write!(
+                f,
+                "Kafka consumer could not start: the offsets' table `dedup_kafka_offsets` \
+                 could not be created: {error}"
+            ),
         }
     }
 }
@@ -233,6 +243,7 @@ impl std::error::Error for ConsumeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ConsumeError::Start(error) => Some(error),
+            ConsumeError::Database(error) => Some(error),
             _ => None,
         }
     }
@@ -258,6 +269,7 @@ impl KafkaConsumer {
             prefetch: 64,
             shutdown_deadline: Duration::from_secs(10),
             commit_interval: Duration::from_secs(1),
+            offsets_in_database: false,
         }
     }
 
@@ -299,6 +311,33 @@ impl KafkaConsumer {
     pub fn commit_interval(self, interval: Duration) -> Self {
         KafkaConsumer {
             commit_interval: interval.max(Duration::from_millis(10)),
+            ..self
+        }
+    }
+
+    /// Whether each partition's position is also kept in the database (off by default;
+    /// [`run`](Self::run) and [`run_with`](Self::run_with) only). On, the consumer creates
+    /// the table `dedup_kafka_offsets` (consumer group, topic, partition → next offset) at
+    /// start, and each record's handler writes the offset after the record **in its own
+    /// transaction**, just before its `COMMIT` — one row per partition, moved forward,
+    /// never back. On each assignment the consumer starts a partition at the greater of
+    /// its stored offset and the group's committed offset; a partition with nothing stored
+    /// starts at the group's position (its committed offset, or `auto.offset.reset`),
+    /// never at offset 0. Offsets are still committed to Kafka as without it.
+    ///
+    /// What it buys: the position commits with the work, so a lost or failed Kafka commit
+    /// (a crash before the next interval, a broker away) does not send the partition's
+    /// committed records again — and the group's offsets can be reset or lost without
+    /// the consumer reading back what it did. The handler's dedup rows are still written
+    /// (the handler is an ordinary `#[idempotent]` function), and still needed whenever a
+    /// record can come twice *at different offsets*: a producer that retried without
+    /// idempotence, a message re-published upstream or replayed to another topic, two
+    /// topics feeding one consumer name. Only where each record is its own id — an
+    /// idempotent producer, nothing re-published — would the offset alone be enough to
+    /// recognise what was done; dedup keeps both.
+    pub fn offsets_in_database(self, on: bool) -> Self {
+        KafkaConsumer {
+            offsets_in_database: on,
             ..self
         }
     }
@@ -367,7 +406,7 @@ impl KafkaConsumer {
             shared,
             lanes_started,
             poll_ended,
-        } = self.start().await?;
+        } = self.start(self.stored_offsets(pool).await?).await?;
         let lane = LaneContext {
             consumer: self,
             group: &group,
@@ -456,7 +495,7 @@ impl KafkaConsumer {
             shared,
             lanes_started,
             poll_ended,
-        } = consumer.start().await?;
+        } = consumer.start(None).await?;
         let lane = LaneContext {
             consumer: &consumer,
             group: &group,
@@ -479,9 +518,29 @@ impl KafkaConsumer {
             .await)
     }
 
+    /// In offsets-in-database mode: the table made, and how the poll thread reads the
+    /// stored offsets (on the caller's runtime); `None` otherwise.
+    async fn stored_offsets<DB: Backend>(
+        &self,
+        pool: &Pool<DB>,
+    ) -> Result<Option<StoredOffsets>, ConsumeError> {
+        if !self.offsets_in_database {
+            return Ok(None);
+        }
+        DB::offsets_migrate(pool)
+            .await
+            .map_err(ConsumeError::Database)?;
+        let group = self.config.get("group.id").unwrap_or_default().to_owned();
+        let (pool, topic) = (pool.clone(), self.topic.clone());
+        let runtime = tokio::runtime::Handle::current();
+        Ok(Some(Box::new(move || {
+            runtime.block_on(DB::offsets_read(&pool, &group, &topic))
+        })))
+    }
+
     /// Checks the group, the topic and the dead topic (creating it if missing),
     /// subscribes and starts the poll thread.
-    async fn start(&self) -> Result<Started, ConsumeError> {
+    async fn start(&self, stored: Option<StoredOffsets>) -> Result<Started, ConsumeError> {
         let group = self
             .config
             .get("group.id")
@@ -493,7 +552,7 @@ impl KafkaConsumer {
         let (starts, lanes_started) = mpsc::unbounded_channel();
         let shared = Arc::new(Shared::default());
         let (consumer, partitions, dead_partitions) =
-            self.connect(shared.clone(), &meter, starts).await?;
+            self.connect(shared.clone(), &meter, starts, stored).await?;
         meter.partitions(partitions);
         let dead = self.dead_topic();
         match dead_partitions {
@@ -542,6 +601,7 @@ impl KafkaConsumer {
         shared: Arc<Shared>,
         meter: &Meter,
         starts: mpsc::UnboundedSender<LaneStart>,
+        stored: Option<StoredOffsets>,
     ) -> Result<(BaseConsumer<Context>, usize, Option<usize>), ConsumeError> {
         let mut config = self.config.clone();
         config
@@ -555,8 +615,19 @@ impl KafkaConsumer {
             // The lag, as a gauge (see `consume`'s metrics).
             config.set("statistics.interval.ms", "5000");
         }
+        // The group's committed offsets, read at an assignment by a client of their own
+        // (the consumer's own cannot answer inside its rebalance callback).
+        let stored = match stored {
+            None => None,
+            Some(read) => {
+                let reader: BaseConsumer = config.create().map_err(ConsumeError::Start)?;
+                Some((read, reader))
+            }
+        };
         let context = Context {
             shared,
+            stored,
+            started_at: Mutex::default(),
             meter: meter.clone(),
             topic: self.topic.clone(),
             deadline: self.shutdown_deadline,
@@ -844,6 +915,13 @@ struct LaneStart {
 /// The consumer's context: the rebalance callbacks, on the poll thread.
 struct Context {
     shared: Arc<Shared>,
+    /// Offsets-in-database mode: the stored offsets, and a client that reads the group's
+    /// committed ones.
+    stored: Option<(StoredOffsets, BaseConsumer)>,
+    /// The offsets the last assignment started at from the database, for
+    /// `post_rebalance` to commit to Kafka too (else the group's offset would stay
+    /// behind until the partition's next record).
+    started_at: Mutex<HashMap<i32, i64>>,
     meter: Meter,
     topic: String,
     deadline: Duration,
@@ -868,7 +946,107 @@ impl ClientContext for Context {
     }
 }
 
+/// Reads every partition's stored offset (offsets-in-database mode), from the poll thread.
+type StoredOffsets = Box<dyn Fn() -> Result<Vec<(i32, i64)>, sqlx::Error> + Send + Sync>;
+
+impl Context {
+    /// Offsets-in-database mode: each assigned partition that has a stored offset starts
+    /// at the greater of it and the group's committed offset.
+    fn start_at_stored(&self, list: &mut TopicPartitionList) {
+        let Some((read, reader)) = &self.stored else {
+            return;
+        };
+        let stored: HashMap<i32, i64> = match read() {
+            Ok(rows) => rows.into_iter().collect(),
+            Err(error) => {
+                tracing::warn!(%error, topic = %self.topic,
+                    "Kafka consumer: stored offsets not read; starting at the group's");
+                return;
+            }
+        };
+        let committed: HashMap<i32, i64> = reader
+            .committed_offsets(list.clone(), METADATA)
+            .map(|committed| {
+                committed
+                    .elements_for_topic(&self.topic)
+                    .iter()
+                    .filter_map(|element| match element.offset() {
+                        Offset::Offset(offset) => Some((element.partition(), offset)),
+                        _ => None,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let assigned: Vec<i32> = list
+            .elements_for_topic(&self.topic)
+            .iter()
+            .map(|element| element.partition())
+            .collect();
+        let mut started_at = self.started_at.lock().unwrap_or_else(|p| p.into_inner());
+        for partition in assigned {
+            if let Some(&at) = stored.get(&partition) {
+                let at = at.max(committed.get(&partition).copied().unwrap_or(-1));
+                let _ = list.set_partition_offset(&self.topic, partition, Offset::Offset(at));
+                started_at.insert(partition, at);
+            }
+        }
+    }
+}
+
 impl ConsumerContext for Context {
+    /// librdkafka's default, but for the stored offsets set on an assignment first.
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        error: ::rdkafka::types::RDKafkaRespErr,
+        list: &mut TopicPartitionList,
+    ) {
+        use ::rdkafka::consumer::RebalanceProtocol;
+        use ::rdkafka::types::RDKafkaRespErr;
+
+        let cooperative = matches!(
+            consumer.rebalance_protocol(),
+            RebalanceProtocol::Cooperative
+        );
+        match error {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                self.start_at_stored(list);
+                self.pre_rebalance(consumer, &Rebalance::Assign(list));
+                let assigned = if cooperative {
+                    consumer.incremental_assign(list)
+                } else {
+                    consumer.assign(list)
+                };
+                if let Err(error) = assigned {
+                    tracing::warn!(%error, topic = %self.topic, "Kafka consumer: assign failed");
+                }
+                self.post_rebalance(consumer, &Rebalance::Assign(list));
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                self.pre_rebalance(consumer, &Rebalance::Revoke(list));
+                let unassigned = if cooperative {
+                    consumer.incremental_unassign(list)
+                } else {
+                    consumer.unassign()
+                };
+                if let Err(error) = unassigned {
+                    tracing::warn!(%error, topic = %self.topic, "Kafka consumer: unassign failed");
+                }
+                self.post_rebalance(consumer, &Rebalance::Revoke(list));
+            }
+            other => {
+                let error = KafkaError::Rebalance(other.into());
+                tracing::warn!(%error, topic = %self.topic, "Kafka consumer: rebalance failed");
+                let rebalance = Rebalance::Error(error);
+                self.pre_rebalance(consumer, &rebalance);
+                if let Err(error) = consumer.unassign() {
+                    tracing::warn!(%error, topic = %self.topic, "Kafka consumer: unassign failed");
+                }
+                self.post_rebalance(consumer, &rebalance);
+            }
+        }
+    }
+
     fn pre_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let revoked: Vec<i32> = match rebalance {
             Rebalance::Revoke(list) => list
@@ -937,6 +1115,8 @@ impl ConsumerContext for Context {
         let Some(starts) = starts.as_ref() else {
             return;
         };
+        let mut started_at =
+            std::mem::take(&mut *self.started_at.lock().unwrap_or_else(|p| p.into_inner()));
         let mut state = self.shared.lock();
         for element in list.elements_for_topic(&self.topic) {
             state.generations += 1;
@@ -950,7 +1130,8 @@ impl ConsumerContext for Context {
                     generation,
                     records,
                     leave,
-                    finished: None,
+                    // A start at a stored offset is committed to Kafka at the next turn.
+                    finished: started_at.remove(&partition),
                     committed: None,
                     held: 0,
                     busy: false,
@@ -1222,6 +1403,17 @@ where
                 (self.handler)(self.pool.clone(), message.clone()),
                 span.clone(),
             );
+            // Offsets-in-database mode: the handler's own transaction writes the position.
+            let pending = self.consumer.offsets_in_database.then(|| Pending {
+                id: message.id().to_owned(),
+                row: OffsetRow {
+                    group: self.group.to_owned(),
+                    topic: self.consumer.topic.clone(),
+                    partition,
+                    next: offset + 1,
+                },
+            });
+            let call = PENDING.scope(pending, call);
             let (deadline, started) = (self.consumer.shutdown_deadline, Instant::now());
             let Some(result) = shared::within_deadline(leave, deadline, call).await else {
                 // Past the deadline: dropped, its transaction rolled back.
