@@ -50,6 +50,19 @@
 //! The handler's own metrics (`dedup_processed_total`, …) are recorded as well, by the
 //! `#[idempotent]` handler itself.
 
+/// A consumer's trace hook ([`KafkaConsumer::trace_parent`](crate::rdkafka::KafkaConsumer::trace_parent)
+/// and the others'): called with each message's consumer span and the message, before
+/// the handler runs (for a batch, once per message with the batch's span). This crate
+/// depends on `tracing` alone; the hook is where your OpenTelemetry integration connects
+/// the span to the producer's context from the message's `traceparent` header: with
+/// `tracing-opentelemetry`, extract a context from the headers with
+/// `TraceContextPropagator` and call `span.set_parent(context)` (a batch's span:
+/// `span.add_link(…)`). Paired with the outbox's
+/// [`trace_context`](crate::outbox::Outbox::trace_context) hook, one trace runs from the
+/// producer through the handler, its outbox event and the relay to the next consumer
+/// (the suite's `tests/consumers/trace.rs` shows both hooks, and checks the trace).
+pub type TraceParent = fn(&tracing::Span, &Message);
+
 /// A message as a hosted consumer hands it to its handler.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {

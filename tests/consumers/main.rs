@@ -17,3 +17,4 @@ mod rabbitmq;
 mod rabbitmq_crash;
 mod redis;
 mod redis_crash;
+mod trace;

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use crate::ack::{Ack, AckPolicy};
 use crate::ack::{AckOutcome, DecideError};
 use crate::backend::Backend;
-use crate::consume::{Consumed, Message};
+use crate::consume::{Consumed, Message, TraceParent};
 
 /// Where a JetStream consumer reads each message's id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,6 +142,7 @@ pub struct JetStreamConsumer {
     message_id: MessageIdFrom,
     dead_subject: Option<String>,
     shutdown_deadline: Duration,
+    trace_parent: Option<TraceParent>,
 }
 
 impl std::fmt::Debug for JetStreamConsumer {
@@ -156,6 +157,7 @@ impl std::fmt::Debug for JetStreamConsumer {
             .field("message_id", &self.message_id)
             .field("dead_subject", &self.dead_subject)
             .field("shutdown_deadline", &self.shutdown_deadline)
+            .field("trace_parent", &self.trace_parent.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -215,6 +217,7 @@ impl JetStreamConsumer {
             message_id: MessageIdFrom::MessageId,
             dead_subject: None,
             shutdown_deadline: Duration::from_secs(10),
+            trace_parent: None,
         }
     }
 
@@ -269,6 +272,21 @@ impl JetStreamConsumer {
     pub fn shutdown_deadline(self, deadline: Duration) -> Self {
         JetStreamConsumer {
             shutdown_deadline: deadline,
+            ..self
+        }
+    }
+
+    /// The hook that connects each message's consumer span to the producer's trace
+    /// (none by default): called with the span — `process`, OpenTelemetry's messaging
+    /// names as its fields — and the message, before the handler runs. Set the span's
+    /// parent from the message's `traceparent` header through your propagator (with
+    /// `tracing-opentelemetry`: `span.set_parent(propagator.extract(&carrier))`), so that
+    /// one trace runs from the producer (an outbox's relay sends the `traceparent` its
+    /// [`trace_context`](crate::outbox::Outbox::trace_context) hook gave) through this
+    /// handler. See [`TraceParent`].
+    pub fn trace_parent(self, hook: TraceParent) -> Self {
+        JetStreamConsumer {
+            trace_parent: Some(hook),
             ..self
         }
     }
@@ -595,6 +613,9 @@ where
             && let Ok(traceparent) = std::str::from_utf8(traceparent)
         {
             span.record("traceparent", traceparent);
+        }
+        if let Some(hook) = self.consumer.trace_parent {
+            hook(&span, &handed);
         }
         let count = handed.delivery_count();
         let call = tracing::Instrument::instrument(

@@ -18,7 +18,7 @@ use tokio::sync::{Mutex, watch};
 use crate::ack::{Ack, AckPolicy};
 use crate::ack::{AckOutcome, DecideError};
 use crate::backend::Backend;
-use crate::consume::{Consumed, Message};
+use crate::consume::{Consumed, Message, TraceParent};
 
 /// Where a RabbitMQ consumer reads each message's id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +96,7 @@ pub struct RabbitMqConsumer {
     concurrency: usize,
     message_id: MessageIdFrom,
     shutdown_deadline: Duration,
+    trace_parent: Option<TraceParent>,
     declare: bool,
 }
 
@@ -108,6 +109,7 @@ impl std::fmt::Debug for RabbitMqConsumer {
             .field("concurrency", &self.concurrency)
             .field("message_id", &self.message_id)
             .field("shutdown_deadline", &self.shutdown_deadline)
+            .field("trace_parent", &self.trace_parent.is_some())
             .field("declare", &self.declare)
             .finish_non_exhaustive()
     }
@@ -159,6 +161,7 @@ impl RabbitMqConsumer {
             concurrency: 1,
             message_id: MessageIdFrom::MessageId,
             shutdown_deadline: Duration::from_secs(10),
+            trace_parent: None,
             declare: false,
         }
     }
@@ -206,6 +209,21 @@ impl RabbitMqConsumer {
     pub fn shutdown_deadline(self, deadline: Duration) -> Self {
         RabbitMqConsumer {
             shutdown_deadline: deadline,
+            ..self
+        }
+    }
+
+    /// The hook that connects each message's consumer span to the producer's trace
+    /// (none by default): called with the span — `process`, OpenTelemetry's messaging
+    /// names as its fields — and the message, before the handler runs. Set the span's
+    /// parent from the message's `traceparent` header through your propagator (with
+    /// `tracing-opentelemetry`: `span.set_parent(propagator.extract(&carrier))`), so that
+    /// one trace runs from the producer (an outbox's relay sends the `traceparent` its
+    /// [`trace_context`](crate::outbox::Outbox::trace_context) hook gave) through this
+    /// handler. See [`TraceParent`].
+    pub fn trace_parent(self, hook: TraceParent) -> Self {
+        RabbitMqConsumer {
+            trace_parent: Some(hook),
             ..self
         }
     }
@@ -587,6 +605,9 @@ where
             && let Ok(traceparent) = std::str::from_utf8(traceparent)
         {
             span.record("traceparent", traceparent);
+        }
+        if let Some(hook) = self.consumer.trace_parent {
+            hook(&span, &message);
         }
         let count = message.delivery_count();
         let call = tracing::Instrument::instrument(

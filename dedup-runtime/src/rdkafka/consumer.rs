@@ -30,7 +30,7 @@ use crate::ack::{Ack, AckOutcome, AckPolicy, DecideError};
 use crate::backend::Backend;
 use crate::batch::{BatchItem, BatchOutcome};
 use crate::consume::shared::{self, Meter};
-use crate::consume::{Consumed, Message};
+use crate::consume::{Consumed, Message, TraceParent};
 use crate::offsets::{OffsetRow, PENDING, Pending};
 
 /// Where a Kafka consumer reads each record's id.
@@ -161,6 +161,7 @@ pub struct KafkaConsumer {
     message_id: MessageIdFrom,
     prefetch: usize,
     shutdown_deadline: Duration,
+    trace_parent: Option<TraceParent>,
     commit_interval: Duration,
     offsets_in_database: bool,
 }
@@ -175,6 +176,7 @@ impl std::fmt::Debug for KafkaConsumer {
             .field("message_id", &self.message_id)
             .field("prefetch", &self.prefetch)
             .field("shutdown_deadline", &self.shutdown_deadline)
+            .field("trace_parent", &self.trace_parent.is_some())
             .field("commit_interval", &self.commit_interval)
             .field("offsets_in_database", &self.offsets_in_database)
             .finish_non_exhaustive()
@@ -268,6 +270,7 @@ impl KafkaConsumer {
             message_id: MessageIdFrom::Header("id".to_owned()),
             prefetch: 64,
             shutdown_deadline: Duration::from_secs(10),
+            trace_parent: None,
             commit_interval: Duration::from_secs(1),
             offsets_in_database: false,
         }
@@ -320,7 +323,8 @@ impl KafkaConsumer {
     /// the table `dedup_kafka_offsets` (consumer group, topic, partition → next offset) at
     /// start, and each record's handler writes the offset after the record **in its own
     /// transaction**, just before its `COMMIT` — one row per partition, moved forward,
-    /// never back. On each assignment the consumer starts a partition at the greater of
+    /// never back. A duplicate or a failure commits nothing, so it moves nothing (the
+    /// Kafka commit does). On each assignment the consumer starts a partition at the greater of
     /// its stored offset and the group's committed offset; a partition with nothing stored
     /// starts at the group's position (its committed offset, or `auto.offset.reset`),
     /// never at offset 0. Offsets are still committed to Kafka as without it.
@@ -348,6 +352,21 @@ impl KafkaConsumer {
     pub fn shutdown_deadline(self, deadline: Duration) -> Self {
         KafkaConsumer {
             shutdown_deadline: deadline,
+            ..self
+        }
+    }
+
+    /// The hook that connects each message's consumer span to the producer's trace
+    /// (none by default): called with the span — `process`, OpenTelemetry's messaging
+    /// names as its fields — and the message, before the handler runs. Set the span's
+    /// parent from the message's `traceparent` header through your propagator (with
+    /// `tracing-opentelemetry`: `span.set_parent(propagator.extract(&carrier))`), so that
+    /// one trace runs from the producer (an outbox's relay sends the `traceparent` its
+    /// [`trace_context`](crate::outbox::Outbox::trace_context) hook gave) through this
+    /// handler. See [`TraceParent`].
+    pub fn trace_parent(self, hook: TraceParent) -> Self {
+        KafkaConsumer {
+            trace_parent: Some(hook),
             ..self
         }
     }
@@ -1397,6 +1416,9 @@ where
         {
             span.record("traceparent", traceparent);
         }
+        if let Some(hook) = self.consumer.trace_parent {
+            hook(&span, &message);
+        }
         loop {
             let attempt = message.delivery;
             let call = tracing::Instrument::instrument(
@@ -1548,6 +1570,12 @@ where
             messaging.kafka.offset = records[0].offset(),
             messaging.batch.message_count = records.len(),
         );
+        if let Some(hook) = self.consumer.trace_parent {
+            // A batch's span: the hook links it to each message's producer.
+            for message in &messages {
+                hook(&span, message);
+            }
+        }
         let mut settled: Vec<Option<Settlement>> = vec![None; records.len()];
         let mut attempts = vec![1_u64; records.len()];
         let mut attempt = 1_u64;

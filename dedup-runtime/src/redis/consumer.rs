@@ -14,7 +14,7 @@ use tokio::time::Instant;
 
 use crate::ack::{Ack, AckOutcome, AckPolicy, DecideError};
 use crate::backend::Backend;
-use crate::consume::{Consumed, Message};
+use crate::consume::{Consumed, Message, TraceParent};
 
 /// Where a Redis Streams consumer reads each entry's message id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -113,6 +113,7 @@ pub struct RedisStreamsConsumer {
     message_id: MessageIdFrom,
     from_start: bool,
     shutdown_deadline: Duration,
+    trace_parent: Option<TraceParent>,
 }
 
 impl std::fmt::Debug for RedisStreamsConsumer {
@@ -130,6 +131,7 @@ impl std::fmt::Debug for RedisStreamsConsumer {
             .field("message_id", &self.message_id)
             .field("from_start", &self.from_start)
             .field("shutdown_deadline", &self.shutdown_deadline)
+            .field("trace_parent", &self.trace_parent.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -183,6 +185,7 @@ impl RedisStreamsConsumer {
             message_id: MessageIdFrom::Field("id".to_owned()),
             from_start: false,
             shutdown_deadline: Duration::from_secs(10),
+            trace_parent: None,
         }
     }
 
@@ -253,6 +256,21 @@ impl RedisStreamsConsumer {
     pub fn shutdown_deadline(self, deadline: Duration) -> Self {
         RedisStreamsConsumer {
             shutdown_deadline: deadline,
+            ..self
+        }
+    }
+
+    /// The hook that connects each message's consumer span to the producer's trace
+    /// (none by default): called with the span — `process`, OpenTelemetry's messaging
+    /// names as its fields — and the message, before the handler runs. Set the span's
+    /// parent from the message's `traceparent` header through your propagator (with
+    /// `tracing-opentelemetry`: `span.set_parent(propagator.extract(&carrier))`), so that
+    /// one trace runs from the producer (an outbox's relay sends the `traceparent` its
+    /// [`trace_context`](crate::outbox::Outbox::trace_context) hook gave) through this
+    /// handler. See [`TraceParent`].
+    pub fn trace_parent(self, hook: TraceParent) -> Self {
+        RedisStreamsConsumer {
+            trace_parent: Some(hook),
             ..self
         }
     }
@@ -732,6 +750,9 @@ where
             && let Ok(traceparent) = std::str::from_utf8(traceparent)
         {
             span.record("traceparent", traceparent);
+        }
+        if let Some(hook) = consumer.trace_parent {
+            hook(&span, &message);
         }
         if count > consumer.max_deliveries {
             let _entered = span.enter();

@@ -12,7 +12,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::ack::{Ack, AckOutcome, AckPolicy, DecideError};
 use crate::backend::Backend;
-use crate::consume::{Consumed, Message};
+use crate::consume::{Consumed, Message, TraceParent};
 
 /// Runs an `#[idempotent]` handler for every message of an MQTT subscription (MQTT 3.1.1,
 /// QoS 1), and owns everything between the broker and the handler:
@@ -83,6 +83,7 @@ pub struct MqttConsumer {
     topic: String,
     dead_topic: String,
     shutdown_deadline: Duration,
+    trace_parent: Option<TraceParent>,
 }
 
 impl std::fmt::Debug for MqttConsumer {
@@ -93,6 +94,7 @@ impl std::fmt::Debug for MqttConsumer {
             .field("topic", &self.topic)
             .field("dead_topic", &self.dead_topic)
             .field("shutdown_deadline", &self.shutdown_deadline)
+            .field("trace_parent", &self.trace_parent.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -137,6 +139,7 @@ impl MqttConsumer {
             topic: topic.to_owned(),
             dead_topic: format!("{unshared}/dead"),
             shutdown_deadline: Duration::from_secs(10),
+            trace_parent: None,
         }
     }
 
@@ -153,6 +156,21 @@ impl MqttConsumer {
     pub fn shutdown_deadline(self, deadline: Duration) -> Self {
         MqttConsumer {
             shutdown_deadline: deadline,
+            ..self
+        }
+    }
+
+    /// The hook that connects each message's consumer span to the producer's trace
+    /// (none by default): called with the span — `process`, OpenTelemetry's messaging
+    /// names as its fields — and the message, before the handler runs. Set the span's
+    /// parent from the message's `traceparent` header through your propagator (with
+    /// `tracing-opentelemetry`: `span.set_parent(propagator.extract(&carrier))`), so that
+    /// one trace runs from the producer (an outbox's relay sends the `traceparent` its
+    /// [`trace_context`](crate::outbox::Outbox::trace_context) hook gave) through this
+    /// handler. See [`TraceParent`].
+    pub fn trace_parent(self, hook: TraceParent) -> Self {
+        MqttConsumer {
+            trace_parent: Some(hook),
             ..self
         }
     }
@@ -496,6 +514,9 @@ where
                 messaging.destination.name = %publish.topic,
                 messaging.message.id = %shared.id(),
             );
+            if let Some(hook) = self.consumer.trace_parent {
+                hook(&span, &shared);
+            }
             let call = tracing::Instrument::instrument(
                 (self.handler)(self.pool.clone(), shared),
                 span.clone(),
