@@ -178,8 +178,10 @@ async fn members_killed_at_random(strategy: &str) {
     {
         assert!(
             last.elapsed() < Duration::from_secs(180),
-            "not done within 180 s after the kills: {:?}",
-            tally.all(&name).await
+            "not done within 180 s after the kills: effects, distinct, dedup rows, events \
+             {:?}; committed {:?}, ends {ends:?}",
+            tally.all(&name).await,
+            committed(&name, &name, PARTITIONS)
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }

@@ -1054,14 +1054,34 @@ impl ConsumerContext for Context {
                 self.post_rebalance(consumer, &Rebalance::Revoke(list));
             }
             other => {
+                // As librdkafka's default: the partitions given (cooperative) or all of
+                // them (eager) are unassigned, and nothing is committed — they may be
+                // another member's already.
                 let error = KafkaError::Rebalance(other.into());
                 tracing::warn!(%error, topic = %self.topic, "Kafka consumer: rebalance failed");
-                let rebalance = Rebalance::Error(error);
-                self.pre_rebalance(consumer, &rebalance);
-                if let Err(error) = consumer.unassign() {
+                let mut state = self.shared.lock();
+                let dropped: Vec<i32> = if cooperative {
+                    list.elements_for_topic(&self.topic)
+                        .iter()
+                        .map(|element| element.partition())
+                        .collect()
+                } else {
+                    state.parts.keys().copied().collect()
+                };
+                for partition in dropped {
+                    if let Some(part) = state.parts.remove(&partition) {
+                        let _ = part.leave.send(true);
+                    }
+                }
+                drop(state);
+                let unassigned = if cooperative {
+                    consumer.incremental_unassign(list)
+                } else {
+                    consumer.unassign()
+                };
+                if let Err(error) = unassigned {
                     tracing::warn!(%error, topic = %self.topic, "Kafka consumer: unassign failed");
                 }
-                self.post_rebalance(consumer, &rebalance);
             }
         }
     }
@@ -1075,15 +1095,8 @@ impl ConsumerContext for Context {
                 .collect(),
             // An error unassigns everything, and commits nothing: the partitions may be
             // another member's already.
-            Rebalance::Error(_) => {
-                let mut state = self.shared.lock();
-                for part in state.parts.values() {
-                    let _ = part.leave.send(true);
-                }
-                state.parts.clear();
-                return;
-            }
-            Rebalance::Assign(_) => return,
+            // A failed rebalance is handled in `rebalance` itself.
+            Rebalance::Error(_) | Rebalance::Assign(_) => return,
         };
         let lost = consumer.assignment_lost();
         let mut state = self.shared.lock();
@@ -1126,10 +1139,16 @@ impl ConsumerContext for Context {
         }
     }
 
-    fn post_rebalance(&self, _: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
+    fn post_rebalance(&self, consumer: &BaseConsumer<Self>, rebalance: &Rebalance<'_>) {
         let Rebalance::Assign(list) = rebalance else {
             return;
         };
+        // A partition this member paused before it was revoked may come back paused
+        // (librdkafka keeps an application's pause across an incremental assignment):
+        // its new lane is empty, so it starts resumed.
+        if let Err(error) = consumer.resume(list) {
+            tracing::debug!(%error, topic = %self.topic, "Kafka consumer: resume at assignment");
+        }
         let starts = self.starts.lock().unwrap_or_else(|p| p.into_inner());
         let Some(starts) = starts.as_ref() else {
             return;
