@@ -601,7 +601,7 @@ impl KafkaConsumer {
                 poller.run();
                 let _ = polled.send(());
             })
-            .map_err(|error| ConsumeError::Start(KafkaError::Global(io_code(&error))))?;
+            .map_err(|_| ConsumeError::Start(KafkaError::Global(RDKafkaErrorCode::Fail)))?;
         Ok(Started {
             group,
             dead,
@@ -629,20 +629,23 @@ impl KafkaConsumer {
         if config.get("auto.offset.reset").is_none() {
             config.set("auto.offset.reset", "earliest");
         }
+        // The group's committed offsets, read at an assignment by a client of their own
+        // (the consumer's own cannot answer inside its rebalance callback). It is never
+        // polled: no statistics for it, whose events would pile up unread.
+        let stored = match stored {
+            None => None,
+            Some(read) => {
+                let mut reader = config.clone();
+                reader.remove("statistics.interval.ms");
+                let reader: BaseConsumer = reader.create().map_err(ConsumeError::Start)?;
+                Some((read, reader))
+            }
+        };
         #[cfg(feature = "metrics")]
         if config.get("statistics.interval.ms").is_none() {
             // The lag, as a gauge (see `consume`'s metrics).
             config.set("statistics.interval.ms", "5000");
         }
-        // The group's committed offsets, read at an assignment by a client of their own
-        // (the consumer's own cannot answer inside its rebalance callback).
-        let stored = match stored {
-            None => None,
-            Some(read) => {
-                let reader: BaseConsumer = config.create().map_err(ConsumeError::Start)?;
-                Some((read, reader))
-            }
-        };
         let context = Context {
             shared,
             stored,
@@ -742,11 +745,6 @@ impl KafkaConsumer {
         config.set("acks", "all").set("enable.idempotence", "true");
         config.create().map_err(ConsumeError::Start)
     }
-}
-
-/// An `io::Error` as librdkafka's nearest code, for a thread that could not start.
-fn io_code(_: &std::io::Error) -> RDKafkaErrorCode {
-    RDKafkaErrorCode::Fail
 }
 
 /// A consumer started by [`KafkaConsumer::start`].
