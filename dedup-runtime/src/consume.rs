@@ -161,6 +161,15 @@ impl Consumed {
     }
 }
 
+#[cfg(any(
+    feature = "lapin",
+    feature = "async-nats",
+    feature = "rdkafka",
+    feature = "redis",
+    feature = "rumqttc"
+))]
+pub(crate) mod calls;
+
 /// What the hosted consumers share in their loops: the shutdown signal as their workers
 /// see it, the pause that gives way to it, the deadline of the call in hand, the wait
 /// before connecting again.

@@ -87,6 +87,7 @@ macro_rules! backend {
             use super::*;
 
             const CONSUMER: &str = "mqtt-hosted";
+            const BATCHES: &str = "mqtt-batches";
 
             #[dedup_runtime::idempotent(consumer = "mqtt-hosted", key = msg.id())]
             async fn apply(tx: &mut $conn, msg: &Message, run: &str) -> Result<(), sqlx::Error> {
@@ -101,6 +102,27 @@ macro_rules! backend {
                     .bind(msg.id())
                     .execute(&mut *tx)
                     .await?;
+                Ok(())
+            }
+
+            /// The batch form of `apply`: the run is the id's prefix (a batch handler
+            /// takes its connection and its messages, nothing else).
+            #[dedup_runtime::idempotent(consumer = "mqtt-batches", batch = fresh, key = |msg| msg.id())]
+            async fn apply_batch(tx: &mut $conn, fresh: &[&Message]) -> Result<(), sqlx::Error> {
+                for msg in fresh {
+                    let run = msg.id().rsplit_once('-').map_or("", |(run, _)| run);
+                    if fails_permanently(msg) {
+                        return Err(sqlx::Error::Protocol("a poison message".into()));
+                    }
+                    if fails_first_time(msg) {
+                        return Err(sqlx::Error::PoolTimedOut);
+                    }
+                    sqlx::query($insert)
+                        .bind(run)
+                        .bind(msg.id())
+                        .execute(&mut *tx)
+                        .await?;
+                }
                 Ok(())
             }
 
@@ -161,6 +183,68 @@ macro_rules! backend {
                 assert_eq!(count(db, $distinct, &run).await, 21, "each once");
                 for id in &ids {
                     assert_eq!(dedup_suite::claims(db, CONSUMER, id).await, 1, "{id}");
+                }
+                assert_eq!(
+                    (result.acknowledged, result.retried, result.dead_lettered),
+                    (26, 1, 2),
+                    "{result:?}"
+                );
+                let mut dead = collect(broker.port(), &dead_id, &format!("{topic}/dead")).await;
+                dead.sort();
+                assert_eq!(dead, [b"no id".to_vec(), wire(&format!("{run}-poison"), b"poison")]);
+                assert!(
+                    collect(broker.port(), &client_id, &topic).await.is_empty(),
+                    "every message acknowledged: nothing left in the session"
+                );
+            }
+
+            /// The batch form (`run_batches`, up to 8 messages a call): the same
+            /// messages as above, each settled as its item says — processed or copies
+            /// acknowledged, the flaky one retried, the poison one and the one without
+            /// an id dead-lettered — with the same effects, dedup rows and dead letters.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn batches_settle_each_message_as_its_item_says() {
+                let (pool, run) = setup().await;
+                let broker = Mosquitto::start(&dedup_suite::unique("hosted-mqtt"), "");
+                let topic = format!("hosted/{run}");
+                let (client_id, dead_id) = (format!("{run}-consumer"), format!("{run}-dead"));
+                session(broker.port(), &client_id, &topic).await;
+                session(broker.port(), &dead_id, &format!("{topic}/dead")).await;
+                let ids: Vec<String> = (0..20).map(|n| format!("{run}-{n}")).collect();
+                let mut payloads: Vec<Vec<u8>> = ids.iter().map(|id| wire(id, b"body")).collect();
+                payloads.extend(ids.iter().step_by(4).map(|id| wire(id, b"body")));
+                payloads.push(wire(&format!("{run}-flaky"), b"flaky"));
+                payloads.push(wire(&format!("{run}-poison"), b"poison"));
+                payloads.push(b"no id".to_vec());
+                publish(broker.port(), &topic, &payloads).await;
+
+                let consumer = MqttConsumer::new(
+                    MqttOptions::new(&client_id, "127.0.0.1", broker.port()),
+                    &topic,
+                );
+                let policy = AckPolicy::new()
+                    .retry_after(Duration::from_millis(10), Duration::from_millis(10));
+                let db: &sqlx::Pool<$db> = &pool;
+                let done = until(|| async { count(db, $count, &run).await == 21 });
+                let largest = std::sync::atomic::AtomicUsize::new(0);
+                let result = consumer
+                    .run_batches_with(db, 8, &policy, |pool, batch: Arc<[Message]>| {
+                        largest.fetch_max(batch.len(), std::sync::atomic::Ordering::Relaxed);
+                        async move { apply_batch(&pool, &batch).await }
+                    }, async {
+                        done.await;
+                        // Let the last messages (the poison ones, after the flaky one)
+                        // settle before stopping.
+                        tokio::time::sleep(Duration::from_millis(500)).await;
+                    })
+                    .await
+                    .unwrap();
+                let largest = largest.into_inner();
+                assert!((2..=8).contains(&largest), "batches of more than one, at most 8: {largest}");
+                assert_eq!(count(db, $count, &run).await, 21, "20 ids and the flaky one");
+                assert_eq!(count(db, $distinct, &run).await, 21, "each once");
+                for id in &ids {
+                    assert_eq!(dedup_suite::claims(db, BATCHES, id).await, 1, "{id}");
                 }
                 assert_eq!(
                     (result.acknowledged, result.retried, result.dead_lettered),

@@ -121,6 +121,7 @@ macro_rules! backend {
             use super::*;
 
             const CONSUMER: &str = "nats-hosted";
+            const BATCHES: &str = "nats-batches";
 
             /// The effect: one row per message, no unique constraint (a message applied
             /// twice would show as two rows), in the dedup record's transaction.
@@ -138,6 +139,28 @@ macro_rules! backend {
                     .bind(msg.header("trace-id").unwrap_or_default())
                     .execute(&mut *tx)
                     .await?;
+                Ok(())
+            }
+
+            /// The batch form of `apply`: the run is the id's prefix (a batch handler
+            /// takes its connection and its messages, nothing else).
+            #[dedup_runtime::idempotent(consumer = "nats-batches", batch = fresh, key = |msg| msg.id())]
+            async fn apply_batch(tx: &mut $conn, fresh: &[&Message]) -> Result<(), sqlx::Error> {
+                for msg in fresh {
+                    let run = msg.id().rsplit_once('-').map_or("", |(run, _)| run);
+                    if fails_permanently(msg) {
+                        return Err(sqlx::Error::Protocol("a poison message".into()));
+                    }
+                    if fails_first_time(msg) {
+                        return Err(sqlx::Error::PoolTimedOut);
+                    }
+                    sqlx::query($insert)
+                        .bind(run)
+                        .bind(msg.id())
+                        .bind(msg.header("trace-id").unwrap_or_default())
+                        .execute(&mut *tx)
+                        .await?;
+                }
                 Ok(())
             }
 
@@ -205,6 +228,93 @@ macro_rules! backend {
                 }
                 assert_eq!(
                     dedup_suite::claims(db, CONSUMER, &poison).await,
+                    0,
+                    "a failed message leaves no dedup row"
+                );
+                let dead = messages(&js, &dead_stream).await;
+                assert_eq!(dead.len(), 2);
+                let mut bodies: Vec<&[u8]> = dead.iter().map(|m| m.payload.as_ref()).collect();
+                bodies.sort();
+                assert_eq!(bodies, [b"no id".as_slice(), b"poison".as_slice()]);
+                for copy in &dead {
+                    let headers = &copy.headers;
+                    assert_eq!(copy.subject.as_str(), format!("{subject}.dead"));
+                    assert_eq!(header(headers, "trace-id"), Some("t-1"), "the original's headers");
+                    assert_eq!(header(headers, provenance::STREAM), Some(stream.as_str()));
+                    assert_eq!(header(headers, provenance::SUBJECT), Some(subject.as_str()));
+                    assert_eq!(header(headers, provenance::CONSUMER), Some("worker"));
+                    assert_eq!(header(headers, provenance::DELIVERY_COUNT), Some("1"));
+                    let sequence: u64 = header(headers, provenance::SEQUENCE).unwrap().parse().unwrap();
+                    let original = js.get_stream(&stream).await.unwrap()
+                        .get_raw_message(sequence).await.unwrap();
+                    assert_eq!(original.payload, copy.payload, "the sequence names the original");
+                    let error = header(headers, provenance::ERROR).expect("the error");
+                    if copy.payload.as_ref() == b"poison" {
+                        assert_eq!(header(headers, "Message-Id"), Some(poison.as_str()));
+                        assert!(error.contains("a poison message"), "{error}");
+                    } else {
+                        assert!(!error.is_empty());
+                    }
+                }
+                assert_eq!(pending(&js, &stream).await, (0, 0), "nothing pending, nothing in flight");
+                assert_eq!(
+                    (consumed.acknowledged, consumed.retried, consumed.dead_lettered, consumed.dropped),
+                    (41, 1, 2, 0),
+                    "{consumed:?}"
+                );
+                delete(&js, &stream).await;
+            }
+
+            /// The batch form (`run_batches`, up to 8 messages a call): the same
+            /// messages as above, each settled as its item says — processed or copies
+            /// acknowledged, the flaky one retried, the poison one and the one without
+            /// an id dead-lettered — with the same effects, dedup rows and dead letters.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn batches_settle_each_message_as_its_item_says() {
+                let (pool, run) = setup().await;
+                let js = context().await;
+                let (stream, subject) = stream(&js, "hosted", Duration::from_secs(2)).await;
+                let ids: Vec<String> = (0..30).map(|n| format!("{run}-{n}")).collect();
+                for id in &ids {
+                    publish(&js, &subject, Some(id), b"body").await;
+                }
+                for id in ids.iter().step_by(3) {
+                    publish(&js, &subject, Some(id), b"body").await; // a copy
+                }
+                let flaky = format!("{run}-flaky");
+                publish(&js, &subject, Some(&flaky), b"flaky").await;
+                let poison = format!("{run}-poison");
+                publish(&js, &subject, Some(&poison), b"poison").await;
+                publish(&js, &subject, None, b"no id").await;
+
+                let consumer = JetStreamConsumer::new(js.clone(), &stream, "worker").concurrency(2);
+                let policy = AckPolicy::new()
+                    .retry_after(Duration::from_millis(10), Duration::from_millis(10));
+                let db: &sqlx::Pool<$db> = &pool;
+                let dead_stream = format!("{stream}_DEAD");
+                let done = until(|| async {
+                    count(db, $count, &run).await == 31
+                        && stored(&js, &dead_stream).await == 2
+                        && pending(&js, &stream).await == (0, 0)
+                });
+                let largest = std::sync::atomic::AtomicUsize::new(0);
+                let consumed = consumer
+                    .run_batches_with(db, 8, &policy, |pool, batch: Arc<[Message]>| {
+                        largest.fetch_max(batch.len(), std::sync::atomic::Ordering::Relaxed);
+                        async move { apply_batch(&pool, &batch).await }
+                    }, done)
+                    .await
+                    .unwrap();
+
+                let largest = largest.into_inner();
+                assert!((2..=8).contains(&largest), "batches of more than one, at most 8: {largest}");
+                assert_eq!(count(db, $count, &run).await, 31, "30 ids and the flaky one");
+                assert_eq!(count(db, $distinct, &run).await, 31, "each once");
+                for id in ids.iter().chain([&flaky]) {
+                    assert_eq!(dedup_suite::claims(db, BATCHES, id).await, 1, "{id}");
+                }
+                assert_eq!(
+                    dedup_suite::claims(db, BATCHES, &poison).await,
                     0,
                     "a failed message leaves no dedup row"
                 );

@@ -189,6 +189,7 @@ macro_rules! backend {
             use super::*;
 
             const CONSUMER: &str = "rabbitmq-hosted";
+            const BATCHES: &str = "rabbitmq-batches";
 
             /// The effect: one row per message, no unique constraint (a message applied
             /// twice would show as two rows), in the dedup record's transaction.
@@ -206,6 +207,28 @@ macro_rules! backend {
                     .bind(msg.header("trace-id").unwrap_or_default())
                     .execute(&mut *tx)
                     .await?;
+                Ok(())
+            }
+
+            /// The batch form of `apply`: the run is the id's prefix (a batch handler
+            /// takes its connection and its messages, nothing else).
+            #[dedup_runtime::idempotent(consumer = "rabbitmq-batches", batch = fresh, key = |msg| msg.id())]
+            async fn apply_batch(tx: &mut $conn, fresh: &[&Message]) -> Result<(), sqlx::Error> {
+                for msg in fresh {
+                    let run = msg.id().rsplit_once('-').map_or("", |(run, _)| run);
+                    if fails_permanently(msg) {
+                        return Err(sqlx::Error::Protocol("a poison message".into()));
+                    }
+                    if fails_first_time(msg) {
+                        return Err(sqlx::Error::PoolTimedOut);
+                    }
+                    sqlx::query($insert)
+                        .bind(run)
+                        .bind(msg.id())
+                        .bind(msg.header("trace-id").unwrap_or_default())
+                        .execute(&mut *tx)
+                        .await?;
+                }
                 Ok(())
             }
 
@@ -274,6 +297,82 @@ macro_rules! backend {
                 }
                 assert_eq!(
                     dedup_suite::claims(db, CONSUMER, &format!("{run}-poison")).await,
+                    0,
+                    "a failed message leaves no dedup row"
+                );
+                let mut dead = drain(&channel, &format!("{queue}.dead")).await;
+                dead.sort();
+                assert_eq!(dead, [b"no id".to_vec(), b"poison".to_vec()]);
+                assert_eq!(
+                    depth(&channel, &queue).await,
+                    (0, 0),
+                    "nothing left, no consumer"
+                );
+                assert_eq!(
+                    (
+                        consumed.acknowledged,
+                        consumed.retried,
+                        consumed.dead_lettered
+                    ),
+                    (41, 1, 2),
+                    "{consumed:?}"
+                );
+                delete(&channel, &queue).await;
+            }
+
+            /// The batch form (`run_batches`, up to 8 messages a call): the same
+            /// messages as above, each settled as its item says — processed or copies
+            /// acknowledged, the flaky one retried, the poison one and the one without
+            /// an id dead-lettered — with the same effects, dedup rows and dead letters.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn batches_settle_each_message_as_its_item_says() {
+                let (pool, run) = setup().await;
+                let channel = channel().await;
+                let queue = queue(&channel, "hosted").await;
+                let ids: Vec<String> = (0..30).map(|n| format!("{run}-{n}")).collect();
+                for id in &ids {
+                    publish(&channel, &queue, Some(id), b"body").await;
+                }
+                for id in ids.iter().step_by(3) {
+                    publish(&channel, &queue, Some(id), b"body").await; // a copy
+                }
+                let flaky = format!("{run}-flaky");
+                publish(&channel, &queue, Some(&flaky), b"flaky").await;
+                publish(&channel, &queue, Some(&format!("{run}-poison")), b"poison").await;
+                publish(&channel, &queue, None, b"no id").await;
+
+                let consumer = RabbitMqConsumer::new(AMQP, ConnectionProperties::default(), &queue)
+                    .concurrency(2);
+                let policy = AckPolicy::new()
+                    .retry_after(Duration::from_millis(10), Duration::from_millis(10));
+                let db: &sqlx::Pool<$db> = &pool;
+                let done = until(|| async {
+                    count(db, $count, &run).await == 31
+                        && depth(&channel, &format!("{queue}.dead")).await.0 == 2
+                        && depth(&channel, &queue).await.0 == 0
+                });
+                let largest = std::sync::atomic::AtomicUsize::new(0);
+                let consumed = consumer
+                    .run_batches_with(db, 8, &policy, |pool, batch: Arc<[Message]>| {
+                        largest.fetch_max(batch.len(), std::sync::atomic::Ordering::Relaxed);
+                        async move { apply_batch(&pool, &batch).await }
+                    }, done)
+                    .await
+                    .unwrap();
+                let largest = largest.into_inner();
+                assert!((2..=8).contains(&largest), "batches of more than one, at most 8: {largest}");
+
+                assert_eq!(
+                    count(db, $count, &run).await,
+                    31,
+                    "30 ids and the flaky one"
+                );
+                assert_eq!(count(db, $distinct, &run).await, 31, "each once");
+                for id in ids.iter().chain([&flaky]) {
+                    assert_eq!(dedup_suite::claims(db, BATCHES, id).await, 1, "{id}");
+                }
+                assert_eq!(
+                    dedup_suite::claims(db, BATCHES, &format!("{run}-poison")).await,
                     0,
                     "a failed message leaves no dedup row"
                 );

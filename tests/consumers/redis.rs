@@ -118,6 +118,7 @@ macro_rules! backend {
             use super::*;
 
             const CONSUMER: &str = "redis-hosted";
+            const BATCHES: &str = "redis-batches";
 
             /// The effect: one row per message, no unique constraint (a message applied
             /// twice would show as two rows), in the dedup record's transaction.
@@ -135,6 +136,28 @@ macro_rules! backend {
                     .bind(msg.header("trace-id").unwrap_or_default())
                     .execute(&mut *tx)
                     .await?;
+                Ok(())
+            }
+
+            /// The batch form of `apply`: the run is the id's prefix (a batch handler
+            /// takes its connection and its messages, nothing else).
+            #[dedup_runtime::idempotent(consumer = "redis-batches", batch = fresh, key = |msg| msg.id())]
+            async fn apply_batch(tx: &mut $conn, fresh: &[&Message]) -> Result<(), sqlx::Error> {
+                for msg in fresh {
+                    let run = msg.id().rsplit_once('-').map_or("", |(run, _)| run);
+                    if fails_permanently(msg) {
+                        return Err(sqlx::Error::Protocol("a poison message".into()));
+                    }
+                    if fails_first_time(msg) {
+                        return Err(sqlx::Error::PoolTimedOut);
+                    }
+                    sqlx::query($insert)
+                        .bind(run)
+                        .bind(msg.id())
+                        .bind(msg.header("trace-id").unwrap_or_default())
+                        .execute(&mut *tx)
+                        .await?;
+                }
                 Ok(())
             }
 
@@ -215,6 +238,95 @@ macro_rules! backend {
                 }
                 assert_eq!(
                     dedup_suite::claims(db, CONSUMER, &poison).await,
+                    0,
+                    "a failed message leaves no dedup row"
+                );
+                let mut letters = entries(&mut redis, &dead).await;
+                letters.sort_by_key(|fields| text(fields, "body"));
+                assert_eq!(letters.len(), 2);
+                let (no_id, poisoned) = (&letters[0], &letters[1]);
+                assert_eq!(text(no_id, "body"), "no id");
+                assert!(!no_id.contains_key("id"));
+                assert_eq!(text(poisoned, "body"), "poison");
+                assert_eq!(text(poisoned, "id"), poison);
+                for letter in [no_id, poisoned] {
+                    assert_eq!(text(letter, "trace-id"), "t-1");
+                    assert_eq!(text(letter, "dead-stream"), stream);
+                    assert_eq!(text(letter, "dead-group"), GROUP);
+                    assert_eq!(text(letter, "dead-consumer"), "member-1");
+                    assert_eq!(text(letter, "dead-deliveries"), "1");
+                    assert!(text(letter, "dead-entry").contains('-'), "{letter:?}");
+                    assert!(!text(letter, "dead-error").is_empty(), "{letter:?}");
+                }
+                assert!(text(poisoned, "dead-error").contains("poison"), "{poisoned:?}");
+                assert_eq!(pending(&mut redis, &stream, GROUP).await, 0, "all acknowledged");
+                assert_eq!(length(&mut redis, &stream).await, 43, "the stream untouched");
+                assert_eq!(
+                    (consumed.acknowledged, consumed.retried, consumed.dead_lettered),
+                    (41, 1, 2),
+                    "{consumed:?}"
+                );
+                delete(&mut redis, &stream).await;
+            }
+
+            /// The batch form (`run_batches`, up to 8 messages a call): the same
+            /// messages as above, each settled as its item says — processed or copies
+            /// acknowledged, the flaky one retried, the poison one and the one without
+            /// an id dead-lettered — with the same effects, dedup rows and dead letters.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn batches_settle_each_message_as_its_item_says() {
+                let (pool, run) = setup().await;
+                let mut redis = connection().await;
+                let stream = dedup_suite::unique("hosted");
+                let dead = format!("{stream}.dead");
+                let ids: Vec<String> = (0..30).map(|n| format!("{run}-{n}")).collect();
+                for id in &ids {
+                    add(&mut redis, &stream, Some(id), b"body").await;
+                }
+                for id in ids.iter().step_by(3) {
+                    add(&mut redis, &stream, Some(id), b"body").await; // a copy
+                }
+                let flaky = format!("{run}-flaky");
+                let poison = format!("{run}-poison");
+                add(&mut redis, &stream, Some(&flaky), b"flaky").await;
+                add(&mut redis, &stream, Some(&poison), b"poison").await;
+                add(&mut redis, &stream, None, b"no id").await;
+
+                let policy = AckPolicy::new()
+                    .retry_after(Duration::from_millis(10), Duration::from_millis(10));
+                let db: &sqlx::Pool<$db> = &pool;
+                let done = async {
+                    let redis = connection().await;
+                    until(|| {
+                        let mut redis = redis.clone();
+                        let (stream, dead, run) = (&stream, &dead, &run);
+                        async move {
+                            count(db, $count, run).await == 31
+                                && length(&mut redis, dead).await == 2
+                                && pending(&mut redis, stream, GROUP).await == 0
+                        }
+                    })
+                    .await;
+                };
+                let largest = std::sync::atomic::AtomicUsize::new(0);
+                let consumed = consumer(&stream, "member-1")
+                    .batch(8)
+                    .run_batches_with(db, 8, &policy, |pool, batch: Arc<[Message]>| {
+                        largest.fetch_max(batch.len(), std::sync::atomic::Ordering::Relaxed);
+                        async move { apply_batch(&pool, &batch).await }
+                    }, done)
+                    .await
+                    .unwrap();
+
+                let largest = largest.into_inner();
+                assert!((2..=8).contains(&largest), "batches of more than one, at most 8: {largest}");
+                assert_eq!(count(db, $count, &run).await, 31, "30 ids and the flaky one");
+                assert_eq!(count(db, $distinct, &run).await, 31, "each once");
+                for id in ids.iter().chain([&flaky]) {
+                    assert_eq!(dedup_suite::claims(db, BATCHES, id).await, 1, "{id}");
+                }
+                assert_eq!(
+                    dedup_suite::claims(db, BATCHES, &poison).await,
                     0,
                     "a failed message leaves no dedup row"
                 );

@@ -627,14 +627,13 @@ mod brokers {
         kafka_consumer_sqlite: sqlx::Sqlite, sqlx::SqliteConnection;
     }
 
-    /// The Kafka consumer's batch form, on every backend.
-    macro_rules! kafka_batches {
-        ($($name:ident: $db:ty, $conn:ty;)*) => {$(
+    /// Every consumer's batch form (`run_batches`), on every backend.
+    macro_rules! batches {
+        ($consumer:ty => $($name:ident: $db:ty, $conn:ty;)*) => {$(
             mod $name {
                 use std::sync::Arc;
 
                 use dedup_runtime::consume::Message;
-                use dedup_runtime::rdkafka::KafkaConsumer;
 
                 use super::super::spawnable;
 
@@ -645,7 +644,7 @@ mod brokers {
                     Ok(())
                 }
 
-                pub(super) fn run(consumer: KafkaConsumer, pool: sqlx::Pool<$db>) {
+                pub(super) fn run(consumer: $consumer, pool: sqlx::Pool<$db>) {
                     drop(spawnable(async move {
                         let handler = |pool: sqlx::Pool<$db>, batch: Arc<[Message]>| async move {
                             apply(&pool, &batch).await
@@ -657,10 +656,39 @@ mod brokers {
         )*};
     }
 
-    kafka_batches! {
+    batches! {
+        dedup_runtime::rdkafka::KafkaConsumer =>
         kafka_batches_postgres: sqlx::Postgres, sqlx::PgConnection;
         kafka_batches_mysql: sqlx::MySql, sqlx::MySqlConnection;
         kafka_batches_sqlite: sqlx::Sqlite, sqlx::SqliteConnection;
+    }
+
+    batches! {
+        dedup_runtime::lapin::RabbitMqConsumer =>
+        rabbitmq_batches_postgres: sqlx::Postgres, sqlx::PgConnection;
+        rabbitmq_batches_mysql: sqlx::MySql, sqlx::MySqlConnection;
+        rabbitmq_batches_sqlite: sqlx::Sqlite, sqlx::SqliteConnection;
+    }
+
+    batches! {
+        dedup_runtime::async_nats::JetStreamConsumer =>
+        jetstream_batches_postgres: sqlx::Postgres, sqlx::PgConnection;
+        jetstream_batches_mysql: sqlx::MySql, sqlx::MySqlConnection;
+        jetstream_batches_sqlite: sqlx::Sqlite, sqlx::SqliteConnection;
+    }
+
+    batches! {
+        dedup_runtime::redis::RedisStreamsConsumer =>
+        redis_batches_postgres: sqlx::Postgres, sqlx::PgConnection;
+        redis_batches_mysql: sqlx::MySql, sqlx::MySqlConnection;
+        redis_batches_sqlite: sqlx::Sqlite, sqlx::SqliteConnection;
+    }
+
+    batches! {
+        dedup_runtime::rumqttc::MqttConsumer =>
+        mqtt_batches_postgres: sqlx::Postgres, sqlx::PgConnection;
+        mqtt_batches_mysql: sqlx::MySql, sqlx::MySqlConnection;
+        mqtt_batches_sqlite: sqlx::Sqlite, sqlx::SqliteConnection;
     }
 
     publishers! {

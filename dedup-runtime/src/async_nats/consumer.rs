@@ -12,13 +12,15 @@ use ::async_nats::connection::State;
 use ::async_nats::jetstream::consumer::pull::{self, Batch};
 use ::async_nats::jetstream::consumer::{Consumer, PullConsumer};
 use ::async_nats::jetstream::{AckKind, Context};
-use futures_util::StreamExt as _;
+use futures_util::{FutureExt as _, StreamExt as _};
 use sqlx::Pool;
 use tokio::sync::watch;
 
 use crate::ack::{Ack, AckPolicy};
 use crate::ack::{AckOutcome, DecideError};
 use crate::backend::Backend;
+use crate::batch::BatchOutcome;
+use crate::consume::calls::{self, Batches, Calls, Plain};
 use crate::consume::{Consumed, Message, TraceParent};
 
 /// Where a JetStream consumer reads each message's id.
@@ -335,6 +337,81 @@ impl JetStreamConsumer {
         O: AckOutcome + Send,
         E: DecideError + std::fmt::Display + Send,
     {
+        self.consume(pool, policy, &Plain::new(handler), shutdown)
+            .await
+    }
+
+    /// Consumes until `shutdown` completes, handing messages to an
+    /// `#[idempotent(batch = …)]` handler up to `max` at a time, deciding with the
+    /// default [`AckPolicy`]; see [`run_batches_with`](Self::run_batches_with).
+    pub async fn run_batches<DB, F, Fut, E, B>(
+        &self,
+        pool: &Pool<DB>,
+        max: usize,
+        handler: F,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError>
+    where
+        DB: Backend,
+        F: Fn(Pool<DB>, Arc<[Message]>) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<BatchOutcome<E>, B>> + Send + 'static,
+        E: std::error::Error + Send + 'static,
+        B: std::error::Error + Send + 'static,
+    {
+        self.run_batches_with(pool, max, &AckPolicy::new(), handler, shutdown)
+            .await
+    }
+
+    /// Consumes until `shutdown` completes, handing each worker's messages to `handler`
+    /// in batches: the messages its pull has brought when the last batch ended, in
+    /// stream order, at most `max` (at least 1; each pull asks for at least `max`,
+    /// whatever [`batch`](Self::batch) says). No batch waits for more messages than are
+    /// there: a quiet stream gives batches of one. `handler` is given the pool and the
+    /// batch, both its own: `|pool, batch| async move { apply(&pool, &batch).await }` for
+    /// an `#[idempotent(batch = fresh, key = |msg| msg.id())]` handler `apply(tx, fresh:
+    /// &[&Message])`: one transaction claims every id, runs the body over the fresh ones,
+    /// and commits (see [`batch`](crate::batch)).
+    ///
+    /// Each message is settled as its [`BatchItem`](crate::batch::BatchItem) says,
+    /// through `policy`, as the plain form settles it — the batch's settlements sent
+    /// together, one wait for all: processed, a duplicate or a copy of one → `+ACK`
+    /// (confirmed); a transient failure (or an item in progress under another
+    /// delivery's lease) → `-NAK` with its delay; a permanent failure, an invalid id or a
+    /// fingerprint mismatch → a copy to the dead subject, then `+TERM`. A batch whose
+    /// call failed as a whole is decided on that error for each message. While the call
+    /// runs, every message of the batch gets its `+WPI`; a batch not finished within the
+    /// shutdown deadline is handed back whole.
+    pub async fn run_batches_with<DB, F, Fut, E, B>(
+        &self,
+        pool: &Pool<DB>,
+        max: usize,
+        policy: &AckPolicy<DB>,
+        handler: F,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError>
+    where
+        DB: Backend,
+        F: Fn(Pool<DB>, Arc<[Message]>) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<BatchOutcome<E>, B>> + Send + 'static,
+        E: std::error::Error + Send + 'static,
+        B: std::error::Error + Send + 'static,
+    {
+        let calls = Batches::new(handler, max);
+        let consumer = JetStreamConsumer {
+            batch: self.batch.max(calls.max()),
+            ..self.clone()
+        };
+        consumer.consume(pool, policy, &calls, shutdown).await
+    }
+
+    /// Both forms' run.
+    async fn consume<DB: Backend, C: Calls<DB>>(
+        &self,
+        pool: &Pool<DB>,
+        policy: &AckPolicy<DB>,
+        calls: &C,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError> {
         let bound = self.bind().await.map_err(ConsumeError::Start)?;
         let ack_wait = match bound.cached_info().config.ack_wait {
             Duration::ZERO => ACK_WAIT,
@@ -348,7 +425,7 @@ impl JetStreamConsumer {
                 pull: bound.clone(),
                 pool,
                 policy,
-                handler: &handler,
+                calls,
                 stopping: stopping.clone(),
                 progress: (ack_wait / 3).max(Duration::from_millis(10)),
                 meter: &meter,
@@ -403,12 +480,12 @@ impl JetStreamConsumer {
 }
 
 /// One worker's loop.
-struct Worker<'w, DB: Backend, H> {
+struct Worker<'w, DB: Backend, C> {
     consumer: &'w JetStreamConsumer,
     pull: PullConsumer,
     pool: &'w Pool<DB>,
     policy: &'w AckPolicy<DB>,
-    handler: &'w H,
+    calls: &'w C,
     stopping: watch::Receiver<bool>,
     /// How often the message in hand is kept from redelivery (`+WPI`).
     progress: Duration,
@@ -436,7 +513,7 @@ enum Processed {
     /// Not settled: the connection is lost.
     Lost,
     /// Shutdown's deadline passed first: to hand back.
-    Unfinished(Box<::async_nats::jetstream::Message>),
+    Unfinished(Vec<::async_nats::jetstream::Message>),
 }
 
 /// What a wait on a pull saw first.
@@ -446,14 +523,7 @@ enum Next<T> {
     Lost,
 }
 
-impl<DB, H, Fut, O, E> Worker<'_, DB, H>
-where
-    DB: Backend,
-    H: Fn(Pool<DB>, Arc<Message>) -> Fut + Send + Sync,
-    Fut: Future<Output = Result<O, E>> + Send + 'static,
-    O: AckOutcome + Send,
-    E: DecideError + std::fmt::Display + Send,
-{
+impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
     async fn run(mut self) -> Consumed {
         let mut consumed = Consumed::default();
         let client = self.consumer.context.client();
@@ -563,9 +633,9 @@ where
                     }
                 }
             };
-            let message = match next {
+            let first = match next {
                 Next::Stop => {
-                    self.stop(batch, None, consumed).await;
+                    self.stop(batch, Vec::new(), consumed).await;
                     return Ended::Shutdown;
                 }
                 Next::Lost => return Ended::Lost,
@@ -576,116 +646,135 @@ where
                 }
                 Next::Message(Some(Ok(message))) => message,
             };
-            let processed = self.process(message, consumed).await;
+            // A batch: what the pull has brought already, without waiting for more.
+            let mut messages = vec![first];
+            let mut ended = None;
+            while messages.len() < self.calls.max() {
+                match batch.next().now_or_never() {
+                    Some(Some(Ok(message))) => messages.push(message),
+                    Some(None) => {
+                        ended = Some(Ended::Done);
+                        break;
+                    }
+                    Some(Some(Err(error))) => {
+                        tracing::debug!(%error, "NATS JetStream consumer: pull ended by the server");
+                        ended = Some(Ended::Refused);
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            let processed = self.process(messages, consumed).await;
             self.meter.catch_up(&mut self.seen, consumed);
             match processed {
                 Processed::Settled => {}
                 Processed::Lost => return Ended::Lost,
-                Processed::Unfinished(message) => {
-                    self.stop(batch, Some(*message), consumed).await;
+                Processed::Unfinished(messages) => {
+                    self.stop(batch, messages, consumed).await;
                     return Ended::Shutdown;
                 }
             }
+            if let Some(ended) = ended {
+                return ended;
+            }
             if self.stopped() {
-                self.stop(batch, None, consumed).await;
+                self.stop(batch, Vec::new(), consumed).await;
                 return Ended::Shutdown;
             }
         }
     }
 
-    /// Runs the handler for `message` and settles it.
+    /// Runs the handler for `messages` and settles each, the settlements sent together.
     async fn process(
         &mut self,
-        message: ::async_nats::jetstream::Message,
+        messages: Vec<::async_nats::jetstream::Message>,
         consumed: &mut Consumed,
     ) -> Processed {
-        let handed = Arc::new(self::message(&message, &self.consumer.message_id));
-        let span = tracing::info_span!(
-            "process",
-            messaging.system = "nats",
-            messaging.operation.type = "process",
-            messaging.destination.name = %handed.destination(),
-            messaging.consumer.group.name = %self.consumer.durable,
-            messaging.message.id = %handed.id(),
-            traceparent = tracing::field::Empty,
+        let consumer = self.consumer;
+        let handed: Vec<Message> = messages
+            .iter()
+            .map(|message| self::message(message, &consumer.message_id))
+            .collect();
+        let destination = match (self.calls.batches(), handed.first()) {
+            (false, Some(first)) => first.destination().to_owned(),
+            _ => consumer.stream.clone(),
+        };
+        let span = calls::span(
+            self.calls,
+            "nats",
+            &destination,
+            Some(&consumer.durable),
+            &handed,
+            consumer.trace_parent,
         );
-        if let Some(traceparent) = handed.header("traceparent")
-            && let Ok(traceparent) = std::str::from_utf8(traceparent)
-        {
-            span.record("traceparent", traceparent);
-        }
-        if let Some(hook) = self.consumer.trace_parent {
-            hook(&span, &handed);
-        }
-        let count = handed.delivery_count();
-        let call = tracing::Instrument::instrument(
-            (self.handler)(self.pool.clone(), handed.clone()),
-            span.clone(),
-        );
-        if let Ok(info) = message.info() {
+        if let Some(Ok(info)) = messages.last().map(::async_nats::jetstream::Message::info) {
             self.meter.lag(None, info.pending);
         }
+        let call = self.calls.call(self.pool, self.policy, handed, &span);
         let started = std::time::Instant::now();
-        let Some(result) = self.within_deadline(call, &message).await else {
+        let Some(settlements) = self.within_deadline(call, &messages).await else {
             // Shutdown's deadline passed: the call was dropped, its transaction rolled
-            // back. The message goes back once the pull is closed.
-            return Processed::Unfinished(Box::new(message));
+            // back. The messages go back once the pull is closed.
+            return Processed::Unfinished(messages);
         };
         self.meter.processed(started);
-        let ack = self.policy.decide(&result, count);
-        let _entered = span.enter();
-        let sent = match ack {
-            Ack::Ack => {
-                let sent = message.double_ack().await;
-                if sent.is_ok() {
-                    consumed.acknowledged += 1;
+        let sent = futures_util::future::join_all(messages.iter().zip(settlements).map(
+            |(message, (ack, error))| {
+                let (span, worker) = (&span, &*self);
+                async move {
+                    let sent = match ack {
+                        Ack::Ack => message.double_ack().await,
+                        Ack::Retry { after } => {
+                            if let Some((_, error)) = &error {
+                                tracing::debug!(parent: span, %error, ?after,
+                                    "NATS JetStream consumer: transient failure; retried");
+                            }
+                            message.ack_with(AckKind::Nak(Some(after))).await
+                        }
+                        Ack::DeadLetter => {
+                            let error = error.map(|(_, text)| text);
+                            if let Some(error) = &error {
+                                tracing::warn!(parent: span, %error,
+                                    "NATS JetStream consumer: permanent failure; dead-lettered");
+                            }
+                            worker.dead_letter(message, error.as_deref()).await
+                        }
+                    };
+                    if let Err(error) = &sent {
+                        tracing::warn!(parent: span, %error,
+                            "NATS JetStream consumer: not settled; delivered again after the ack wait");
+                    }
+                    (ack, sent.is_ok())
                 }
-                sent
-            }
-            Ack::Retry { after } => {
-                if let Err(error) = &result {
-                    tracing::debug!(%error, ?after, "NATS JetStream consumer: transient failure; retried");
-                }
-                let sent = message.ack_with(AckKind::Nak(Some(after))).await;
-                if sent.is_ok() {
-                    consumed.retried += 1;
-                }
-                sent
-            }
-            Ack::DeadLetter => {
-                let error = result.as_ref().err().map(ToString::to_string);
-                if let Some(error) = &error {
-                    tracing::warn!(%error, "NATS JetStream consumer: permanent failure; dead-lettered");
-                }
-                let sent = self.dead_letter(&message, error.as_deref()).await;
-                if sent.is_ok() {
-                    consumed.dead_lettered += 1;
-                }
-                sent
-            }
-        };
-        match sent {
-            Ok(()) => Processed::Settled,
-            // Not sent or not confirmed: JetStream delivers the message again after its
-            // ack wait.
-            Err(error) => {
-                tracing::warn!(%error, "NATS JetStream consumer: not settled; delivered again after the ack wait");
-                consumed.dropped += 1;
-                if self.consumer.context.client().connection_state() == State::Connected {
-                    Processed::Settled
-                } else {
-                    Processed::Lost
-                }
-            }
+            },
+        ))
+        .await;
+        let mut all_sent = true;
+        for (ack, sent) in sent {
+            let counter = match (sent, ack) {
+                (true, Ack::Ack) => &mut consumed.acknowledged,
+                (true, Ack::Retry { .. }) => &mut consumed.retried,
+                (true, Ack::DeadLetter) => &mut consumed.dead_lettered,
+                // Not sent or not confirmed: JetStream delivers the message again after
+                // its ack wait.
+                (false, _) => &mut consumed.dropped,
+            };
+            *counter += 1;
+            all_sent &= sent;
+        }
+        if all_sent || self.consumer.context.client().connection_state() == State::Connected {
+            Processed::Settled
+        } else {
+            Processed::Lost
         }
     }
 
     /// `call`, or `None` if shutdown began and its deadline passed first; meanwhile
-    /// `+WPI` for `message` every [`progress`](Worker::progress).
+    /// `+WPI` for each of `messages` every [`progress`](Worker::progress).
     async fn within_deadline<T>(
         &mut self,
         call: impl Future<Output = T>,
-        message: &::async_nats::jetstream::Message,
+        messages: &[::async_nats::jetstream::Message],
     ) -> Option<T> {
         let deadline = self.consumer.shutdown_deadline;
         let mut stopping = self.stopping.clone();
@@ -711,7 +800,10 @@ where
                 Some(done) => return done,
                 // Working still: JetStream restarts the message's ack wait.
                 None => {
-                    let _ = message.ack_with(AckKind::Progress).await;
+                    let progress = messages
+                        .iter()
+                        .map(|message| message.ack_with(AckKind::Progress));
+                    let _ = futures_util::future::join_all(progress).await;
                 }
             }
         }
@@ -768,10 +860,10 @@ where
     async fn stop(
         &mut self,
         mut batch: Batch,
-        unfinished: Option<::async_nats::jetstream::Message>,
+        unfinished: Vec<::async_nats::jetstream::Message>,
         consumed: &mut Consumed,
     ) {
-        let mut back: Vec<_> = unfinished.into_iter().collect();
+        let mut back = unfinished;
         while let Ok(Some(Ok(message))) =
             tokio::time::timeout(Duration::from_millis(100), batch.next()).await
         {

@@ -11,13 +11,15 @@ use ::lapin::options::{
 };
 use ::lapin::types::{AMQPValue, FieldTable};
 use ::lapin::{Channel, Connection, ConnectionProperties};
-use futures_util::StreamExt as _;
+use futures_util::{FutureExt as _, StreamExt as _};
 use sqlx::Pool;
 use tokio::sync::{Mutex, watch};
 
 use crate::ack::{Ack, AckPolicy};
 use crate::ack::{AckOutcome, DecideError};
 use crate::backend::Backend;
+use crate::batch::BatchOutcome;
+use crate::consume::calls::{self, Batches, Calls, Plain};
 use crate::consume::{Consumed, Message, TraceParent};
 
 /// Where a RabbitMQ consumer reads each message's id.
@@ -272,6 +274,83 @@ impl RabbitMqConsumer {
         O: AckOutcome + Send,
         E: DecideError + std::fmt::Display + Send,
     {
+        self.consume(pool, policy, &Plain::new(handler), shutdown)
+            .await
+    }
+
+    /// Consumes until `shutdown` completes, handing messages to an
+    /// `#[idempotent(batch = …)]` handler up to `max` at a time, deciding with the
+    /// default [`AckPolicy`]; see [`run_batches_with`](Self::run_batches_with).
+    pub async fn run_batches<DB, F, Fut, E, B>(
+        &self,
+        pool: &Pool<DB>,
+        max: usize,
+        handler: F,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError>
+    where
+        DB: Backend,
+        F: Fn(Pool<DB>, Arc<[Message]>) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<BatchOutcome<E>, B>> + Send + 'static,
+        E: std::error::Error + Send + 'static,
+        B: std::error::Error + Send + 'static,
+    {
+        self.run_batches_with(pool, max, &AckPolicy::new(), handler, shutdown)
+            .await
+    }
+
+    /// Consumes until `shutdown` completes, handing each channel's messages to `handler`
+    /// in batches: the messages the channel has received when the last batch ended, in
+    /// the order it received them, at most `max` (at least 1; each channel's
+    /// [`prefetch`](Self::prefetch) is raised to `max` if lower, so that a batch can
+    /// fill). No batch waits for more messages than are there: a quiet queue gives
+    /// batches of one. `handler` is given the pool and the batch, both its own:
+    /// `|pool, batch| async move { apply(&pool, &batch).await }` for an
+    /// `#[idempotent(batch = fresh, key = |msg| msg.id())]` handler `apply(tx, fresh:
+    /// &[&Message])`: one transaction claims every id, runs the body over the fresh
+    /// ones, and commits (see [`batch`](crate::batch)).
+    ///
+    /// Each message is settled as its [`BatchItem`](crate::batch::BatchItem) says,
+    /// through `policy`, as the plain form settles it: processed, a duplicate or a copy
+    /// of one → `basic.ack`; a transient failure (or an item in progress under another
+    /// delivery's lease) → held for the longest delay among the batch's, then
+    /// `basic.reject` with `requeue`; a permanent failure, an invalid id or a
+    /// fingerprint mismatch → `basic.reject` without `requeue`, to the dead-letter
+    /// exchange. A batch whose call failed as a whole is decided on that error for each
+    /// message. A batch not finished within the shutdown deadline is handed back whole.
+    pub async fn run_batches_with<DB, F, Fut, E, B>(
+        &self,
+        pool: &Pool<DB>,
+        max: usize,
+        policy: &AckPolicy<DB>,
+        handler: F,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError>
+    where
+        DB: Backend,
+        F: Fn(Pool<DB>, Arc<[Message]>) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<BatchOutcome<E>, B>> + Send + 'static,
+        E: std::error::Error + Send + 'static,
+        B: std::error::Error + Send + 'static,
+    {
+        let calls = Batches::new(handler, max);
+        let consumer = RabbitMqConsumer {
+            prefetch: self
+                .prefetch
+                .max(u16::try_from(calls.max()).unwrap_or(u16::MAX)),
+            ..self.clone()
+        };
+        consumer.consume(pool, policy, &calls, shutdown).await
+    }
+
+    /// Both forms' run.
+    async fn consume<DB: Backend, C: Calls<DB>>(
+        &self,
+        pool: &Pool<DB>,
+        policy: &AckPolicy<DB>,
+        calls: &C,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError> {
         let link = Link {
             consumer: self,
             connection: Mutex::new(None),
@@ -293,7 +372,7 @@ impl RabbitMqConsumer {
                 link: &link,
                 pool,
                 policy,
-                handler: &handler,
+                calls,
                 stopping: stopping.clone(),
                 meter: &meter,
                 seen: Consumed::default(),
@@ -473,12 +552,12 @@ impl Link<'_> {
 }
 
 /// One channel's loop.
-struct Worker<'w, DB: Backend, H> {
+struct Worker<'w, DB: Backend, C> {
     consumer: &'w RabbitMqConsumer,
     link: &'w Link<'w>,
     pool: &'w Pool<DB>,
     policy: &'w AckPolicy<DB>,
-    handler: &'w H,
+    calls: &'w C,
     stopping: watch::Receiver<bool>,
     meter: &'w Meter,
     /// What the metrics recorded of this worker's counts.
@@ -491,14 +570,7 @@ enum Ended {
     Lost,
 }
 
-impl<DB, H, Fut, O, E> Worker<'_, DB, H>
-where
-    DB: Backend,
-    H: Fn(Pool<DB>, Arc<Message>) -> Fut + Send + Sync,
-    Fut: Future<Output = Result<O, E>> + Send + 'static,
-    O: AckOutcome + Send,
-    E: DecideError + std::fmt::Display + Send,
-{
+impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
     async fn run(mut self, first: Subscription) -> Consumed {
         let mut consumed = Consumed::default();
         let mut subscription = Some(first);
@@ -563,7 +635,7 @@ where
                 })
                 .await
             };
-            let delivery = match next {
+            let first = match next {
                 None => {
                     self.stop(current, consumed).await;
                     return Ended::Shutdown;
@@ -573,9 +645,22 @@ where
                 // closed: subscribe again.
                 Some(None | Some(Err(_))) => return Ended::Lost,
             };
-            let settled = self.process(delivery, consumed).await;
+            // A batch: what the channel has received already, without waiting for more.
+            let mut deliveries = vec![first];
+            let mut lost = false;
+            while deliveries.len() < self.calls.max() {
+                match current.deliveries.next().now_or_never() {
+                    Some(Some(Ok(delivery))) => deliveries.push(delivery),
+                    Some(None | Some(Err(_))) => {
+                        lost = true;
+                        break;
+                    }
+                    None => break,
+                }
+            }
+            let settled = self.process(deliveries, consumed).await;
             self.meter.catch_up(&mut self.seen, consumed);
-            if !settled {
+            if !settled || lost {
                 return Ended::Lost;
             }
             if self.stopped() {
@@ -585,87 +670,90 @@ where
         }
     }
 
-    /// Runs the handler for `delivery` and settles it; `false` when the settlement could
-    /// not be sent (the channel is lost).
-    async fn process(&mut self, mut delivery: Delivery, consumed: &mut Consumed) -> bool {
-        let message = Arc::new(message(
-            &mut delivery,
-            &self.consumer.message_id,
-            &self.consumer.queue,
-        ));
-        let span = tracing::info_span!(
-            "process",
-            messaging.system = "rabbitmq",
-            messaging.operation.type = "process",
-            messaging.destination.name = %self.consumer.queue,
-            messaging.message.id = %message.id(),
-            traceparent = tracing::field::Empty,
+    /// Runs the handler for `deliveries` and settles each; `false` when a settlement
+    /// could not be sent (the channel is lost).
+    async fn process(&mut self, mut deliveries: Vec<Delivery>, consumed: &mut Consumed) -> bool {
+        let consumer = self.consumer;
+        let messages: Vec<Message> = deliveries
+            .iter_mut()
+            .map(|delivery| message(delivery, &consumer.message_id, &consumer.queue))
+            .collect();
+        let span = calls::span(
+            self.calls,
+            "rabbitmq",
+            &consumer.queue,
+            None,
+            &messages,
+            consumer.trace_parent,
         );
-        if let Some(traceparent) = message.header("traceparent")
-            && let Ok(traceparent) = std::str::from_utf8(traceparent)
-        {
-            span.record("traceparent", traceparent);
-        }
-        if let Some(hook) = self.consumer.trace_parent {
-            hook(&span, &message);
-        }
-        let count = message.delivery_count();
-        let call = tracing::Instrument::instrument(
-            (self.handler)(self.pool.clone(), message.clone()),
-            span.clone(),
-        );
+        let call = self.calls.call(self.pool, self.policy, messages, &span);
         let started = std::time::Instant::now();
-        let Some(result) = self.within_deadline(call).await else {
+        let Some(settlements) = self.within_deadline(call).await else {
             // Shutdown's deadline passed: the call was dropped, its transaction rolled
-            // back. Hand the message back, counting no failure.
-            return hand_back(&delivery, consumed).await;
+            // back. Hand the messages back, counting no failure.
+            let mut sent = true;
+            for delivery in &deliveries {
+                sent &= hand_back(delivery, consumed).await;
+            }
+            return sent;
         };
         self.meter.processed(started);
-        let ack = self.policy.decide(&result, count);
-        let _entered = span.enter();
-        let sent = match ack {
-            Ack::Ack => {
-                delivery
-                    .acker
-                    .ack(::lapin::options::BasicAckOptions::default())
-                    .await
-            }
-            Ack::Retry { after } => {
-                if let Err(error) = &result {
-                    tracing::debug!(%error, ?after, "RabbitMQ consumer: transient failure; retried");
+        // Acknowledgements and dead letters first, one by one; the retries after the
+        // longest of their delays (RabbitMQ has no delayed requeue).
+        let mut all_sent = true;
+        let mut retries = Vec::new();
+        let mut wait = Duration::ZERO;
+        for (delivery, (ack, error)) in deliveries.iter().zip(settlements) {
+            let sent = match ack {
+                Ack::Ack => {
+                    delivery
+                        .acker
+                        .ack(::lapin::options::BasicAckOptions::default())
+                        .await
                 }
-                // Held while it waits (RabbitMQ has no delayed requeue); at shutdown it
-                // goes back at once, as one not started would.
-                if !self.pause(after).await {
-                    return hand_back(&delivery, consumed).await;
+                Ack::Retry { after } => {
+                    if let Some((_, error)) = &error {
+                        tracing::debug!(parent: &span, %error, ?after,
+                            "RabbitMQ consumer: transient failure; retried");
+                    }
+                    wait = wait.max(after);
+                    retries.push(delivery);
+                    continue;
                 }
-                delivery
-                    .acker
-                    .reject(BasicRejectOptions { requeue: true })
-                    .await
-            }
-            Ack::DeadLetter => {
-                if let Err(error) = &result {
-                    tracing::warn!(%error, "RabbitMQ consumer: permanent failure; dead-lettered");
+                Ack::DeadLetter => {
+                    let error = error.map_or_else(
+                        || "dead-lettered by the policy".to_owned(),
+                        |(_, text)| text,
+                    );
+                    tracing::warn!(parent: &span, %error,
+                        "RabbitMQ consumer: permanent failure; dead-lettered");
+                    delivery
+                        .acker
+                        .reject(BasicRejectOptions { requeue: false })
+                        .await
                 }
-                delivery
-                    .acker
-                    .reject(BasicRejectOptions { requeue: false })
-                    .await
+            };
+            all_sent &= count(sent, ack, consumed);
+        }
+        if retries.is_empty() {
+            return all_sent;
+        }
+        // Held while they wait; at shutdown they go back at once, as ones not started
+        // would.
+        if !self.pause(wait).await {
+            for delivery in retries {
+                all_sent &= hand_back(delivery, consumed).await;
             }
-        };
-        // Counted by what reached the broker: a settlement not sent (the channel gone,
-        // or the delivery settled already) leaves the message to be delivered again.
-        let counter = match sent {
-            Ok(true) => match ack {
-                Ack::Ack => &mut consumed.acknowledged,
-                Ack::Retry { .. } => &mut consumed.retried,
-                Ack::DeadLetter => &mut consumed.dead_lettered,
-            },
-            Ok(false) | Err(_) => &mut consumed.dropped,
-        };
-        *counter += 1;
-        matches!(sent, Ok(true))
+            return all_sent;
+        }
+        for delivery in retries {
+            let sent = delivery
+                .acker
+                .reject(BasicRejectOptions { requeue: true })
+                .await;
+            all_sent &= count(sent, Ack::Retry { after: wait }, consumed);
+        }
+        all_sent
     }
 
     /// `call`, or `None` if shutdown began and its deadline passed first.
@@ -676,7 +764,7 @@ where
     /// Shutdown: no more deliveries, the ones fetched and not started handed back, the
     /// channel closed.
     async fn stop(&mut self, mut current: Subscription, consumed: &mut Consumed) {
-        // Cancelled already by `run_with` when shutdown began; what the channel had
+        // Cancelled already by `consume` when shutdown began; what the channel had
         // fetched ahead comes out of the stream after the cancel.
         while let Ok(Some(Ok(delivery))) =
             tokio::time::timeout(Duration::from_millis(100), current.deliveries.next()).await
@@ -690,6 +778,22 @@ where
             .close(200, "dedup: consumer stopped".into())
             .await;
     }
+}
+
+/// Counts a settlement by what reached the broker: one not sent (the channel gone, or
+/// the delivery settled already) leaves the message to be delivered again. Whether it
+/// was sent.
+fn count(sent: ::lapin::Result<bool>, ack: Ack, consumed: &mut Consumed) -> bool {
+    let counter = match sent {
+        Ok(true) => match ack {
+            Ack::Ack => &mut consumed.acknowledged,
+            Ack::Retry { .. } => &mut consumed.retried,
+            Ack::DeadLetter => &mut consumed.dead_lettered,
+        },
+        Ok(false) | Err(_) => &mut consumed.dropped,
+    };
+    *counter += 1;
+    matches!(sent, Ok(true))
 }
 
 /// [`requeue`], counted: `requeued` when sent, `dropped` (and `false`) when the channel

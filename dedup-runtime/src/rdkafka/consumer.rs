@@ -28,7 +28,8 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::ack::{Ack, AckOutcome, AckPolicy, DecideError};
 use crate::backend::Backend;
-use crate::batch::{BatchItem, BatchOutcome};
+use crate::batch::BatchOutcome;
+use crate::consume::calls::{Settlement, item_settlement};
 use crate::consume::shared::{self, Meter};
 use crate::consume::{Consumed, Message, TraceParent};
 use crate::offsets::{OffsetRow, PENDING, Pending};
@@ -476,7 +477,7 @@ impl KafkaConsumer {
     /// &[&Message])`: one transaction claims every id, runs the body over the fresh ones,
     /// and commits (see [`batch`](crate::batch)).
     ///
-    /// Each record is settled as its [`BatchItem`] says, through `policy`: processed, a
+    /// Each record is settled as its [`BatchItem`](crate::batch::BatchItem) says, through `policy`: processed, a
     /// duplicate or a copy of one → finished; a failure the policy calls transient (or
     /// an item in progress under another delivery's lease) → the batch's unsettled
     /// records are handed to the handler again, together, after the longest of their
@@ -1503,10 +1504,6 @@ where
     }
 }
 
-/// How a batch's record was settled: its [`Ack`], and for a dead letter the error's type
-/// and text.
-type Settlement = (Ack, Option<(&'static str, String)>);
-
 impl<DB, H, Fut, E, B> LaneContext<'_, DB, H>
 where
     DB: Backend,
@@ -1683,28 +1680,6 @@ fn acknowledged_first(settled: &[Option<Settlement>], consumed: &mut Consumed) -
         .count();
     consumed.acknowledged += first as u64;
     first
-}
-
-/// What `policy` says of a batch's item at `attempt`.
-fn item_settlement<DB: Backend, E: std::error::Error + 'static>(
-    policy: &AckPolicy<DB>,
-    item: &BatchItem<E>,
-    attempt: u64,
-) -> Settlement {
-    let failed = |error: &(dyn std::error::Error + 'static), class: &'static str| {
-        let text = shared::header_text(&error.to_string());
-        (policy.decide_error(error, attempt), Some((class, text)))
-    };
-    match item {
-        BatchItem::Processed | BatchItem::Duplicate(_) | BatchItem::SameAs { .. } => {
-            (Ack::Ack, None)
-        }
-        BatchItem::Failed(error) => failed(error, std::any::type_name::<E>()),
-        BatchItem::CommitFailed(error) => failed(error, std::any::type_name::<sqlx::Error>()),
-        BatchItem::Invalid(error) => failed(error, std::any::type_name_of_val(error)),
-        BatchItem::FingerprintMismatch(error) => failed(error, std::any::type_name_of_val(error)),
-        BatchItem::InProgress(busy) => (crate::LeaseOutcome::<()>::InProgress(*busy).ack(), None),
-    }
 }
 
 impl<DB: Backend, H> LaneContext<'_, DB, H> {

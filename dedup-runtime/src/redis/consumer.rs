@@ -14,6 +14,8 @@ use tokio::time::Instant;
 
 use crate::ack::{Ack, AckOutcome, AckPolicy, DecideError};
 use crate::backend::Backend;
+use crate::batch::BatchOutcome;
+use crate::consume::calls::{self, Batches, Calls, Plain};
 use crate::consume::{Consumed, Message, TraceParent};
 
 /// Where a Redis Streams consumer reads each entry's message id.
@@ -319,6 +321,80 @@ impl RedisStreamsConsumer {
         O: AckOutcome + Send,
         E: DecideError + std::fmt::Display + Send,
     {
+        self.consume(pool, policy, &Plain::new(handler), shutdown)
+            .await
+    }
+
+    /// Consumes until `shutdown` completes, handing entries to an
+    /// `#[idempotent(batch = …)]` handler up to `max` at a time, deciding with the
+    /// default [`AckPolicy`]; see [`run_batches_with`](Self::run_batches_with).
+    pub async fn run_batches<DB, F, Fut, E, B>(
+        &self,
+        pool: &Pool<DB>,
+        max: usize,
+        handler: F,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError>
+    where
+        DB: Backend,
+        F: Fn(Pool<DB>, Arc<[Message]>) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<BatchOutcome<E>, B>> + Send + 'static,
+        E: std::error::Error + Send + 'static,
+        B: std::error::Error + Send + 'static,
+    {
+        self.run_batches_with(pool, max, &AckPolicy::new(), handler, shutdown)
+            .await
+    }
+
+    /// Consumes until `shutdown` completes, handing the entries of each read to
+    /// `handler` in batches: in stream order, at most `max` (at least 1; each read asks
+    /// for at least `max` entries, whatever [`batch`](Self::batch) says). No batch
+    /// waits for more entries than a read brought: a quiet stream gives batches of one.
+    /// `handler` is given the pool and the batch, both its own: `|pool, batch| async move
+    /// { apply(&pool, &batch).await }` for an `#[idempotent(batch = fresh, key = |msg|
+    /// msg.id())]` handler `apply(tx, fresh: &[&Message])`: one transaction claims every
+    /// id, runs the body over the fresh ones, and commits (see [`batch`](crate::batch)).
+    ///
+    /// Each entry is settled as its [`BatchItem`](crate::batch::BatchItem) says, through
+    /// `policy`, as the plain form settles it: processed, a duplicate or a copy of one →
+    /// acknowledged, the batch's in one `XACK`; a transient failure (or an item in
+    /// progress under another delivery's lease) → left pending and taken again once its
+    /// delay passed; a permanent failure, an invalid id or a fingerprint mismatch → to
+    /// the dead stream, acknowledged with it. A batch whose call failed as a whole is
+    /// decided on that error for each entry. An entry over
+    /// [`max_deliveries`](Self::max_deliveries) goes to the dead stream without a call;
+    /// a batch not finished within the shutdown deadline stays pending with this member.
+    pub async fn run_batches_with<DB, F, Fut, E, B>(
+        &self,
+        pool: &Pool<DB>,
+        max: usize,
+        policy: &AckPolicy<DB>,
+        handler: F,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError>
+    where
+        DB: Backend,
+        F: Fn(Pool<DB>, Arc<[Message]>) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<BatchOutcome<E>, B>> + Send + 'static,
+        E: std::error::Error + Send + 'static,
+        B: std::error::Error + Send + 'static,
+    {
+        let calls = Batches::new(handler, max);
+        let consumer = RedisStreamsConsumer {
+            batch: self.batch.max(calls.max()),
+            ..self.clone()
+        };
+        consumer.consume(pool, policy, &calls, shutdown).await
+    }
+
+    /// Both forms' run.
+    async fn consume<DB: Backend, C: Calls<DB>>(
+        &self,
+        pool: &Pool<DB>,
+        policy: &AckPolicy<DB>,
+        calls: &C,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError> {
         // The first connection, so that a wrong address or stream fails the run at once.
         let connection = self.connect().await.map_err(ConsumeError::Start)?;
         let (stop, stopping) = watch::channel(false);
@@ -327,7 +403,7 @@ impl RedisStreamsConsumer {
             consumer: self,
             pool,
             policy,
-            handler: &handler,
+            calls,
             stopping,
             connection: Some(connection),
             own: Some("0".to_owned()),
@@ -396,11 +472,11 @@ enum Flow {
 }
 
 /// The consumer's loop, on one connection at a time.
-struct Worker<'w, DB: Backend, H> {
+struct Worker<'w, DB: Backend, C> {
     consumer: &'w RedisStreamsConsumer,
     pool: &'w Pool<DB>,
     policy: &'w AckPolicy<DB>,
-    handler: &'w H,
+    calls: &'w C,
     stopping: watch::Receiver<bool>,
     connection: Option<MultiplexedConnection>,
     /// While reading its own pending entries: the entry id to read after.
@@ -413,14 +489,7 @@ struct Worker<'w, DB: Backend, H> {
     seen: Consumed,
 }
 
-impl<DB, H, Fut, O, E> Worker<'_, DB, H>
-where
-    DB: Backend,
-    H: Fn(Pool<DB>, Arc<Message>) -> Fut + Send + Sync,
-    Fut: Future<Output = Result<O, E>> + Send + 'static,
-    O: AckOutcome + Send,
-    E: DecideError + std::fmt::Display + Send,
-{
+impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
     async fn run(mut self) -> Consumed {
         let mut wait = RECONNECT.0;
         while !self.stopped() {
@@ -629,7 +698,8 @@ where
         }
     }
 
-    /// Processes `entries` in order, with their delivery counts from one `XPENDING`.
+    /// Processes `entries` in order, in calls of up to the handler's `max`, with their
+    /// delivery counts from one `XPENDING`.
     async fn process_all(
         &mut self,
         redis: &mut MultiplexedConnection,
@@ -645,29 +715,40 @@ where
                 return Err(error);
             }
         };
-        let total = entries.len();
-        for (done, entry) in entries.into_iter().enumerate() {
+        let mut left = entries.len();
+        let mut entries = entries.into_iter().peekable();
+        while entries.peek().is_some() {
             if self.stopped() {
                 // Not started: pending with this member, for its next start.
-                self.consumed.requeued += (total - done) as u64;
+                self.consumed.requeued += left as u64;
                 return Ok(Flow::Stop);
             }
-            // Read again (its own pending entries after a reconnection): no longer held.
-            self.held.retain(|held| held.id != entry.id);
-            // Missing from `XPENDING`: acknowledged, or another member's by now.
-            let Some(&count) = counts.get(&entry.id) else {
+            let mut call = Vec::new();
+            while call.len() < self.calls.max() {
+                let Some(entry) = entries.next() else { break };
+                left -= 1;
+                // Read again (its own pending entries after a reconnection): no longer
+                // held.
+                self.held.retain(|held| held.id != entry.id);
+                // Missing from `XPENDING`: acknowledged, or another member's by now.
+                if let Some(&count) = counts.get(&entry.id) {
+                    call.push((entry, count));
+                }
+            }
+            if call.is_empty() {
                 continue;
-            };
-            let processed = self.process(redis, entry, count).await;
+            }
+            let taken = call.len();
+            let processed = self.process(redis, call).await;
             self.meter.catch_up(&mut self.seen, &self.consumed);
             match processed {
                 Ok(Flow::Next) => {}
                 Ok(Flow::Stop) => {
-                    self.consumed.requeued += (total - done - 1) as u64;
+                    self.consumed.requeued += left as u64;
                     return Ok(Flow::Stop);
                 }
                 Err(error) => {
-                    self.consumed.dropped += (total - done) as u64;
+                    self.consumed.dropped += (left + taken) as u64;
                     return Err(error);
                 }
             }
@@ -723,93 +804,99 @@ where
         Ok(counts)
     }
 
-    /// Runs the handler for `entry`, its `count`th delivery, and settles it.
+    /// Runs the handler for `entries` (each with its delivery count) and settles each:
+    /// the acknowledgements in one `XACK`.
     async fn process(
         &mut self,
         redis: &mut MultiplexedConnection,
-        entry: Entry,
-        count: u64,
+        entries: Vec<(Entry, u64)>,
     ) -> RedisResult<Flow> {
         let consumer = self.consumer;
-        let Some(fields) = &entry.fields else {
-            // Deleted from the stream while pending: nothing to process.
-            self.ack(redis, std::slice::from_ref(&entry.id)).await?;
-            return Ok(Flow::Next);
-        };
-        let message = Arc::new(message(&entry.id, fields, count, consumer));
-        let span = tracing::info_span!(
-            "process",
-            messaging.system = "redis",
-            messaging.operation.type = "process",
-            messaging.destination.name = %consumer.stream,
-            messaging.consumer.group.name = %consumer.group,
-            messaging.message.id = %message.id(),
-            traceparent = tracing::field::Empty,
-        );
-        if let Some(traceparent) = message.header("traceparent")
-            && let Ok(traceparent) = std::str::from_utf8(traceparent)
-        {
-            span.record("traceparent", traceparent);
+        let mut acks = Vec::new();
+        let mut called = Vec::with_capacity(entries.len());
+        for (entry, count) in entries {
+            match &entry.fields {
+                // Deleted from the stream while pending: nothing to process.
+                None => acks.push(entry.id),
+                Some(fields) if count > consumer.max_deliveries => {
+                    tracing::warn!(entry = %entry.id, deliveries = count,
+                        "Redis Streams consumer: over max_deliveries; dead-lettered unprocessed");
+                    let error = format!(
+                        "delivered {count} times, over max_deliveries ({})",
+                        consumer.max_deliveries
+                    );
+                    self.dead_letter(redis, &entry, fields, count, &error)
+                        .await?;
+                    self.consumed.dead_lettered += 1;
+                }
+                Some(_) => called.push((entry, count)),
+            }
         }
-        if let Some(hook) = consumer.trace_parent {
-            hook(&span, &message);
-        }
-        if count > consumer.max_deliveries {
-            let _entered = span.enter();
-            tracing::warn!(
-                deliveries = count,
-                "Redis Streams consumer: over max_deliveries; dead-lettered unprocessed"
-            );
-            let error = format!(
-                "delivered {count} times, over max_deliveries ({})",
-                consumer.max_deliveries
-            );
-            self.dead_letter(redis, &entry, fields, count, &error)
-                .await?;
-            self.consumed.dead_lettered += 1;
+        if called.is_empty() {
+            self.ack(redis, &acks).await?;
             return Ok(Flow::Next);
         }
-        let call = tracing::Instrument::instrument(
-            (self.handler)(self.pool.clone(), message.clone()),
-            span.clone(),
+        let messages: Vec<Message> = called
+            .iter()
+            .map(|(entry, count)| {
+                let fields = entry.fields.as_deref().unwrap_or_default();
+                message(&entry.id, fields, *count, consumer)
+            })
+            .collect();
+        let span = calls::span(
+            self.calls,
+            "redis",
+            &consumer.stream,
+            Some(&consumer.group),
+            &messages,
+            consumer.trace_parent,
         );
+        let call = self.calls.call(self.pool, self.policy, messages, &span);
         let started = std::time::Instant::now();
-        let Some(result) = self.within_deadline(call).await else {
+        let Some(settlements) = self.within_deadline(call).await else {
             // Shutdown's deadline passed: the call was dropped, its transaction rolled
-            // back. The entry stays pending with this member.
-            self.consumed.requeued += 1;
+            // back. The entries stay pending with this member.
+            self.ack(redis, &acks).await?;
+            self.consumed.requeued += called.len() as u64;
             return Ok(Flow::Stop);
         };
         self.meter.processed(started);
-        let _entered = span.enter();
-        match self.policy.decide(&result, count) {
-            Ack::Ack => {
-                self.ack(redis, std::slice::from_ref(&entry.id)).await?;
-                self.consumed.acknowledged += 1;
-            }
-            Ack::Retry { after } => {
-                if let Err(error) = &result {
-                    tracing::debug!(%error, ?after, "Redis Streams consumer: transient failure; retried");
+        let mut acknowledged = 0;
+        for ((entry, count), (ack, error)) in called.iter().zip(settlements) {
+            match ack {
+                Ack::Ack => {
+                    acks.push(entry.id.clone());
+                    acknowledged += 1;
                 }
-                // Left pending; taken again (`XCLAIM`) once `after` passed.
-                self.held.push(Held {
-                    id: entry.id.clone(),
-                    due: Instant::now() + after,
-                    after,
-                });
-                self.consumed.retried += 1;
-            }
-            Ack::DeadLetter => {
-                let error = match &result {
-                    Err(error) => error.to_string(),
-                    Ok(_) => "dead-lettered by the policy".to_owned(),
-                };
-                tracing::warn!(%error, "Redis Streams consumer: permanent failure; dead-lettered");
-                self.dead_letter(redis, &entry, fields, count, &error)
-                    .await?;
-                self.consumed.dead_lettered += 1;
+                Ack::Retry { after } => {
+                    if let Some((_, error)) = &error {
+                        tracing::debug!(parent: &span, %error, ?after,
+                            "Redis Streams consumer: transient failure; retried");
+                    }
+                    // Left pending; taken again (`XCLAIM`) once `after` passed.
+                    self.held.push(Held {
+                        id: entry.id.clone(),
+                        due: Instant::now() + after,
+                        after,
+                    });
+                    self.consumed.retried += 1;
+                }
+                Ack::DeadLetter => {
+                    let error = error.map_or_else(
+                        || "dead-lettered by the policy".to_owned(),
+                        |(_, text)| text,
+                    );
+                    tracing::warn!(parent: &span, %error,
+                        "Redis Streams consumer: permanent failure; dead-lettered");
+                    let fields = entry.fields.as_deref().unwrap_or_default();
+                    self.dead_letter(redis, entry, fields, *count, &error)
+                        .await?;
+                    self.consumed.dead_lettered += 1;
+                }
             }
         }
+        self.ack(redis, &acks).await?;
+        self.consumed.acknowledged += acknowledged;
         Ok(Flow::Next)
     }
 

@@ -12,6 +12,8 @@ use tokio::sync::{mpsc, watch};
 
 use crate::ack::{Ack, AckOutcome, AckPolicy, DecideError};
 use crate::backend::Backend;
+use crate::batch::BatchOutcome;
+use crate::consume::calls::{self, Batches, Calls, Plain, Settlement};
 use crate::consume::{Consumed, Message, TraceParent};
 
 /// Runs an `#[idempotent]` handler for every message of an MQTT subscription (MQTT 3.1.1,
@@ -212,6 +214,78 @@ impl MqttConsumer {
         O: AckOutcome + Send,
         E: DecideError + std::fmt::Display + Send,
     {
+        self.consume(pool, policy, &Plain::new(handler), shutdown)
+            .await
+    }
+
+    /// Consumes until `shutdown` completes, handing messages to an
+    /// `#[idempotent(batch = …)]` handler up to `max` at a time, deciding with the
+    /// default [`AckPolicy`]; see [`run_batches_with`](Self::run_batches_with).
+    pub async fn run_batches<DB, F, Fut, E, B>(
+        &self,
+        pool: &Pool<DB>,
+        max: usize,
+        handler: F,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError>
+    where
+        DB: Backend,
+        F: Fn(Pool<DB>, Arc<[Message]>) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<BatchOutcome<E>, B>> + Send + 'static,
+        E: std::error::Error + Send + 'static,
+        B: std::error::Error + Send + 'static,
+    {
+        self.run_batches_with(pool, max, &AckPolicy::new(), handler, shutdown)
+            .await
+    }
+
+    /// Consumes until `shutdown` completes, handing messages to `handler` in batches:
+    /// the messages received when the last batch ended, in arrival order, at most `max`
+    /// (at least 1). No batch waits for more messages than have come: a quiet topic
+    /// gives batches of one. `handler` is given the pool and the batch, both its own:
+    /// `|pool, batch| async move { apply(&pool, &batch).await }` for an
+    /// `#[idempotent(batch = fresh, key = |msg| msg.id())]` handler `apply(tx, fresh:
+    /// &[&Message])`: one transaction claims every id, runs the body over the fresh
+    /// ones, and commits (see [`batch`](crate::batch)).
+    ///
+    /// Each message is settled as its [`BatchItem`](crate::batch::BatchItem) says,
+    /// through `policy`: processed, a duplicate or a copy of one → acknowledged; a
+    /// transient failure (or an item in progress under another delivery's lease) → the
+    /// batch's unsettled messages handed to the handler again, together, after the
+    /// longest of their delays (their delivery counts one more); a permanent failure,
+    /// an invalid id or a fingerprint mismatch → a dead letter. A batch whose call
+    /// failed as a whole is decided on that error for each message. Once every message
+    /// of the batch is settled, the dead letters are sent and the `PUBACK`s follow, in
+    /// arrival order. At shutdown, a batch not settled whole is acknowledged not at all:
+    /// its messages stay with the session, and the next start finds the committed ones
+    /// duplicates.
+    pub async fn run_batches_with<DB, F, Fut, E, B>(
+        &self,
+        pool: &Pool<DB>,
+        max: usize,
+        policy: &AckPolicy<DB>,
+        handler: F,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError>
+    where
+        DB: Backend,
+        F: Fn(Pool<DB>, Arc<[Message]>) -> Fut + Send + Sync,
+        Fut: Future<Output = Result<BatchOutcome<E>, B>> + Send + 'static,
+        E: std::error::Error + Send + 'static,
+        B: std::error::Error + Send + 'static,
+    {
+        self.consume(pool, policy, &Batches::new(handler, max), shutdown)
+            .await
+    }
+
+    /// Both forms' run.
+    async fn consume<DB: Backend, C: Calls<DB>>(
+        &self,
+        pool: &Pool<DB>,
+        policy: &AckPolicy<DB>,
+        calls: &C,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<Consumed, ConsumeError> {
         let first = self.connect().await.map_err(ConsumeError::Start)?;
         let (stop, stopping) = watch::channel(false);
         let meter = Meter::new("mqtt", &self.topic, "");
@@ -219,7 +293,7 @@ impl MqttConsumer {
             consumer: self,
             pool,
             policy,
-            handler: &handler,
+            calls,
             stopping,
             consumed: Consumed::default(),
             meter: &meter,
@@ -249,6 +323,7 @@ impl MqttConsumer {
             wire,
             poller: tokio::spawn(poll(events, tell)),
             waiting: VecDeque::new(),
+            gone: None,
         };
         session
             .client
@@ -290,6 +365,8 @@ struct Session {
     wire: mpsc::UnboundedReceiver<Wire>,
     poller: tokio::task::JoinHandle<()>,
     waiting: VecDeque<Publish>,
+    /// The loss [`try_next`](Session::try_next) read, if it did.
+    gone: Option<String>,
 }
 
 impl Drop for Session {
@@ -328,8 +405,31 @@ impl Session {
         }
     }
 
+    /// A message that has come already, without waiting; `None` when none has (or the
+    /// connection is lost: [`lost`](Self::lost) says so).
+    fn try_next(&mut self) -> Option<Publish> {
+        if let Some(publish) = self.waiting.pop_front() {
+            return Some(publish);
+        }
+        loop {
+            match self.wire.try_recv() {
+                Ok(Wire::Publish(publish)) => return Some(publish),
+                Ok(Wire::Lost(error)) => {
+                    // Kept for `lost`, which the acknowledgements ask first.
+                    self.gone = Some(error);
+                    return None;
+                }
+                Ok(_) => {}
+                Err(_) => return None,
+            }
+        }
+    }
+
     /// Whether the connection is lost (a report of it waiting, or the poller gone).
     fn lost(&mut self) -> bool {
+        if self.gone.is_some() {
+            return true;
+        }
         loop {
             match self.wire.try_recv() {
                 Ok(Wire::Publish(publish)) => self.waiting.push_back(publish),
@@ -338,6 +438,26 @@ impl Session {
                 Err(mpsc::error::TryRecvError::Empty) => return false,
             }
         }
+    }
+}
+
+/// The [`Message`] of `publish`: its id the payload's first line, its body the rest.
+fn message(publish: &Publish) -> Message {
+    let (id, body) = match publish.payload.iter().position(|&byte| byte == b'\n') {
+        Some(at) => (
+            std::str::from_utf8(&publish.payload[..at])
+                .unwrap_or_default()
+                .to_owned(),
+            publish.payload[at + 1..].to_vec(),
+        ),
+        None => (String::new(), publish.payload.to_vec()),
+    };
+    Message {
+        id,
+        payload: body,
+        headers: Vec::new(),
+        delivery: if publish.dup { 2 } else { 1 },
+        destination: publish.topic.clone(),
     }
 }
 
@@ -366,11 +486,11 @@ async fn poll(mut events: EventLoop, wire: mpsc::UnboundedSender<Wire>) {
     }
 }
 
-struct Worker<'w, DB: Backend, H> {
+struct Worker<'w, DB: Backend, C> {
     consumer: &'w MqttConsumer,
     pool: &'w Pool<DB>,
     policy: &'w AckPolicy<DB>,
-    handler: &'w H,
+    calls: &'w C,
     stopping: watch::Receiver<bool>,
     consumed: Consumed,
     meter: &'w Meter,
@@ -387,14 +507,7 @@ enum Settled {
     Stopped,
 }
 
-impl<DB, H, Fut, O, E> Worker<'_, DB, H>
-where
-    DB: Backend,
-    H: Fn(Pool<DB>, Arc<Message>) -> Fut + Send + Sync,
-    Fut: Future<Output = Result<O, E>> + Send + 'static,
-    O: AckOutcome + Send,
-    E: DecideError + std::fmt::Display + Send,
-{
+impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
     async fn run(mut self, first: Session) -> Consumed {
         let mut session = Some(first);
         let mut wait = RECONNECT.0;
@@ -440,7 +553,16 @@ where
                 if publish.qos == QoS::AtMostOnce {
                     continue; // nothing to acknowledge, nothing redelivered
                 }
-                let settled = self.process(&mut current, &publish).await;
+                // A batch: what has come already, without waiting for more.
+                let mut publishes = vec![publish];
+                while publishes.len() < self.calls.max() {
+                    match current.try_next() {
+                        Some(publish) if publish.qos == QoS::AtMostOnce => {}
+                        Some(publish) => publishes.push(publish),
+                        None => break,
+                    }
+                }
+                let settled = self.process(&mut current, &publishes).await;
                 self.meter.catch_up(&mut self.seen, &self.consumed);
                 match settled {
                     Settled::Done => {}
@@ -487,86 +609,87 @@ where
         shared::pause(&self.stopping, wait).await
     }
 
-    /// Runs the handler until it settles (retries in process), then acknowledges.
-    async fn process(&mut self, session: &mut Session, publish: &Publish) -> Settled {
-        let (id, body) = match publish.payload.iter().position(|&byte| byte == b'\n') {
-            Some(at) => (
-                std::str::from_utf8(&publish.payload[..at])
-                    .unwrap_or_default()
-                    .to_owned(),
-                publish.payload[at + 1..].to_vec(),
-            ),
-            None => (String::new(), publish.payload.to_vec()),
-        };
-        let mut message = Message {
-            id,
-            payload: body,
-            headers: Vec::new(),
-            delivery: if publish.dup { 2 } else { 1 },
-            destination: publish.topic.clone(),
-        };
-        let ack = loop {
-            let shared = Arc::new(message.clone());
-            let span = tracing::info_span!(
-                "process",
-                messaging.system = "mqtt",
-                messaging.operation.type = "process",
-                messaging.destination.name = %publish.topic,
-                messaging.message.id = %shared.id(),
-            );
-            if let Some(hook) = self.consumer.trace_parent {
-                hook(&span, &shared);
+    /// Runs the handler until every message of `publishes` is settled (retries in
+    /// process, the unsettled ones together), then sends the dead letters and the
+    /// acknowledgements, in arrival order.
+    async fn process(&mut self, session: &mut Session, publishes: &[Publish]) -> Settled {
+        let mut messages: Vec<Message> = publishes.iter().map(message).collect();
+        let mut settled: Vec<Option<Settlement>> = vec![None; publishes.len()];
+        loop {
+            let open: Vec<usize> = (0..publishes.len())
+                .filter(|&n| settled[n].is_none())
+                .collect();
+            if open.is_empty() {
+                break;
             }
-            let call = tracing::Instrument::instrument(
-                (self.handler)(self.pool.clone(), shared),
-                span.clone(),
+            let batch: Vec<Message> = open.iter().map(|&n| messages[n].clone()).collect();
+            let consumer = self.consumer;
+            let span = calls::span(
+                self.calls,
+                "mqtt",
+                &publishes[open[0]].topic,
+                None,
+                &batch,
+                consumer.trace_parent,
             );
+            let call = self.calls.call(self.pool, self.policy, batch, &span);
             let started = std::time::Instant::now();
-            let Some(result) = self.within_deadline(call).await else {
+            let Some(settlements) = self.within_deadline(call).await else {
                 // Shutdown's deadline passed: the call was dropped and rolled back; the
-                // message stays with the session, unacknowledged.
-                self.consumed.requeued += 1;
+                // messages stay with the session, unacknowledged.
+                self.consumed.requeued += publishes.len() as u64;
                 return Settled::Stopped;
             };
             self.meter.processed(started);
-            let _entered = span.enter();
-            match self.policy.decide(&result, message.delivery) {
-                Ack::Retry { after } => {
-                    if let Err(error) = &result {
-                        tracing::debug!(%error, ?after, "MQTT consumer: transient failure; retried in process");
+            let mut wait = None;
+            for (&n, (ack, error)) in open.iter().zip(settlements) {
+                match ack {
+                    Ack::Retry { after } => {
+                        if let Some((_, error)) = &error {
+                            tracing::debug!(parent: &span, %error, ?after,
+                                "MQTT consumer: transient failure; retried in process");
+                        }
+                        self.consumed.retried += 1;
+                        messages[n].delivery += 1;
+                        wait = Some(wait.unwrap_or(Duration::ZERO).max(after));
                     }
-                    self.consumed.retried += 1;
-                    if !self.pause(after).await {
-                        self.consumed.requeued += 1;
-                        return Settled::Stopped;
+                    Ack::DeadLetter => {
+                        let error = error.map_or_else(
+                            || "dead-lettered by the policy".to_owned(),
+                            |(_, text)| text,
+                        );
+                        tracing::warn!(parent: &span, %error,
+                            "MQTT consumer: permanent failure; dead-lettered");
+                        settled[n] = Some((ack, None));
                     }
-                    message.delivery += 1;
-                }
-                ack => {
-                    if let (Ack::DeadLetter, Err(error)) = (&ack, &result) {
-                        tracing::warn!(%error, "MQTT consumer: permanent failure; dead-lettered");
-                    }
-                    break ack;
+                    Ack::Ack => settled[n] = Some((ack, None)),
                 }
             }
-        };
-        if ack == Ack::DeadLetter
-            && let Err(error) = self.dead_letter(session, publish).await
-        {
-            tracing::warn!(%error, "MQTT consumer: the dead letter was not acknowledged");
-            self.consumed.dropped += 1;
-            return Settled::Lost;
+            if let Some(wait) = wait
+                && !self.pause(wait).await
+            {
+                self.consumed.requeued += publishes.len() as u64;
+                return Settled::Stopped;
+            }
         }
-        // The packet id belongs to this connection: a lost one takes the acknowledgement
-        // with it, and the broker sends the message again on the next.
-        if session.lost() || session.client.ack(publish).await.is_err() {
-            self.consumed.dropped += 1;
-            return Settled::Lost;
-        }
-        if ack == Ack::DeadLetter {
-            self.consumed.dead_lettered += 1;
-        } else {
-            self.consumed.acknowledged += 1;
+        for (publish, settlement) in publishes.iter().zip(settled) {
+            let dead = matches!(settlement, Some((Ack::DeadLetter, _)));
+            if dead && let Err(error) = self.dead_letter(session, publish).await {
+                tracing::warn!(%error, "MQTT consumer: the dead letter was not acknowledged");
+                self.consumed.dropped += 1;
+                return Settled::Lost;
+            }
+            // The packet id belongs to this connection: a lost one takes the
+            // acknowledgement with it, and the broker sends the message again on the next.
+            if session.lost() || session.client.ack(publish).await.is_err() {
+                self.consumed.dropped += 1;
+                return Settled::Lost;
+            }
+            if dead {
+                self.consumed.dead_lettered += 1;
+            } else {
+                self.consumed.acknowledged += 1;
+            }
         }
         Settled::Done
     }
