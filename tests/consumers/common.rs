@@ -33,6 +33,12 @@ impl Drop for Life {
     }
 }
 
+/// The crash harnesses' batch-form service (`src/bin/batch_consumer.rs`), built by cargo
+/// with the tests.
+pub(crate) fn batch_consumer() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_BIN_EXE_batch_consumer"))
+}
+
 /// Completes once `done` says so (polled every 20 ms), or panics after [`PATIENCE`].
 pub(crate) async fn until<F: Future<Output = bool>>(mut done: impl FnMut() -> F) {
     let started = Instant::now();

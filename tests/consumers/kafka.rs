@@ -217,6 +217,28 @@ async fn refuses_to_start_without_a_group_a_topic_or_a_wide_enough_dead_topic() 
         ),
         "{error}"
     );
+
+    // Offsets in the database with the batch form: refused, and no table made for it.
+    let never_batch = |pool: sqlx::SqlitePool, batch: Arc<[Message]>| async move {
+        never_applied(&pool, &batch).await
+    };
+    let error = KafkaConsumer::new(member("g"), &name)
+        .offsets_in_database(true)
+        .run_batches(&*pool, 10, never_batch, std::future::pending())
+        .await
+        .expect_err("offsets in the database, in batches");
+    assert!(matches!(error, ConsumeError::OffsetsInBatches), "{error}");
+    assert!(error.to_string().contains("run_batches"), "{error}");
+}
+
+/// The refusal test's batch handler: never called.
+#[dedup_runtime::idempotent(consumer = "never", batch = fresh, key = |msg| msg.id())]
+async fn never_applied(
+    tx: &mut sqlx::SqliteConnection,
+    fresh: &[&Message],
+) -> Result<(), sqlx::Error> {
+    let _ = (tx, fresh);
+    unreachable!("no batch is handled")
 }
 
 /// Ids from the key (`MessageIdFrom::Key`) and, by default, from the last header `id`

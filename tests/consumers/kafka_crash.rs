@@ -30,6 +30,8 @@ const PARTITIONS: i32 = 4;
 fn start(program: &std::path::Path, name: &str, offsets: &str) -> Life {
     Life(
         Command::new(program)
+            .env("BROKER", "kafka") // the batch form's binary: which service
+            .env("BATCH", "10")
             .env("OFFSETS", offsets)
             .env("KAFKA_BOOTSTRAP_SERVERS", brokers())
             .env("KAFKA_GROUP_ID", name)
@@ -50,7 +52,18 @@ fn start(program: &std::path::Path, name: &str, offsets: &str) -> Life {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
-    under_sigkill("kafka").await;
+    under_sigkill(example(), "kafka").await;
+}
+
+/// The same harness on the consumer's batch form: the example's service with
+/// `run_batches` (`src/bin/batch_consumer.rs`, batches of up to 10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn its_batch_form_is_effectively_once_under_sigkill() {
+    under_sigkill(super::common::batch_consumer(), "kafka").await;
+}
+
+fn example() -> std::path::PathBuf {
+    dedup_suite::example_binary("brokers", &["kafka_consumer"], "kafka_consumer")
 }
 
 /// The same with the offsets kept in the database too (`OFFSETS=database`): also, each
@@ -58,10 +71,10 @@ async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
 /// committed (an id published once), and not past its end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn offsets_in_the_database_are_effectively_once_under_sigkill() {
-    under_sigkill("database").await;
+    under_sigkill(example(), "database").await;
 }
 
-async fn under_sigkill(offsets: &str) {
+async fn under_sigkill(program: std::path::PathBuf, offsets: &str) {
     let messages = dedup_suite::env_number("DEDUP_CRASH_MESSAGES", 2_000);
     let kills = dedup_suite::env_number("DEDUP_CRASH_KILLS", 20);
     let seed = dedup_suite::crash_seed();
@@ -87,7 +100,6 @@ async fn under_sigkill(offsets: &str) {
         .collect();
     let ends = publish(&name, &records).await;
 
-    let program = dedup_suite::example_binary("brokers", &["kafka_consumer"], "kafka_consumer");
     let count = |sql: String| {
         let pool = pool.clone();
         async move {

@@ -26,6 +26,8 @@ const POISON: usize = 5;
 fn start(program: &std::path::Path, port: u16, run: &str) -> Life {
     Life(
         Command::new(program)
+            .env("BROKER", "mqtt") // the batch form's binary: which service
+            .env("BATCH", "10")
             .env("MQTT_HOST", "127.0.0.1")
             .env("MQTT_PORT", port.to_string())
             .env("DATABASE_URL", dedup_suite::postgres_url())
@@ -41,6 +43,22 @@ fn start(program: &std::path::Path, port: u16, run: &str) -> Life {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
+    under_sigkill(dedup_suite::example_binary(
+        "brokers",
+        &["mqtt_consumer"],
+        "mqtt_consumer",
+    ))
+    .await;
+}
+
+/// The same harness on the consumer's batch form: the example's service with
+/// `run_batches` (`src/bin/batch_consumer.rs`, batches of up to 10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn its_batch_form_is_effectively_once_under_sigkill() {
+    under_sigkill(super::common::batch_consumer()).await;
+}
+
+async fn under_sigkill(program: std::path::PathBuf) {
     let messages = dedup_suite::env_number("DEDUP_CRASH_MESSAGES", 5_000);
     let kills = dedup_suite::env_number("DEDUP_CRASH_KILLS", 50);
     let seed = dedup_suite::crash_seed();
@@ -68,7 +86,6 @@ async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
     random.shuffle(&mut payloads);
     publish(port, &topic, &payloads).await;
 
-    let program = dedup_suite::example_binary("brokers", &["mqtt_consumer"], "mqtt_consumer");
     let count = |sql: String| {
         let pool = pool.clone();
         async move {

@@ -29,6 +29,8 @@ const POISON: usize = 5;
 fn start(program: &std::path::Path, queue: &str) -> Life {
     Life(
         Command::new(program)
+            .env("BROKER", "rabbitmq") // the batch form's binary: which service
+            .env("BATCH", "10")
             .env("AMQP_URL", AMQP)
             .env("DATABASE_URL", dedup_suite::postgres_url())
             .env("QUEUE", queue)
@@ -61,6 +63,22 @@ async fn ids_in(channel: &Channel, queue: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
+    under_sigkill(dedup_suite::example_binary(
+        "brokers",
+        &["rabbitmq_consumer"],
+        "rabbitmq_consumer",
+    ))
+    .await;
+}
+
+/// The same harness on the consumer's batch form: the example's service with
+/// `run_batches` (`src/bin/batch_consumer.rs`, batches of up to 10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn its_batch_form_is_effectively_once_under_sigkill() {
+    under_sigkill(super::common::batch_consumer()).await;
+}
+
+async fn under_sigkill(program: std::path::PathBuf) {
     let messages = dedup_suite::env_number("DEDUP_CRASH_MESSAGES", 5_000);
     let kills = dedup_suite::env_number("DEDUP_CRASH_KILLS", 50);
     let seed = dedup_suite::crash_seed();
@@ -99,8 +117,6 @@ async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
         confirm.await.unwrap();
     }
 
-    let program =
-        dedup_suite::example_binary("brokers", &["rabbitmq_consumer"], "rabbitmq_consumer");
     let count = |sql: String| {
         let pool = pool.clone();
         async move {

@@ -30,6 +30,8 @@ const GROUP: &str = "orders";
 fn start(program: &std::path::Path, stream: &str, outbox: &str) -> Life {
     Life(
         Command::new(program)
+            .env("BROKER", "redis") // the batch form's binary: which service
+            .env("BATCH", "10")
             .env("REDIS_URL", REDIS)
             .env("DATABASE_URL", dedup_suite::postgres_url())
             .env("STREAM", stream)
@@ -46,6 +48,22 @@ fn start(program: &std::path::Path, stream: &str, outbox: &str) -> Life {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
+    under_sigkill(dedup_suite::example_binary(
+        "brokers",
+        &["redis_consumer"],
+        "redis_consumer",
+    ))
+    .await;
+}
+
+/// The same harness on the consumer's batch form: the example's service with
+/// `run_batches` (`src/bin/batch_consumer.rs`, batches of up to 10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn its_batch_form_is_effectively_once_under_sigkill() {
+    under_sigkill(super::common::batch_consumer()).await;
+}
+
+async fn under_sigkill(program: std::path::PathBuf) {
     let messages = dedup_suite::env_number("DEDUP_CRASH_MESSAGES", 5_000);
     let kills = dedup_suite::env_number("DEDUP_CRASH_KILLS", 50);
     let seed = dedup_suite::crash_seed();
@@ -77,7 +95,6 @@ async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
         let () = pipeline.query_async(&mut redis).await.unwrap();
     }
 
-    let program = dedup_suite::example_binary("brokers", &["redis_consumer"], "redis_consumer");
     let count = |sql: String| {
         let pool = pool.clone();
         async move {

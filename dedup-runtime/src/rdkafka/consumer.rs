@@ -208,6 +208,12 @@ pub enum ConsumeError {
     Start(KafkaError),
     /// Offsets-in-database mode: the offsets' table could not be created.
     Database(sqlx::Error),
+    /// [`offsets_in_database`](KafkaConsumer::offsets_in_database) is on for
+    /// [`run_batches`](KafkaConsumer::run_batches): a batch's transactions do not write
+    /// the partition's position (the mode is for [`run`](KafkaConsumer::run) and
+    /// [`run_with`](KafkaConsumer::run_with)), so the run is refused rather than keep
+    /// nothing in the database.
+    OffsetsInBatches,
 }
 
 impl std::fmt::Display for ConsumeError {
@@ -237,6 +243,12 @@ impl std::fmt::Display for ConsumeError {
                 f,
                 "Kafka consumer could not start: the offsets' table `dedup_kafka_offsets` \
                  could not be created: {error}"
+            ),
+            ConsumeError::OffsetsInBatches => write!(
+                f,
+                "Kafka consumer could not start: `offsets_in_database(true)` works with \
+                 `run` and `run_with` only (a batch's transactions do not write the \
+                 partition's position); turn it off for `run_batches`, or use `run`"
             ),
         }
     }
@@ -320,7 +332,8 @@ impl KafkaConsumer {
     }
 
     /// Whether each partition's position is also kept in the database (off by default;
-    /// [`run`](Self::run) and [`run_with`](Self::run_with) only). On, the consumer creates
+    /// [`run`](Self::run) and [`run_with`](Self::run_with) only: `run_batches` refuses
+    /// it, [`ConsumeError::OffsetsInBatches`]). On, the consumer creates
     /// the table `dedup_kafka_offsets` (consumer group, topic, partition → next offset) at
     /// start, and each record's handler writes the offset after the record **in its own
     /// transaction**, just before its `COMMIT` — one row per partition, moved forward,
@@ -502,6 +515,9 @@ impl KafkaConsumer {
         E: std::error::Error + Send + 'static,
         B: std::error::Error + Send + 'static,
     {
+        if self.offsets_in_database {
+            return Err(ConsumeError::OffsetsInBatches);
+        }
         let max = max.max(1);
         let consumer = KafkaConsumer {
             prefetch: self.prefetch.max(max),
