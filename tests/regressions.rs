@@ -355,3 +355,11 @@ mod prunes_could_not_be_spawned;
 // another fingerprint".
 #[path = "regressions/plain_takeover_raced_a_printed_claim.rs"]
 mod plain_takeover_raced_a_printed_claim;
+
+// Issue 40: `KafkaConsumer::run_batches` with `offsets_in_database(true)` kept no position
+// in the database, silently (only the plain form writes it). Fixed in "Crash harnesses on
+// the batch form of all five consumers; Kafka refuses offsets in the database with
+// run_batches": refused at start.
+#[cfg(feature = "brokers")]
+#[path = "regressions/kafka_batches_ignored_offsets_in_database.rs"]
+mod kafka_batches_ignored_offsets_in_database;
