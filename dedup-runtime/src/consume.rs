@@ -45,7 +45,7 @@
 //! | --- | --- | --- | --- |
 //! | `dedup_consumer_messages_total` | counter | `outcome`: `acknowledged`, `retried`, `dead_lettered`, `requeued`, `dropped` | messages, by what the consumer told the broker (the fields of [`Consumed`]) |
 //! | `dedup_consumer_process_duration_seconds` | histogram | | one handler call, its transaction included |
-//! | `dedup_consumer_lag` | gauge | `partition` (Kafka) | what the broker says is left: Kafka's consumer lag per partition from librdkafka's statistics (`statistics.interval.ms`, set to 5 s unless yours says otherwise), JetStream's pending count at each message; not recorded for RabbitMQ, Redis Streams and MQTT |
+//! | `dedup_consumer_lag` | gauge | `partition` (Kafka) | what the broker says is left: Kafka's consumer lag per partition from librdkafka's statistics (`statistics.interval.ms`, set to 5 s unless yours says otherwise), JetStream's pending count at each message; RabbitMQ's ready messages in the queue (a passive `queue.declare`) and Redis Streams' entries not yet delivered to the group (`XINFO GROUPS`, its `lag`), each asked at the first message and every 5 s after; not recorded for MQTT, whose broker does not tell |
 //!
 //! The handler's own metrics (`dedup_processed_total`, …) are recorded as well, by the
 //! `#[idempotent]` handler itself.
@@ -180,6 +180,17 @@ pub(crate) mod calls;
     feature = "redis",
     feature = "rumqttc"
 ))]
+// With some of the brokers' features alone, some of what the five share goes unused.
+#[cfg_attr(
+    not(all(
+        feature = "lapin",
+        feature = "async-nats",
+        feature = "rdkafka",
+        feature = "redis",
+        feature = "rumqttc"
+    )),
+    allow(dead_code)
+)]
 pub(crate) mod shared {
     use std::future::Future;
 
@@ -200,6 +211,7 @@ pub(crate) mod shared {
 
     #[cfg(feature = "metrics")]
     struct Instruments {
+        #[cfg_attr(not(feature = "rdkafka"), allow(dead_code))] // Kafka's partitions'
         labels: Vec<metrics::Label>,
         acknowledged: metrics::Counter,
         retried: metrics::Counter,
@@ -342,8 +354,26 @@ pub(crate) mod shared {
             }
         }
 
-        /// Kafka: makes the lag gauges of partitions `0..count`, once.
+        /// Whether the lag is to be asked of the broker now (every [`LAG_INTERVAL`],
+        /// from the first message; never without feature `metrics`), and when next.
         #[cfg_attr(not(feature = "metrics"), allow(unused_variables, dead_code))]
+        pub(crate) fn lag_due(&self, next: &mut std::time::Instant) -> bool {
+            #[cfg(feature = "metrics")]
+            if self.inner.is_some() {
+                let now = std::time::Instant::now();
+                if now >= *next {
+                    *next = now + LAG_INTERVAL;
+                    return true;
+                }
+            }
+            false
+        }
+
+        /// Kafka: makes the lag gauges of partitions `0..count`, once.
+        #[cfg_attr(
+            any(not(feature = "metrics"), not(feature = "rdkafka")),
+            allow(unused_variables, dead_code)
+        )]
         pub(crate) fn partitions(&self, count: usize) {
             #[cfg(feature = "metrics")]
             if let Some(meter) = &self.inner {
@@ -359,6 +389,10 @@ pub(crate) mod shared {
             }
         }
     }
+
+    /// How often RabbitMQ and Redis Streams consumers ask their broker for the lag.
+    #[cfg_attr(not(feature = "metrics"), allow(dead_code))]
+    pub(crate) const LAG_INTERVAL: Duration = Duration::from_secs(5);
 
     /// The first and the longest wait before a consumer connects again.
     pub(crate) const RECONNECT: (Duration, Duration) =

@@ -1,8 +1,8 @@
 //! The consumers' metrics (feature `metrics`), read back with `metrics-util`'s debugging
 //! recorder, installed for the test's thread only (`with_local_recorder` around a
 //! current-thread runtime): the counts by outcome match what the broker was told and
-//! what the run returned, one duration sample per handler call, Kafka's lag per
-//! partition.
+//! what the run returned, one duration sample per handler call, the lag: Kafka's per
+//! partition, RabbitMQ's ready messages, Redis Streams' undelivered entries.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -238,6 +238,7 @@ fn the_rabbitmq_consumer_counts_what_it_settled() {
                 && depth(&channel, &format!("{queue}.dead")).await.0 == 1
         });
         let consumed = RabbitMqConsumer::new(AMQP, lapin::ConnectionProperties::default(), &queue)
+            .prefetch(1)
             .run(db, handler, done)
             .await
             .unwrap();
@@ -265,4 +266,70 @@ fn the_rabbitmq_consumer_counts_what_it_settled() {
         metrics.samples("dedup_consumer_process_duration_seconds", &labels),
         6
     );
+    // Asked once, after the first message (prefetch 1): the 4 or 5 still ready.
+    assert!(
+        (4.0..=5.0).contains(&gauge(&metrics, &labels)),
+        "{:?}",
+        metrics.find("dedup_consumer_lag", &labels)
+    );
+}
+
+/// The lag gauge's value.
+fn gauge(metrics: &Metrics, labels: &[(&str, &str)]) -> f64 {
+    match metrics.find("dedup_consumer_lag", labels) {
+        Some(DebugValue::Gauge(lag)) => lag.into_inner(),
+        other => panic!("no lag gauge: {other:?}"),
+    }
+}
+
+/// Redis Streams: 6 entries read one at a time, 5 acknowledged and one without an id
+/// dead-lettered, 6 calls timed, and the lag `XINFO GROUPS` gave at the first read: the
+/// 5 entries not yet delivered to the group.
+#[test]
+fn the_redis_consumer_counts_what_it_settled_and_its_lag() {
+    use super::redis::{add, client, connection, create_group, delete};
+    use dedup_runtime::redis::RedisStreamsConsumer;
+
+    let stream = dedup_suite::unique("redis-metrics");
+    let (consumed, metrics) = recorded(async {
+        let (pool, run) = setup().await;
+        let mut redis = connection().await;
+        create_group(&mut redis, &stream, "metrics").await;
+        for n in 0..6 {
+            let id = format!("{run}-{n}");
+            add(&mut redis, &stream, (n < 5).then_some(id.as_str()), b"body").await;
+        }
+        let handler = |pool: sqlx::SqlitePool, msg: Arc<Message>| {
+            let run = run.clone();
+            async move { apply(&pool, &msg, &run).await }
+        };
+        let db: &sqlx::SqlitePool = &pool;
+        let done = until(|| async { count(db, EFFECTS, &run).await == 5 });
+        let consumed = RedisStreamsConsumer::new(client(), &stream, "metrics", "m-0")
+            .batch(1)
+            .run(db, handler, async {
+                done.await;
+                tokio::time::sleep(Duration::from_millis(200)).await; // the dead one too
+            })
+            .await
+            .unwrap();
+        delete(&mut redis, &stream).await;
+        consumed
+    });
+    let labels = [
+        ("system", "redis"),
+        ("destination", stream.as_str()),
+        ("group", "metrics"),
+    ];
+    assert_eq!(metrics.outcomes(&labels), as_outcomes(&consumed));
+    assert_eq!(
+        (consumed.acknowledged, consumed.dead_lettered),
+        (5, 1),
+        "{consumed:?}"
+    );
+    assert_eq!(
+        metrics.samples("dedup_consumer_process_duration_seconds", &labels),
+        6
+    );
+    assert_eq!(gauge(&metrics, &labels), 5.0);
 }

@@ -31,7 +31,12 @@ pub(crate) async fn connection() -> MultiplexedConnection {
 }
 
 /// Adds an entry to `stream`: the field `id` (none when `None`), `body` and `trace-id`.
-async fn add(redis: &mut MultiplexedConnection, stream: &str, id: Option<&str>, body: &[u8]) {
+pub(crate) async fn add(
+    redis: &mut MultiplexedConnection,
+    stream: &str,
+    id: Option<&str>,
+    body: &[u8],
+) {
     let mut command = redis::cmd("XADD");
     command.arg(stream).arg("*");
     if let Some(id) = id {

@@ -21,10 +21,11 @@ async fn run_batches_refuses_offsets_in_the_database() {
     let pool = dedup_suite::sqlite().await;
     let mut config = rdkafka::ClientConfig::new();
     // Nothing listens there: the refusal comes before any connection.
-    config.set("bootstrap.servers", "127.0.0.1:9").set("group.id", "g");
-    let handler = |pool: sqlx::SqlitePool, batch: Arc<[Message]>| async move {
-        never(&pool, &batch).await
-    };
+    config
+        .set("bootstrap.servers", "127.0.0.1:9")
+        .set("group.id", "g");
+    let handler =
+        |pool: sqlx::SqlitePool, batch: Arc<[Message]>| async move { never(&pool, &batch).await };
     let error = KafkaConsumer::new(config, "orders")
         .offsets_in_database(true)
         .run_batches(&*pool, 100, handler, std::future::pending())
@@ -32,5 +33,8 @@ async fn run_batches_refuses_offsets_in_the_database() {
         .expect_err("refused");
     assert!(matches!(error, ConsumeError::OffsetsInBatches), "{error}");
     let text = error.to_string();
-    assert!(text.contains("offsets_in_database") && text.contains("`run`"), "{text}");
+    assert!(
+        text.contains("offsets_in_database") && text.contains("`run`"),
+        "{text}"
+    );
 }

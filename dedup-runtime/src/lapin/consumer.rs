@@ -376,6 +376,7 @@ impl RabbitMqConsumer {
                 stopping: stopping.clone(),
                 meter: &meter,
                 seen: Consumed::default(),
+                next_lag: std::time::Instant::now(),
             };
             worker.run(subscription)
         }));
@@ -562,6 +563,8 @@ struct Worker<'w, DB: Backend, C> {
     meter: &'w Meter,
     /// What the metrics recorded of this worker's counts.
     seen: Consumed,
+    /// When the lag is recorded next.
+    next_lag: std::time::Instant,
 }
 
 /// How a subscription ended.
@@ -660,6 +663,9 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
             }
             let settled = self.process(deliveries, consumed).await;
             self.meter.catch_up(&mut self.seen, consumed);
+            if settled && self.meter.lag_due(&mut self.next_lag) {
+                self.lag(&current.channel).await;
+            }
             if !settled || lost {
                 return Ended::Lost;
             }
@@ -759,6 +765,22 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
     /// `call`, or `None` if shutdown began and its deadline passed first.
     async fn within_deadline<T>(&mut self, call: impl Future<Output = T>) -> Option<T> {
         shared::within_deadline(&self.stopping, self.consumer.shutdown_deadline, call).await
+    }
+
+    /// Records the queue's ready messages (a passive `queue.declare`) as the lag.
+    async fn lag(&self, channel: &Channel) {
+        let passive = ::lapin::options::QueueDeclareOptions {
+            passive: true,
+            ..Default::default()
+        };
+        let declare = channel.queue_declare(
+            self.consumer.queue.as_str().into(),
+            passive,
+            FieldTable::default(),
+        );
+        if let Ok(Ok(queue)) = tokio::time::timeout(Duration::from_secs(5), declare).await {
+            self.meter.lag(None, u64::from(queue.message_count()));
+        }
     }
 
     /// Shutdown: no more deliveries, the ones fetched and not started handed back, the

@@ -412,6 +412,7 @@ impl RedisStreamsConsumer {
             consumed: Consumed::default(),
             meter: &meter,
             seen: Consumed::default(),
+            next_lag: std::time::Instant::now(),
         };
         let mut work = pin!(worker.run());
         let finished = shared::first(work.as_mut(), shutdown).await;
@@ -487,6 +488,8 @@ struct Worker<'w, DB: Backend, C> {
     meter: &'w Meter,
     /// What the metrics recorded of `consumed`.
     seen: Consumed,
+    /// When the lag is recorded next.
+    next_lag: std::time::Instant,
 }
 
 impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
@@ -708,6 +711,12 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
         if entries.is_empty() {
             return Ok(Flow::Next);
         }
+        if self.meter.lag_due(&mut self.next_lag)
+            && let Err(error) = self.lag(redis).await
+        {
+            // Only a gauge: a connection that failed fails the next command too.
+            tracing::debug!(%error, "Redis Streams consumer: no lag from XINFO GROUPS");
+        }
         let counts = match self.delivery_counts(redis, &entries).await {
             Ok(counts) => counts,
             Err(error) => {
@@ -754,6 +763,42 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
             }
         }
         Ok(Flow::Next)
+    }
+
+    /// `XINFO GROUPS <stream>`: the group's `lag` (entries not yet delivered to it;
+    /// Redis 7), recorded as the consumer's lag. Nothing when Redis does not know it.
+    async fn lag(&self, redis: &mut MultiplexedConnection) -> RedisResult<()> {
+        const COMMAND: &str = "XINFO";
+        let reply: Value = ::redis::cmd(COMMAND)
+            .arg("GROUPS")
+            .arg(&self.consumer.stream)
+            .query_async(redis)
+            .await?;
+        for group in array(COMMAND, &reply)? {
+            let fields: Vec<(&Value, &Value)> = match group {
+                Value::Map(pairs) => pairs.iter().map(|(k, v)| (k, v)).collect(),
+                other => array(COMMAND, other)?
+                    .chunks_exact(2)
+                    .map(|pair| (&pair[0], &pair[1]))
+                    .collect(),
+            };
+            let field = |name: &str| {
+                fields
+                    .iter()
+                    .find(|(key, _)| text(COMMAND, key).is_ok_and(|key| key == name))
+                    .map(|(_, value)| *value)
+            };
+            let ours = field("name").is_some_and(|name| {
+                text(COMMAND, name).is_ok_and(|name| name == self.consumer.group)
+            });
+            if ours {
+                if let Some(lag) = field("lag").and_then(|lag| integer(COMMAND, lag).ok()) {
+                    self.meter.lag(None, lag);
+                }
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// `XPENDING <stream> <group> <first> <last> <n> <member>`: how often each of
