@@ -36,6 +36,16 @@
 //! # Ok(()) }
 //! ```
 //!
+//! **In a handler's own error type.** The outbox has two errors: [`InvalidCause`] (from
+//! [`Cause::new`], [`Cause::id`] and [`Cause::outgoing`]) and [`OutboxError`] (from
+//! [`Outbox::enqueue`]). Both convert into `sqlx::Error` with `?` (a database failure as
+//! it was, the rest as `sqlx::Error::InvalidArgument`). A handler with an error enum of
+//! its own gives it one variant for each — with `thiserror`, `#[error(transparent)]
+//! Cause(#[from] InvalidCause)` and `#[error(transparent)] Outbox(#[from] OutboxError)`
+//! — and writes `?` at every call, no `map_err`. [`AckPolicy`](crate::AckPolicy) reads
+//! through the variants: a transient database failure inside `enqueue` (a deadlock, a
+//! lost connection) is retried, a conflict or a refusal is dead-lettered.
+//!
 //! The table, `outbox_messages` by default, comes from [`migrate`] (or [`migrate_table`]),
 //! or from the shipped `0004_outbox_messages.sql` of your backend ([`schema_sql`] prints
 //! it). Its rows: `state` 0 unsent, 1 claimed by a relay (`owner`, `lease_until`), 2 sent,

@@ -352,3 +352,89 @@ macro_rules! enqueue_suite {
 }
 
 outbox_backends!(enqueue_suite);
+
+/// A handler's own error type, built as the outbox's docs say: one `#[from]` variant for
+/// each of the outbox's errors, and `?` at every call — no `map_err`.
+#[derive(Debug, thiserror::Error)]
+enum PaymentError {
+    #[error(transparent)]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Cause(#[from] dedup_runtime::outbox::InvalidCause),
+    #[error(transparent)]
+    Outbox(#[from] OutboxError),
+    #[error("declined")]
+    Declined,
+}
+
+#[idempotent(consumer = "own-error", key = id)]
+async fn pay(
+    tx: &mut sqlx::SqliteConnection,
+    id: &str,
+    payload: &[u8],
+    outbox: &Outbox,
+) -> Result<(), PaymentError> {
+    if payload.is_empty() {
+        return Err(PaymentError::Declined);
+    }
+    let cause = Cause::new("own-error", id)?;
+    let event = cause.outgoing("paid", "payments", payload)?;
+    outbox.enqueue(&mut *tx, &event).await?;
+    Ok(())
+}
+
+/// The outbox's errors in a handler's own error type: `?` converts each, the event
+/// commits with the dedup row, and `AckPolicy` still sees through the variants — a
+/// conflict is dead-lettered, a transient database failure inside `enqueue` retried.
+#[tokio::test]
+async fn the_outbox_errors_convert_into_the_handlers_own_error_type() {
+    use dedup_runtime::{Ack, AckPolicy};
+
+    let pool = dedup_suite::sqlite().await;
+    dedup_runtime::migrate(&*pool).await.unwrap();
+    dedup_runtime::outbox::migrate(&*pool).await.unwrap();
+    let outbox = Outbox::new();
+    let id = unique("own");
+    let outcome = pay(&*pool, &id, b"42", &outbox).await.unwrap();
+    assert!(matches!(outcome, Outcome::Processed(())), "{outcome:?}");
+    let stored: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM outbox_messages WHERE consumer = 'own-error' AND cause_id = ?1",
+    )
+    .bind(&id)
+    .fetch_one(&*pool)
+    .await
+    .unwrap();
+    assert_eq!(stored, 1, "the event committed with the dedup row");
+
+    // The same cause and slot with another payload, under another dedup id: a conflict.
+    let cause = Cause::new("own-error", id.as_str()).unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let other = cause.outgoing("paid", "payments", b"43").unwrap();
+    let conflict: Result<(), PaymentError> = outbox
+        .enqueue(&mut *tx, &other)
+        .await
+        .map(drop)
+        .map_err(PaymentError::from);
+    drop(tx);
+    let policy = AckPolicy::<sqlx::Sqlite>::new();
+    assert!(
+        matches!(
+            conflict,
+            Err(PaymentError::Outbox(OutboxError::Conflict { .. }))
+        ),
+        "{conflict:?}"
+    );
+    assert_eq!(
+        policy.decide_error(&conflict.unwrap_err(), 1),
+        Ack::DeadLetter
+    );
+
+    // A transient database failure behind the outbox's variant: retried.
+    let transient = PaymentError::from(OutboxError::Database(sqlx::Error::PoolTimedOut));
+    assert!(matches!(
+        policy.decide_error(&transient, 1),
+        Ack::Retry { .. }
+    ));
+    let refused = PaymentError::from(Cause::new("own-error", "").unwrap_err());
+    assert_eq!(policy.decide_error(&refused, 1), Ack::DeadLetter);
+}
