@@ -191,8 +191,10 @@ mod tests {
 /// ([`JetStreamPublishError::is_unreachable`]): its rows go back with their attempts not
 /// counted.
 ///
-/// The row's headers are not sent (their encoding is yours): wrap this publisher in a
-/// [`Publisher`](crate::outbox::Publisher) of your own to map them onto NATS headers.
+/// The row's headers ([`OutboxMessage::headers`](crate::outbox::OutboxMessage::headers))
+/// go as NATS headers, in order. NATS header values are text: a value that is not UTF-8,
+/// or holds a line break, fails its message's send (an attempt counted; its text on the
+/// row), never sent without it.
 ///
 /// ```no_run
 /// use dedup_runtime::async_nats::JetStreamPublisher;
@@ -237,8 +239,25 @@ impl JetStreamPublisher {
         ::async_nats::jetstream::context::PublishAckFuture,
         ::async_nats::jetstream::context::PublishError,
     > {
+        use ::async_nats::HeaderValue;
+        use ::async_nats::jetstream::context::{PublishError, PublishErrorKind};
+
         let id = message.id().to_string();
         let mut headers = HeaderMap::new();
+        // The message's own first (names the outbox checked), the publisher's after.
+        for (name, value) in message.headers() {
+            let value = std::str::from_utf8(value)
+                .ok()
+                .and_then(|value| value.parse::<HeaderValue>().ok())
+                .ok_or_else(|| {
+                    let why = format!(
+                        "the header {name:?} is not a NATS header value (UTF-8 text \
+                         without line breaks)"
+                    );
+                    PublishError::with_source(PublishErrorKind::Other, why)
+                })?;
+            headers.append(name, value);
+        }
         headers.insert("Message-Id", id.as_str());
         headers.insert(::async_nats::header::NATS_MESSAGE_ID, id.as_str());
         if let Some(traceparent) = message.traceparent() {

@@ -276,9 +276,10 @@ mod tests {
 ///
 /// The row's trace context, if it has one
 /// ([`OutboxMessage::traceparent`](crate::outbox::OutboxMessage::traceparent)), goes as the
-/// AMQP header `traceparent`. The row's headers are not sent (their encoding is yours):
-/// wrap this publisher in a [`Publisher`](crate::outbox::Publisher) of your own to map
-/// them onto AMQP headers.
+/// AMQP header `traceparent`; the row's headers
+/// ([`OutboxMessage::headers`](crate::outbox::OutboxMessage::headers)) go in the AMQP
+/// headers table as long strings (bytes as they are). A table holds one value per name:
+/// of a name added twice, the last is sent.
 ///
 /// ```no_run
 /// use dedup_runtime::lapin::RabbitMqPublisher;
@@ -477,12 +478,21 @@ impl RabbitMqPublisher {
         let mut properties = BasicProperties::default()
             .with_message_id(id.as_str().into())
             .with_delivery_mode(2);
+        let mut headers = ::lapin::types::FieldTable::default();
+        // A table: one value per name, the last of a name's.
+        for (name, value) in message.headers() {
+            headers.insert(
+                name.into(),
+                ::lapin::types::AMQPValue::LongString(value.into()),
+            );
+        }
         if let Some(traceparent) = message.traceparent() {
-            let mut headers = ::lapin::types::FieldTable::default();
             headers.insert(
                 "traceparent".into(),
                 ::lapin::types::AMQPValue::LongString(traceparent.into()),
             );
+        }
+        if !headers.inner().is_empty() {
             properties = properties.with_headers(headers);
         }
         let options = BasicPublishOptions {

@@ -64,6 +64,7 @@ use crate::backend::Backend;
 use crate::table::{InvalidTableName, Table};
 
 mod backend;
+mod headers;
 mod ids;
 #[cfg(feature = "mysql")]
 mod mysql;
@@ -75,6 +76,7 @@ mod sqlite;
 
 use crate::random::Owner;
 pub use backend::OutboxBackend;
+pub use headers::{Headers, RESERVED_HEADERS};
 pub use ids::{Cause, InvalidCause, OutgoingId};
 pub use relay::{OutboxMessage, Publisher, Relay, Relayed};
 
@@ -117,7 +119,8 @@ pub const DEFAULT_MAX_PAYLOAD_LEN: usize = 1 << 20;
 /// [`inbox::MAX_PAYLOAD_LEN`](crate::inbox::MAX_PAYLOAD_LEN)).
 pub const MAX_PAYLOAD_LEN: usize = 8 << 20;
 
-/// The headers' limit: 64 KiB.
+/// The headers' limit: 64 KiB, encoded as the row keeps them (each pair's name and value
+/// and 5 bytes).
 pub const MAX_HEADERS_LEN: usize = 64 << 10;
 
 /// The longest destination, slot or ordering key, in bytes.
@@ -158,7 +161,8 @@ pub struct Outgoing<'a> {
     slot: Cow<'a, str>,
     destination: &'a str,
     payload: &'a [u8],
-    headers: Option<&'a [u8]>,
+    /// The headers' pairs, encoded as the row keeps them (empty: none).
+    headers: Vec<u8>,
     ordering_key: Option<&'a str>,
     traceparent: Option<&'a str>,
 }
@@ -177,19 +181,36 @@ impl<'a> Outgoing<'a> {
             slot,
             destination,
             payload,
-            headers: None,
+            headers: Vec::new(),
             ordering_key: None,
             traceparent: None,
         }
     }
 
-    /// Headers for the broker, as bytes in an encoding of yours (JSON, say); the relay
-    /// hands them to its publisher.
-    pub fn headers(self, headers: &'a [u8]) -> Self {
-        Outgoing {
-            headers: Some(headers),
-            ..self
-        }
+    /// Adds a header: a name and its value, which every publisher of this crate sends as
+    /// the broker's own header (Kafka record headers, the AMQP headers table, NATS
+    /// headers, Redis Streams entry fields) and every hosted consumer gives back to its
+    /// handler ([`Message::header`](crate::consume::Message::header)). Headers keep
+    /// their order; a name may come more than once. At enqueue, a name must be 1 to 255
+    /// bytes of an HTTP token (letters, digits and ``!#$%&'*+-.^_`|~``) and none of
+    /// [`RESERVED_HEADERS`] (the publishers' own: the id, the body, the trace context),
+    /// and all of them together at most [`MAX_HEADERS_LEN`] bytes
+    /// ([`Refused::InvalidHeader`], [`Refused::HeadersTooLarge`]). Values are bytes; a
+    /// broker whose headers are text (NATS) is sent only values that are (see its
+    /// publisher).
+    ///
+    /// ```
+    /// # use dedup_runtime::outbox::Cause;
+    /// # let cause = Cause::new("billing", "evt_91c2").unwrap();
+    /// let invoice = cause
+    ///     .outgoing("invoice-created", "invoices", b"{}")?
+    ///     .header("content-type", "application/json")
+    ///     .header("tenant", "acme");
+    /// # Ok::<(), dedup_runtime::outbox::InvalidCause>(())
+    /// ```
+    pub fn header(mut self, name: &str, value: impl AsRef<[u8]>) -> Self {
+        headers::push(&mut self.headers, name, value.as_ref());
+        self
     }
 
     /// An ordering key: the relay sends the messages of one key one at a time, each once
@@ -278,13 +299,17 @@ pub enum Refused {
         /// The outbox's limit ([`Outbox::max_payload_len`]).
         max: usize,
     },
-    /// The headers are longer than [`MAX_HEADERS_LEN`].
+    /// The headers ([`Outgoing::header`]), as the row keeps them, are longer than
+    /// [`MAX_HEADERS_LEN`].
     HeadersTooLarge {
-        /// The headers' length in bytes.
+        /// The headers' length in bytes, encoded as the row keeps them.
         len: usize,
         /// [`MAX_HEADERS_LEN`].
         max: usize,
     },
+    /// A header's name ([`Outgoing::header`]) is empty, over 255 bytes, not an HTTP token
+    /// or one of [`RESERVED_HEADERS`]: why.
+    InvalidHeader(String),
     /// The trace context ([`Outgoing::traceparent`], or the outbox's
     /// [`trace_context`](Outbox::trace_context) hook) is not a W3C `traceparent`: why.
     InvalidTraceparent(String),
@@ -304,6 +329,7 @@ impl fmt::Display for Refused {
                 f,
                 "the headers are {len} bytes, over the outbox's limit of {max} bytes"
             ),
+            Refused::InvalidHeader(why) => write!(f, "invalid header: {why}"),
             Refused::InvalidTraceparent(why) => write!(f, "invalid traceparent: {why}"),
         }
     }
@@ -657,7 +683,7 @@ impl Outbox {
             slot: &message.slot,
             destination: message.destination,
             payload: message.payload,
-            headers: message.headers,
+            headers: (!message.headers.is_empty()).then_some(message.headers.as_slice()),
             ordering_key: message.ordering_key,
             traceparent: message.traceparent.or(hooked.as_deref()),
         };
@@ -836,14 +862,13 @@ impl Outbox {
                 max: self.max_payload_len,
             });
         }
-        if let Some(headers) = message.headers
-            && headers.len() > MAX_HEADERS_LEN
-        {
+        if message.headers.len() > MAX_HEADERS_LEN {
             return Err(Refused::HeadersTooLarge {
-                len: headers.len(),
+                len: message.headers.len(),
                 max: MAX_HEADERS_LEN,
             });
         }
+        headers::check(&message.headers).map_err(Refused::InvalidHeader)?;
         if let Some(traceparent) = message.traceparent {
             check_traceparent(traceparent)?;
         }

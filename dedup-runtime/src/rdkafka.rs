@@ -30,7 +30,8 @@ pub use consumer::{ConsumeError, KafkaConsumer, MessageIdFrom, provenance};
 /// The row's trace context, if it has one, goes as the record header `traceparent`.
 ///
 /// A claim's records are all handed to the producer before any delivery is awaited.
-/// The row's headers are not sent (their encoding is yours).
+/// The row's headers ([`OutboxMessage::headers`](crate::outbox::OutboxMessage::headers))
+/// go as record headers, in order, before `id` and `traceparent`.
 ///
 /// The publisher makes its producer from the configuration given to
 /// [`new`](Self::new), and makes a new one when librdkafka reports the producer's
@@ -203,7 +204,15 @@ impl Publisher for KafkaPublisher {
         };
         let mut deliveries = Vec::with_capacity(messages.len());
         for (message, id) in messages.iter().zip(&ids) {
-            let mut headers = OwnedHeaders::new().insert(Header {
+            // The message's own first (names the outbox checked), the publisher's after.
+            let mut headers = OwnedHeaders::new();
+            for (name, value) in message.headers() {
+                headers = headers.insert(Header {
+                    key: name,
+                    value: Some(value),
+                });
+            }
+            headers = headers.insert(Header {
                 key: "id",
                 value: Some(id.as_str()),
             });

@@ -19,7 +19,10 @@ pub use consumer::{ConsumeError, MessageIdFrom, RedisStreamsConsumer};
 /// payload in the field `body` — where the consumer downstream reads them
 /// ([`RedisStreamsConsumer`]): the entry id Redis assigns changes when an entry is
 /// added again, the `id` field does not. A row's trace context, if it has one, is the
-/// field `traceparent`. A send is `Ok` once Redis answered its `XADD`.
+/// field `traceparent`; its headers
+/// ([`OutboxMessage::headers`](crate::outbox::OutboxMessage::headers)) are fields of their
+/// own after `body`, in order — the consumer's [`Message::header`](crate::consume::Message::header)s.
+/// A send is `Ok` once Redis answered its `XADD`.
 ///
 /// A claim's entries go in one pipeline: one round trip for the whole claim, one answer
 /// per entry (an error reply fails its row alone). A pipeline that fails on the way —
@@ -114,6 +117,9 @@ impl Publisher for RedisStreamsPublisher {
                 .arg(message.id().to_string())
                 .arg("body")
                 .arg(message.payload());
+            for (name, value) in message.headers() {
+                pipeline.arg(name).arg(value);
+            }
             if let Some(traceparent) = message.traceparent() {
                 pipeline.arg("traceparent").arg(traceparent);
             }

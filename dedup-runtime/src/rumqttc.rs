@@ -31,8 +31,9 @@ pub const MQTT_MAX_PACKET: usize = 268_435_455 + 5;
 /// travels in the payload, where the consumer downstream reads it (`examples/mqtt.rs`
 /// parses exactly this form). A row sent again — after a lost `PUBACK`, or by another
 /// relay after a stall — carries the same first line, which the consumer dedups. The
-/// row's headers, trace context and ordering key are not sent (a session delivers one topic's QoS 1
-/// messages in order).
+/// row's trace context and ordering key are not sent (a session delivers one topic's QoS 1
+/// messages in order); a row with headers fails by itself
+/// ([`MqttPublishError::Headers`]): MQTT 3.1.1 has nowhere to put them.
 ///
 /// The publisher owns its connection: it connects with `options` at the first send, keeps
 /// the connection open between claims (a task of its own answers the broker's keep-alive),
@@ -311,6 +312,8 @@ impl Publisher for MqttPublisher {
                 }));
             } else if !publishable(topic) {
                 answers[index] = Some(Err(MqttPublishError::InvalidTopic(topic.to_owned())));
+            } else if message.headers().next().is_some() {
+                answers[index] = Some(Err(MqttPublishError::Headers));
             } else {
                 sendable.push((index, message));
             }
@@ -373,6 +376,9 @@ pub enum MqttPublishError {
     /// The destination is not a topic MQTT publishes to (empty, longer than 65,535 bytes,
     /// with a wildcard `+` or `#`, or with a NUL): not sent.
     InvalidTopic(String),
+    /// The row has headers ([`Outgoing::header`](crate::outbox::Outgoing::header)), and
+    /// MQTT 3.1.1 has nowhere to put them: not sent rather than sent without them.
+    Headers,
 }
 
 impl std::fmt::Display for MqttPublishError {
@@ -387,6 +393,10 @@ impl std::fmt::Display for MqttPublishError {
             MqttPublishError::TooLarge { size, max } => write!(
                 f,
                 "the MQTT packet would be {size} bytes, over the publisher's limit of {max}"
+            ),
+            MqttPublishError::Headers => f.write_str(
+                "the message has headers, which MQTT 3.1.1 cannot carry: put what they say \
+                 in the payload, or send it through another broker",
             ),
             MqttPublishError::InvalidTopic(topic) => write!(
                 f,

@@ -4,6 +4,7 @@
 //! holds afterwards (feature `brokers`).
 
 mod common;
+mod headers;
 mod kafka;
 mod kafka_crash;
 mod kafka_members;

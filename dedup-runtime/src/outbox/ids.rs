@@ -137,7 +137,7 @@ impl Cause {
     }
 
     /// The outgoing message in `slot` ([`id`](Self::id)), to `destination`, with
-    /// `payload`; headers and an ordering key are added with [`Outgoing::headers`] and
+    /// `payload`; headers and an ordering key are added with [`Outgoing::header`] and
     /// [`Outgoing::ordering_key`].
     pub fn outgoing<'a>(
         &'a self,

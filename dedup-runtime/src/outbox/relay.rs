@@ -52,9 +52,10 @@ impl OutboxMessage {
         &self.payload
     }
 
-    /// The headers, byte for byte as enqueued, if any.
-    pub fn headers(&self) -> Option<&[u8]> {
-        self.headers.as_deref()
+    /// Its headers ([`Outgoing::header`](super::Outgoing::header)): name → value pairs,
+    /// in the order they were added. Send them as the broker's own headers.
+    pub fn headers(&self) -> super::Headers<'_> {
+        super::Headers::new(self.headers.as_deref().unwrap_or_default())
     }
 
     /// Its ordering key, if any.

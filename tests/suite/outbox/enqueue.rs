@@ -87,7 +87,8 @@ macro_rules! enqueue_suite {
                 let message = cause
                     .outgoing("invoice", "invoices", payload)
                     .unwrap()
-                    .headers(br#"{"type": "invoice"}"#)
+                    .header("type", "invoice")
+                    .header("raw", [0u8, 255])
                     .ordering_key("order-42");
 
                 let mut tx = pool.begin().await.unwrap();
@@ -109,7 +110,12 @@ macro_rules! enqueue_suite {
                     Some((
                         "invoices".to_owned(),
                         payload.to_vec(),
-                        Some(br#"{"type": "invoice"}"#.to_vec()),
+                        // The documented encoding: per pair, the name's length (one
+                        // byte), the name, the value's length (four, big-endian), the value.
+                        Some(
+                            b"\x04type\x00\x00\x00\x07invoice\x03raw\x00\x00\x00\x02\x00\xff"
+                                .to_vec()
+                        ),
                         Some("order-42".to_owned()),
                         consumer.clone(),
                         "evt_1".to_owned(),
@@ -206,15 +212,25 @@ macro_rules! enqueue_suite {
                 let consumer = unique("outbox-refused");
                 let cause = Cause::new(&consumer, "evt_1").unwrap();
                 let long = "d".repeat(MAX_NAME_LEN + 1);
-                let headers = vec![b'h'; MAX_HEADERS_LEN + 1];
+                // One pair of name `h`: 1 + 1 + 4 bytes and the value, one over the limit.
+                let headers = vec![b'h'; MAX_HEADERS_LEN - 5];
                 let mut tx = pool.begin().await.unwrap();
                 let cases = [
                     cause.nth_outgoing(0, "", b"p"),
                     cause.nth_outgoing(1, "a\0b", b"p"),
                     cause.nth_outgoing(2, &long, b"p"),
                     cause.nth_outgoing(3, "invoices", &[0; 17]),
-                    cause.nth_outgoing(4, "invoices", b"p").headers(&headers),
+                    cause
+                        .nth_outgoing(4, "invoices", b"p")
+                        .header("h", &headers),
                     cause.nth_outgoing(5, "invoices", b"p").ordering_key(""),
+                    cause.nth_outgoing(6, "invoices", b"p").header("", "v"),
+                    cause
+                        .nth_outgoing(7, "invoices", b"p")
+                        .header("with space", "v"),
+                    cause
+                        .nth_outgoing(8, "invoices", b"p")
+                        .header("Message-Id", "v"),
                 ];
                 let mut refusals = Vec::new();
                 for message in &cases {
@@ -238,6 +254,17 @@ macro_rules! enqueue_suite {
                             max: MAX_HEADERS_LEN
                         },
                         Refused::InvalidOrderingKey("it is empty".into()),
+                        Refused::InvalidHeader("a header name is empty or over 255 bytes".into()),
+                        Refused::InvalidHeader(
+                            "the header name \"with space\" has ' ', which a header name cannot \
+                             hold (letters, digits and !#$%&'*+-.^_`|~)"
+                                .into()
+                        ),
+                        Refused::InvalidHeader(
+                            "the header name \"Message-Id\" is the publishers' own (message-id): \
+                             name it otherwise"
+                                .into()
+                        ),
                     ]
                 );
                 assert_eq!(
