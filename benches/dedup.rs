@@ -9,6 +9,9 @@
 //!                                                 # in the smoke run too, tiny: see dedup/relay.rs)
 //! cargo bench --bench dedup -- inbox              # the inbox workers' group alone (inbox.csv;
 //!                                                 # in the smoke run too, tiny: see dedup/inbox.rs)
+//! cargo bench --bench dedup --features brokers -- consumers  # the hosted consumers against
+//!                                                 # hand-written ones (consumers.csv; in the
+//!                                                 # smoke run too, tiny: see dedup/consumers.rs)
 //! cargo bench --bench dedup -- per_message        # the per-message group alone (per_message.csv;
 //!                                                 # in the full and the smoke run too)
 //! DEDUP_BENCH_ROUNDS=5 cargo bench --bench dedup  # the same with 5 rounds instead of 15
@@ -100,6 +103,7 @@
 //! and statements, written once for every backend) with `postgres.rs`, `sqlite.rs` and
 //! `mysql.rs` (what differs: their SQL), `timing.rs` (the timed and the call-by-call
 //! runs), `inbox_round.rs`, `outbox.rs` and `brokers.rs`, `batches.rs`, `prune.rs`,
+//! `consumers.rs` (the hosted consumers' group),
 //! `pgbench.rs` (both query modes), `setup.rs`, `report.rs` (the tables and CSV files),
 //! `svg.rs`, `run.rs` (the rounds); `inbox.rs`, `relay.rs` and `per_message.rs` are the
 //! groups of their own.
@@ -113,6 +117,9 @@ mod batches;
 mod brokers;
 #[path = "dedup/config.rs"]
 mod config;
+#[cfg(feature = "brokers")]
+#[path = "dedup/consumers.rs"]
+mod consumers;
 #[path = "dedup/counting.rs"]
 mod counting;
 #[path = "dedup/inbox.rs"]
@@ -151,7 +158,7 @@ mod timing;
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 fn main() -> ExitCode {
-    // `batch`, `relay`, `inbox` or `per_message` runs that group alone.
+    // `batch`, `relay`, `inbox`, `per_message` or `consumers` runs that group alone.
     let only = run::Only::from_args();
     let config = config::Config::from_env();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -56,6 +56,7 @@ pub(crate) enum Only {
     Relay,
     Inbox,
     PerMessage,
+    Consumers,
 }
 
 impl Only {
@@ -66,6 +67,7 @@ impl Only {
             "relay" => Some(Only::Relay),
             "inbox" => Some(Only::Inbox),
             "per_message" => Some(Only::PerMessage),
+            "consumers" => Some(Only::Consumers),
             _ => None,
         })
     }
@@ -76,6 +78,7 @@ pub(crate) async fn run(config: Config, only: Option<Only>) -> Result<(), Error>
     let relay_only = only == Some(Only::Relay);
     let inbox_only = only == Some(Only::Inbox);
     let per_message_only = only == Some(Only::PerMessage);
+    let consumers_only = only == Some(Only::Consumers);
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = manifest.join("target/dedup-bench");
     std::fs::create_dir_all(&dir)?;
@@ -131,6 +134,25 @@ pub(crate) async fn run(config: Config, only: Option<Only>) -> Result<(), Error>
         if relay_only {
             return Ok(());
         }
+    }
+
+    // `cargo bench --bench dedup --features brokers -- consumers`: the hosted consumers
+    // against hand-written ones (and, tiny, in the smoke run).
+    #[cfg(feature = "brokers")]
+    if consumers_only || config.smoke {
+        let (rounds, messages) = if config.smoke {
+            (1, 50)
+        } else {
+            (relay_rounds(), 2_000)
+        };
+        crate::consumers::run(&pg, &dir, rounds, messages).await?;
+        if consumers_only {
+            return Ok(());
+        }
+    }
+    #[cfg(not(feature = "brokers"))]
+    if consumers_only {
+        return Err("the consumers group needs the brokers: --features brokers".into());
     }
 
     let mut seed = SystemTime::now()

@@ -58,7 +58,14 @@ async fn its_batch_form_is_effectively_once_under_sigkill() {
     under_sigkill(super::common::batch_consumer()).await;
 }
 
+/// One harness at a time: each runs a Mosquitto of its own, and the example's outbox
+/// table is the same for both (`mqtt_orders_outbox`), so that side by side one
+/// process's relay would send the other's events to its own broker, where nobody waits
+/// for them.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 async fn under_sigkill(program: std::path::PathBuf) {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let messages = dedup_suite::env_number("DEDUP_CRASH_MESSAGES", 5_000);
     let kills = dedup_suite::env_number("DEDUP_CRASH_KILLS", 50);
     let seed = dedup_suite::crash_seed();

@@ -1,0 +1,738 @@
+//! The consumers group: `cargo bench --bench dedup --features brokers -- consumers` (and,
+//! tiny, in the smoke run). Each hosted consumer against the same consumer written by
+//! hand with the same client, on PostgreSQL: `messages` (2,000) fresh messages are
+//! published untimed to a destination of their own, then one consumer takes them all,
+//! timed from its start until the last one's transaction has committed (the consumer is
+//! stopped after, untimed). Messages per second, the median over the rounds; in every
+//! round each (broker, form, side) once, in an order that turns with the round.
+//!
+//! The work is the same on both sides: per message a dedup row and an effect row in one
+//! transaction, then the broker's acknowledgement after the commit. The library's side is
+//! an `#[idempotent]` handler (the plain form, one message a transaction) or an
+//! `#[idempotent(batch = …)]` one (`run_batches`, up to 100 a transaction: one claim
+//! statement, one multi-row insert); the hand-written side is the loop an expert writes
+//! with the same client — for the plain form `BEGIN`, `INSERT … ON CONFLICT DO NOTHING`
+//! into a dedup table of its own, the effect, `COMMIT`, acknowledge; for batches one
+//! `INSERT … SELECT FROM unnest(…) ON CONFLICT DO NOTHING RETURNING`, the effects of the
+//! fresh ones in one statement, `COMMIT`, the acknowledgements:
+//!
+//! - RabbitMQ (lapin): a prefetch of 16 (plain) or 100 (batches), `basic.ack` per message
+//!   (batches: one `multiple` ack of the last);
+//! - NATS JetStream (async-nats): pulls of 16 (plain) or 100 (batches), a confirmed
+//!   `+ACK` per message (batches: all sent, then all awaited);
+//! - Redis Streams (redis): `XREADGROUP COUNT 16` (plain) or 100, `XACK` per entry
+//!   (batches: one `XACK`).
+//!
+//! `target/dedup-bench/consumers.csv`:
+//! `broker,form,library_per_s,handwritten_per_s,ratio_vs_handwritten`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use dedup_runtime::consume::Message;
+use futures_util::{FutureExt as _, StreamExt as _};
+use sqlx::{PgConnection, PgPool};
+use tokio::sync::Notify;
+
+use crate::Error;
+
+/// Messages per transaction in the batch form.
+const BATCH: usize = 100;
+
+#[dedup_runtime::idempotent(consumer = "bench-consumer", key = msg.id())]
+async fn apply(tx: &mut PgConnection, msg: &Message) -> Result<(), sqlx::Error> {
+    sqlx::query("INSERT INTO dedup_bench_consumer_effects (message_id) VALUES ($1)")
+        .bind(msg.id())
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+#[dedup_runtime::idempotent(consumer = "bench-consumer", batch = fresh, key = |msg| msg.id())]
+async fn apply_batch(tx: &mut PgConnection, fresh: &[&Message]) -> Result<(), sqlx::Error> {
+    let ids: Vec<&str> = fresh.iter().map(|msg| msg.id()).collect();
+    sqlx::query(
+        "INSERT INTO dedup_bench_consumer_effects (message_id) SELECT * FROM unnest($1::text[])",
+    )
+    .bind(&ids)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// The hand-written transaction of one message.
+async fn by_hand(pool: &PgPool, id: &str) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let fresh = sqlx::query(
+        "INSERT INTO dedup_bench_consumer_dedup (consumer, message_id) VALUES ('bench', $1) \
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(id)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected()
+        == 1;
+    if fresh {
+        sqlx::query("INSERT INTO dedup_bench_consumer_effects (message_id) VALUES ($1)")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await
+}
+
+/// The hand-written transaction of a batch.
+async fn by_hand_batch(pool: &PgPool, ids: &[String]) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    let fresh: Vec<String> = sqlx::query_scalar(
+        "INSERT INTO dedup_bench_consumer_dedup (consumer, message_id) \
+         SELECT 'bench', * FROM unnest($1::text[]) ON CONFLICT DO NOTHING RETURNING message_id",
+    )
+    .bind(ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO dedup_bench_consumer_effects (message_id) SELECT * FROM unnest($1::text[])",
+    )
+    .bind(&fresh)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Broker {
+    RabbitMq,
+    JetStream,
+    Redis,
+}
+
+impl Broker {
+    const ALL: [Broker; 3] = [Broker::RabbitMq, Broker::JetStream, Broker::Redis];
+
+    fn name(self) -> &'static str {
+        match self {
+            Broker::RabbitMq => "rabbitmq",
+            Broker::JetStream => "jetstream",
+            Broker::Redis => "redis",
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
+enum Form {
+    Plain,
+    Batches,
+}
+
+impl Form {
+    fn name(self) -> &'static str {
+        match self {
+            Form::Plain => "plain",
+            Form::Batches => "batches",
+        }
+    }
+
+    /// What the consumer holds ahead: the library's default for the plain form, the
+    /// batch for batches.
+    fn ahead(self) -> usize {
+        match self {
+            Form::Plain => 16,
+            Form::Batches => BATCH,
+        }
+    }
+}
+
+/// Counts the messages committed; `all` completes when `messages` are.
+#[derive(Clone)]
+struct Progress {
+    done: Arc<AtomicUsize>,
+    notify: Arc<Notify>,
+    messages: usize,
+}
+
+impl Progress {
+    fn new(messages: usize) -> Self {
+        Progress {
+            done: Arc::default(),
+            notify: Arc::default(),
+            messages,
+        }
+    }
+
+    fn add(&self, n: usize) {
+        if self.done.fetch_add(n, Ordering::Relaxed) + n >= self.messages {
+            self.notify.notify_one();
+        }
+    }
+
+    async fn all(&self) {
+        while self.done.load(Ordering::Relaxed) < self.messages {
+            let notified = self.notify.notified();
+            if self.done.load(Ordering::Relaxed) >= self.messages {
+                break;
+            }
+            let _ = tokio::time::timeout(Duration::from_millis(50), notified).await;
+        }
+    }
+}
+
+/// The brokers' clients.
+struct Clients {
+    amqp: String,
+    channel: lapin::Channel,
+    _connection: lapin::Connection,
+    js: async_nats::jetstream::Context,
+    redis: redis::Client,
+}
+
+impl Clients {
+    async fn connect() -> Result<Clients, Error> {
+        let amqp = std::env::var("DEDUP_TEST_AMQP_URL")
+            .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+        let connection =
+            lapin::Connection::connect(&amqp, lapin::ConnectionProperties::default()).await?;
+        let channel = connection.create_channel().await?;
+        channel
+            .confirm_select(lapin::options::ConfirmSelectOptions::default())
+            .await?;
+        let nats = std::env::var("DEDUP_TEST_NATS_URL")
+            .unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
+        let js = async_nats::jetstream::new(async_nats::connect(nats).await?);
+        let redis = redis::Client::open(
+            std::env::var("DEDUP_TEST_REDIS_URL")
+                .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned()),
+        )?;
+        Ok(Clients {
+            amqp,
+            channel,
+            _connection: connection,
+            js,
+            redis,
+        })
+    }
+
+    /// A destination of its own holding `ids`, published untimed.
+    async fn fill(&self, broker: Broker, name: &str, ids: &[String]) -> Result<(), Error> {
+        match broker {
+            Broker::RabbitMq => {
+                self.channel
+                    .queue_declare(
+                        name.into(),
+                        lapin::options::QueueDeclareOptions::default(),
+                        Default::default(),
+                    )
+                    .await?;
+                let mut confirms = Vec::with_capacity(ids.len());
+                for id in ids {
+                    let properties = lapin::BasicProperties::default()
+                        .with_message_id(id.as_str().into());
+                    confirms.push(
+                        self.channel
+                            .basic_publish(
+                                "".into(),
+                                name.into(),
+                                Default::default(),
+                                b"body",
+                                properties,
+                            )
+                            .await?,
+                    );
+                }
+                for confirm in confirms {
+                    confirm.await?;
+                }
+            }
+            Broker::JetStream => {
+                let mut config = async_nats::jetstream::stream::Config::from(name);
+                config.subjects = vec![format!("{name}.in")];
+                let stream = self.js.create_stream(config).await?;
+                stream
+                    .create_consumer(async_nats::jetstream::consumer::pull::Config {
+                        durable_name: Some("bench".to_owned()),
+                        ..Default::default()
+                    })
+                    .await?;
+                let mut acks = Vec::with_capacity(ids.len());
+                for id in ids {
+                    let mut headers = async_nats::HeaderMap::new();
+                    headers.insert("Message-Id", id.as_str());
+                    acks.push(
+                        self.js
+                            .publish_with_headers(format!("{name}.in"), headers, "body".into())
+                            .await?,
+                    );
+                }
+                for ack in acks {
+                    ack.await?;
+                }
+            }
+            Broker::Redis => {
+                let mut redis = self.redis.get_multiplexed_async_connection().await?;
+                let () = redis::cmd("XGROUP")
+                    .arg("CREATE")
+                    .arg(name)
+                    .arg("bench")
+                    .arg("0")
+                    .arg("MKSTREAM")
+                    .query_async(&mut redis)
+                    .await?;
+                let mut pipeline = redis::pipe();
+                for id in ids {
+                    pipeline
+                        .cmd("XADD")
+                        .arg(name)
+                        .arg("*")
+                        .arg("id")
+                        .arg(id)
+                        .arg("body")
+                        .arg("body")
+                        .ignore();
+                }
+                let () = pipeline.query_async(&mut redis).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Removes the destination.
+    async fn drop_destination(&self, broker: Broker, name: &str) -> Result<(), Error> {
+        match broker {
+            Broker::RabbitMq => {
+                self.channel
+                    .queue_delete(name.into(), Default::default())
+                    .await?;
+            }
+            Broker::JetStream => {
+                self.js.delete_stream(name).await?;
+            }
+            Broker::Redis => {
+                let mut redis = self.redis.get_multiplexed_async_connection().await?;
+                let _: i64 = redis::cmd("DEL").arg(name).query_async(&mut redis).await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The library's consumer of `name`, until `progress` is complete.
+async fn library(
+    clients: &Clients,
+    pool: &PgPool,
+    broker: Broker,
+    form: Form,
+    name: &str,
+    progress: &Progress,
+) -> Result<(), Error> {
+    let plain = {
+        let progress = progress.clone();
+        move |pool: PgPool, msg: Arc<Message>| {
+            let progress = progress.clone();
+            async move {
+                let outcome = apply(&pool, &msg).await;
+                if outcome.is_ok() {
+                    progress.add(1);
+                }
+                outcome
+            }
+        }
+    };
+    let batches = {
+        let progress = progress.clone();
+        move |pool: PgPool, batch: Arc<[Message]>| {
+            let progress = progress.clone();
+            async move {
+                let outcome = apply_batch(&pool, &batch).await;
+                if let Ok(settled) = &outcome {
+                    progress.add((0..batch.len()).filter(|&n| settled.ack(n)).count());
+                }
+                outcome
+            }
+        }
+    };
+    let stop = progress.all();
+    match broker {
+        Broker::RabbitMq => {
+            use dedup_runtime::lapin::RabbitMqConsumer;
+            let properties = lapin::ConnectionProperties::default();
+            let consumer = RabbitMqConsumer::new(&clients.amqp, properties, name);
+            match form {
+                Form::Plain => consumer.run(pool, plain, stop).await.map(drop)?,
+                Form::Batches => consumer.run_batches(pool, BATCH, batches, stop).await.map(drop)?,
+            }
+        }
+        Broker::JetStream => {
+            use dedup_runtime::async_nats::JetStreamConsumer;
+            let consumer = JetStreamConsumer::new(clients.js.clone(), name, "bench");
+            match form {
+                Form::Plain => consumer.run(pool, plain, stop).await.map(drop)?,
+                Form::Batches => consumer.run_batches(pool, BATCH, batches, stop).await.map(drop)?,
+            }
+        }
+        Broker::Redis => {
+            use dedup_runtime::redis::RedisStreamsConsumer;
+            let consumer = RedisStreamsConsumer::new(clients.redis.clone(), name, "bench", "m");
+            match form {
+                Form::Plain => consumer.run(pool, plain, stop).await.map(drop)?,
+                Form::Batches => consumer.run_batches(pool, BATCH, batches, stop).await.map(drop)?,
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The same consumer written by hand, until `progress` is complete.
+async fn hand(
+    clients: &Clients,
+    pool: &PgPool,
+    broker: Broker,
+    form: Form,
+    name: &str,
+    progress: &Progress,
+) -> Result<(), Error> {
+    let max = form.ahead();
+    let mut work = std::pin::pin!(async {
+        match broker {
+            Broker::RabbitMq => hand_rabbitmq(clients, pool, form, name, progress).await,
+            Broker::JetStream => hand_jetstream(clients, pool, max, name, progress, form).await,
+            Broker::Redis => hand_redis(clients, pool, max, name, progress, form).await,
+        }
+    });
+    // The loops run until stopped: the progress says when.
+    tokio::select! {
+        done = &mut work => done,
+        () = progress.all() => Ok(()),
+    }
+}
+
+async fn hand_rabbitmq(
+    clients: &Clients,
+    pool: &PgPool,
+    form: Form,
+    name: &str,
+    progress: &Progress,
+) -> Result<(), Error> {
+    use lapin::options::{BasicAckOptions, BasicConsumeOptions, BasicQosOptions};
+    let connection =
+        lapin::Connection::connect(&clients.amqp, lapin::ConnectionProperties::default()).await?;
+    let channel = connection.create_channel().await?;
+    channel
+        .basic_qos(form.ahead() as u16, BasicQosOptions::default())
+        .await?;
+    let mut deliveries = channel
+        .basic_consume(name.into(), "".into(), BasicConsumeOptions::default(), Default::default())
+        .await?;
+    while let Some(first) = deliveries.next().await {
+        let first = first?;
+        match form {
+            Form::Plain => {
+                let id = message_id(&first);
+                by_hand(pool, &id).await?;
+                first.ack(BasicAckOptions::default()).await?;
+                progress.add(1);
+            }
+            Form::Batches => {
+                let mut batch = vec![first];
+                while batch.len() < BATCH {
+                    match deliveries.next().now_or_never() {
+                        Some(Some(delivery)) => batch.push(delivery?),
+                        _ => break,
+                    }
+                }
+                let ids: Vec<String> = batch.iter().map(message_id).collect();
+                by_hand_batch(pool, &ids).await?;
+                let last = batch.last().expect("one at least");
+                last.ack(BasicAckOptions { multiple: true }).await?;
+                progress.add(batch.len());
+            }
+        }
+    }
+    Ok(())
+}
+
+fn message_id(delivery: &lapin::message::Delivery) -> String {
+    delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_default()
+}
+
+async fn hand_jetstream(
+    clients: &Clients,
+    pool: &PgPool,
+    max: usize,
+    name: &str,
+    progress: &Progress,
+    form: Form,
+) -> Result<(), Error> {
+    let stream = clients.js.get_stream(name).await?;
+    let consumer: async_nats::jetstream::consumer::PullConsumer =
+        stream.get_consumer("bench").await?;
+    let id_of = |message: &async_nats::jetstream::Message| {
+        message
+            .headers
+            .as_ref()
+            .and_then(|headers| headers.get("Message-Id"))
+            .map(|id| id.as_str().to_owned())
+            .unwrap_or_default()
+    };
+    loop {
+        let mut pulled = consumer
+            .batch()
+            .max_messages(max)
+            .expires(Duration::from_secs(1))
+            .messages()
+            .await?;
+        match form {
+            Form::Plain => {
+                while let Some(message) = pulled.next().await {
+                    let message = message?;
+                    by_hand(pool, &id_of(&message)).await?;
+                    message.double_ack().await?;
+                    progress.add(1);
+                }
+            }
+            Form::Batches => {
+                let mut batch = Vec::with_capacity(max);
+                while let Some(message) = pulled.next().await {
+                    batch.push(message?);
+                    while batch.len() < max {
+                        match pulled.next().now_or_never() {
+                            Some(Some(message)) => batch.push(message?),
+                            _ => break,
+                        }
+                    }
+                    let ids: Vec<String> = batch.iter().map(id_of).collect();
+                    by_hand_batch(pool, &ids).await?;
+                    let acks = batch.iter().map(|message| message.double_ack());
+                    for acked in futures_util::future::join_all(acks).await {
+                        acked?;
+                    }
+                    progress.add(batch.len());
+                    batch.clear();
+                }
+            }
+        }
+    }
+}
+
+async fn hand_redis(
+    clients: &Clients,
+    pool: &PgPool,
+    max: usize,
+    name: &str,
+    progress: &Progress,
+    form: Form,
+) -> Result<(), Error> {
+    let mut redis = clients.redis.get_multiplexed_async_connection().await?;
+    loop {
+        let reply: redis::Value = redis::cmd("XREADGROUP")
+            .arg("GROUP")
+            .arg("bench")
+            .arg("m")
+            .arg("COUNT")
+            .arg(max)
+            .arg("BLOCK")
+            .arg(1000)
+            .arg("STREAMS")
+            .arg(name)
+            .arg(">")
+            .query_async(&mut redis)
+            .await?;
+        let entries = entries(&reply);
+        match form {
+            Form::Plain => {
+                for (entry, id) in &entries {
+                    by_hand(pool, id).await?;
+                    let _: i64 = redis::cmd("XACK")
+                        .arg(name)
+                        .arg("bench")
+                        .arg(entry)
+                        .query_async(&mut redis)
+                        .await?;
+                    progress.add(1);
+                }
+            }
+            Form::Batches if !entries.is_empty() => {
+                let ids: Vec<String> = entries.iter().map(|(_, id)| id.clone()).collect();
+                by_hand_batch(pool, &ids).await?;
+                let mut ack = redis::cmd("XACK");
+                ack.arg(name).arg("bench");
+                for (entry, _) in &entries {
+                    ack.arg(entry);
+                }
+                let _: i64 = ack.query_async(&mut redis).await?;
+                progress.add(entries.len());
+            }
+            Form::Batches => {}
+        }
+    }
+}
+
+/// The entries of an `XREADGROUP` reply: (entry id, the field `id`).
+fn entries(reply: &redis::Value) -> Vec<(String, String)> {
+    use redis::Value;
+    let text = |value: &Value| match value {
+        Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        Value::SimpleString(text) => text.clone(),
+        _ => String::new(),
+    };
+    let mut found = Vec::new();
+    let streams = match reply {
+        Value::Array(streams) => streams.as_slice(),
+        Value::Map(pairs) => {
+            for (_, entries) in pairs {
+                collect(entries, &text, &mut found);
+            }
+            return found;
+        }
+        _ => return found,
+    };
+    for stream in streams {
+        if let Value::Array(pair) = stream
+            && let [_, entries] = pair.as_slice()
+        {
+            collect(entries, &text, &mut found);
+        }
+    }
+    found
+}
+
+fn collect(
+    entries: &redis::Value,
+    text: &impl Fn(&redis::Value) -> String,
+    found: &mut Vec<(String, String)>,
+) {
+    use redis::Value;
+    let Value::Array(entries) = entries else {
+        return;
+    };
+    for entry in entries {
+        if let Value::Array(pair) = entry
+            && let [entry, Value::Array(fields)] = pair.as_slice()
+        {
+            let id = fields
+                .chunks_exact(2)
+                .find(|field| text(&field[0]) == "id")
+                .map(|field| text(&field[1]))
+                .unwrap_or_default();
+            found.push((text(entry), id));
+        }
+    }
+}
+
+type Key = (&'static str, &'static str, bool);
+
+/// Runs the group: `rounds` interleaved rounds of `messages` each; writes `consumers.csv`.
+pub(crate) async fn run(pg: &PgPool, dir: &Path, rounds: usize, messages: usize) -> Result<(), Error> {
+    sqlx::raw_sql(
+        "CREATE TABLE IF NOT EXISTS dedup_bench_consumer_effects (message_id text NOT NULL); \
+         CREATE TABLE IF NOT EXISTS dedup_bench_consumer_dedup (consumer text NOT NULL, \
+         message_id text NOT NULL, PRIMARY KEY (consumer, message_id))",
+    )
+    .execute(pg)
+    .await?;
+    dedup_runtime::migrate(pg).await?;
+    let clients = Clients::connect().await?;
+    let mut samples: BTreeMap<Key, Vec<f64>> = BTreeMap::new();
+    let mut run_id = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |elapsed| elapsed.as_micros());
+    for round in 0..rounds {
+        let mut plan = Vec::new();
+        for broker in Broker::ALL {
+            for form in [Form::Plain, Form::Batches] {
+                for library_side in [true, false] {
+                    plan.push((broker, form, library_side));
+                }
+            }
+        }
+        let turn = round % plan.len();
+        plan.rotate_left(turn);
+        for (broker, form, library_side) in plan {
+            run_id += 1;
+            let name = format!("dedup-bench-consumer-{run_id}");
+            let ids: Vec<String> = (0..messages).map(|n| format!("{run_id}-{n}")).collect();
+            clients.fill(broker, &name, &ids).await?;
+            // Untimed: the tables as every run finds them.
+            sqlx::raw_sql(
+                "TRUNCATE dedup_bench_consumer_effects, dedup_bench_consumer_dedup; \
+                 DELETE FROM processed_messages WHERE consumer = 'bench-consumer'",
+            )
+            .execute(pg)
+            .await?;
+            let progress = Progress::new(messages);
+            let started = Instant::now();
+            let timed = async {
+                progress.all().await;
+                started.elapsed()
+            };
+            let work = async {
+                if library_side {
+                    library(&clients, pg, broker, form, &name, &progress).await
+                } else {
+                    hand(&clients, pg, broker, form, &name, &progress).await
+                }
+            };
+            let (elapsed, worked) = tokio::join!(timed, work);
+            worked?;
+            let effects: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dedup_bench_consumer_effects")
+                .fetch_one(pg)
+                .await?;
+            if effects != messages as i64 {
+                return Err(format!(
+                    "{} {} {}: {effects} effects for {messages} messages",
+                    broker.name(),
+                    form.name(),
+                    if library_side { "library" } else { "by hand" }
+                )
+                .into());
+            }
+            clients.drop_destination(broker, &name).await?;
+            let rate = messages as f64 / elapsed.as_secs_f64();
+            println!(
+                "consumers round {round}: {:<9} {:<7} {:<8} {rate:>8.0} messages/s",
+                broker.name(),
+                form.name(),
+                if library_side { "library" } else { "by hand" }
+            );
+            samples
+                .entry((broker.name(), form.name(), library_side))
+                .or_default()
+                .push(rate);
+        }
+    }
+    let median = |key: &Key| {
+        samples
+            .get(key)
+            .map_or(f64::NAN, |values| crate::report::median(values.clone()))
+    };
+    let mut csv =
+        String::from("broker,form,library_per_s,handwritten_per_s,ratio_vs_handwritten\n");
+    println!("\nconsumers (messages per second, median of {rounds} rounds)");
+    println!("{:<10} {:<8} {:>10} {:>10} {:>7}", "broker", "form", "library", "by hand", "ratio");
+    for broker in Broker::ALL {
+        for form in [Form::Plain, Form::Batches] {
+            let library = median(&(broker.name(), form.name(), true));
+            let hand = median(&(broker.name(), form.name(), false));
+            let ratio = library / hand;
+            println!(
+                "{:<10} {:<8} {library:>10.0} {hand:>10.0} {ratio:>7.3}",
+                broker.name(),
+                form.name()
+            );
+            csv.push_str(&format!(
+                "{},{},{library:.0},{hand:.0},{ratio:.3}\n",
+                broker.name(),
+                form.name()
+            ));
+        }
+    }
+    std::fs::write(dir.join("consumers.csv"), csv)?;
+    Ok(())
+}
