@@ -228,8 +228,8 @@ impl Clients {
                     .await?;
                 let mut confirms = Vec::with_capacity(ids.len());
                 for id in ids {
-                    let properties = lapin::BasicProperties::default()
-                        .with_message_id(id.as_str().into());
+                    let properties =
+                        lapin::BasicProperties::default().with_message_id(id.as_str().into());
                     confirms.push(
                         self.channel
                             .basic_publish(
@@ -361,7 +361,10 @@ async fn library(
             let consumer = RabbitMqConsumer::new(&clients.amqp, properties, name);
             match form {
                 Form::Plain => consumer.run(pool, plain, stop).await.map(drop)?,
-                Form::Batches => consumer.run_batches(pool, BATCH, batches, stop).await.map(drop)?,
+                Form::Batches => consumer
+                    .run_batches(pool, BATCH, batches, stop)
+                    .await
+                    .map(drop)?,
             }
         }
         Broker::JetStream => {
@@ -369,7 +372,10 @@ async fn library(
             let consumer = JetStreamConsumer::new(clients.js.clone(), name, "bench");
             match form {
                 Form::Plain => consumer.run(pool, plain, stop).await.map(drop)?,
-                Form::Batches => consumer.run_batches(pool, BATCH, batches, stop).await.map(drop)?,
+                Form::Batches => consumer
+                    .run_batches(pool, BATCH, batches, stop)
+                    .await
+                    .map(drop)?,
             }
         }
         Broker::Redis => {
@@ -377,7 +383,10 @@ async fn library(
             let consumer = RedisStreamsConsumer::new(clients.redis.clone(), name, "bench", "m");
             match form {
                 Form::Plain => consumer.run(pool, plain, stop).await.map(drop)?,
-                Form::Batches => consumer.run_batches(pool, BATCH, batches, stop).await.map(drop)?,
+                Form::Batches => consumer
+                    .run_batches(pool, BATCH, batches, stop)
+                    .await
+                    .map(drop)?,
             }
         }
     }
@@ -423,7 +432,12 @@ async fn hand_rabbitmq(
         .basic_qos(form.ahead() as u16, BasicQosOptions::default())
         .await?;
     let mut deliveries = channel
-        .basic_consume(name.into(), "".into(), BasicConsumeOptions::default(), Default::default())
+        .basic_consume(
+            name.into(),
+            "".into(),
+            BasicConsumeOptions::default(),
+            Default::default(),
+        )
         .await?;
     while let Some(first) = deliveries.next().await {
         let first = first?;
@@ -629,7 +643,12 @@ fn collect(
 type Key = (&'static str, &'static str, bool);
 
 /// Runs the group: `rounds` interleaved rounds of `messages` each; writes `consumers.csv`.
-pub(crate) async fn run(pg: &PgPool, dir: &Path, rounds: usize, messages: usize) -> Result<(), Error> {
+pub(crate) async fn run(
+    pg: &PgPool,
+    dir: &Path,
+    rounds: usize,
+    messages: usize,
+) -> Result<(), Error> {
     sqlx::raw_sql(
         "CREATE TABLE IF NOT EXISTS dedup_bench_consumer_effects (message_id text NOT NULL); \
          CREATE TABLE IF NOT EXISTS dedup_bench_consumer_dedup (consumer text NOT NULL, \
@@ -681,9 +700,10 @@ pub(crate) async fn run(pg: &PgPool, dir: &Path, rounds: usize, messages: usize)
             };
             let (elapsed, worked) = tokio::join!(timed, work);
             worked?;
-            let effects: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM dedup_bench_consumer_effects")
-                .fetch_one(pg)
-                .await?;
+            let effects: i64 =
+                sqlx::query_scalar("SELECT COUNT(*) FROM dedup_bench_consumer_effects")
+                    .fetch_one(pg)
+                    .await?;
             if effects != messages as i64 {
                 return Err(format!(
                     "{} {} {}: {effects} effects for {messages} messages",
@@ -715,7 +735,10 @@ pub(crate) async fn run(pg: &PgPool, dir: &Path, rounds: usize, messages: usize)
     let mut csv =
         String::from("broker,form,library_per_s,handwritten_per_s,ratio_vs_handwritten\n");
     println!("\nconsumers (messages per second, median of {rounds} rounds)");
-    println!("{:<10} {:<8} {:>10} {:>10} {:>7}", "broker", "form", "library", "by hand", "ratio");
+    println!(
+        "{:<10} {:<8} {:>10} {:>10} {:>7}",
+        "broker", "form", "library", "by hand", "ratio"
+    );
     for broker in Broker::ALL {
         for form in [Form::Plain, Form::Batches] {
             let library = median(&(broker.name(), form.name(), true));

@@ -19,3 +19,4 @@ mod rabbitmq_crash;
 mod redis;
 mod redis_crash;
 mod trace;
+mod two_hop;

@@ -37,7 +37,9 @@ pub enum MessageIdFrom {
 /// everything between the broker and the handler:
 ///
 /// - **Settles after the transaction.** Each message is acknowledged only once its
-///   handler returned: processed (committed) or a duplicate → `basic.ack`; a transient
+///   handler returned: processed (committed) or a duplicate → `basic.ack` (in the batch
+///   form, a batch's acknowledgements as one `basic.ack` with `multiple` when none of
+///   its messages is retried); a transient
 ///   failure → held for [`AckPolicy`]'s delay, then `basic.reject` with `requeue` (quorum
 ///   queues count only rejects toward their `x-delivery-limit`); a permanent failure →
 ///   `basic.reject` without `requeue`, to the queue's dead-letter exchange. Failures are
@@ -704,13 +706,26 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
             return sent;
         };
         self.meter.processed(started);
-        // Acknowledgements and dead letters first, one by one; the retries after the
+        // Without a retry in the batch, its acknowledgements go as one `basic.ack` with
+        // `multiple`, after the dead letters' rejects: every delivery of this channel
+        // before the batch is settled already (a batch is settled whole before the next
+        // is taken), so the acknowledgement covers exactly the batch's processed ones.
+        let together = deliveries.len() > 1
+            && !settlements
+                .iter()
+                .any(|(ack, _)| matches!(ack, Ack::Retry { .. }));
+        let mut acknowledged = Vec::new();
+        // Dead letters and (one by one) acknowledgements first; the retries after the
         // longest of their delays (RabbitMQ has no delayed requeue).
         let mut all_sent = true;
         let mut retries = Vec::new();
         let mut wait = Duration::ZERO;
         for (delivery, (ack, error)) in deliveries.iter().zip(settlements) {
             let sent = match ack {
+                Ack::Ack if together => {
+                    acknowledged.push(delivery);
+                    continue;
+                }
                 Ack::Ack => {
                     delivery
                         .acker
@@ -740,6 +755,15 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
                 }
             };
             all_sent &= count(sent, ack, consumed);
+        }
+        if let Some(last) = acknowledged.last() {
+            let multiple = ::lapin::options::BasicAckOptions { multiple: true };
+            let sent = last.acker.ack(multiple).await;
+            let sent = matches!(sent, Ok(true));
+            for _ in &acknowledged {
+                let sent = if sent { Ok(true) } else { Ok(false) };
+                all_sent &= count(sent, Ack::Ack, consumed);
+            }
         }
         if retries.is_empty() {
             return all_sent;

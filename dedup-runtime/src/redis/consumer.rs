@@ -466,6 +466,14 @@ struct Held {
     after: Duration,
 }
 
+/// Whether entries were read for the first time (`XREADGROUP … >`) or again (this
+/// member's pending entries, `XCLAIM`, `XAUTOCLAIM`).
+#[derive(Clone, Copy)]
+enum Reads {
+    New,
+    Again,
+}
+
 /// What comes after an entry.
 enum Flow {
     Next,
@@ -548,12 +556,12 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
         let now = Instant::now();
         if self.held.iter().any(|held| held.due <= now) {
             let entries = self.retake(redis, now).await?;
-            return self.process_all(redis, entries).await;
+            return self.process_all(redis, entries, Reads::Again).await;
         }
         if let Some(after) = self.own.clone() {
             let entries = self.read(redis, &after).await?;
             self.own = entries.last().map(|last| last.id.clone());
-            return self.process_all(redis, entries).await;
+            return self.process_all(redis, entries, Reads::Again).await;
         }
         if self.next_claim <= now {
             let flow = self.claim(redis).await?;
@@ -584,7 +592,7 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
             return Ok(Flow::Stop);
         };
         let entries = entries?;
-        self.process_all(redis, entries).await
+        self.process_all(redis, entries, Reads::New).await
     }
 
     /// `XREADGROUP GROUP <group> <member> COUNT <batch> STREAMS <stream> <after>`: this
@@ -692,7 +700,7 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
                 self.ack(redis, &ids).await?;
             }
             let claimed = entries(COMMAND, claimed)?;
-            if let Flow::Stop = self.process_all(redis, claimed).await? {
+            if let Flow::Stop = self.process_all(redis, claimed, Reads::Again).await? {
                 return Ok(Flow::Stop);
             }
             if cursor == "0-0" {
@@ -702,11 +710,13 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
     }
 
     /// Processes `entries` in order, in calls of up to the handler's `max`, with their
-    /// delivery counts from one `XPENDING`.
+    /// delivery counts: 1 for new entries (`XREADGROUP … >` delivers an entry for the
+    /// first time), else from one `XPENDING`.
     async fn process_all(
         &mut self,
         redis: &mut MultiplexedConnection,
         entries: Vec<Entry>,
+        reads: Reads,
     ) -> RedisResult<Flow> {
         if entries.is_empty() {
             return Ok(Flow::Next);
@@ -717,12 +727,15 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
             // Only a gauge: a connection that failed fails the next command too.
             tracing::debug!(%error, "Redis Streams consumer: no lag from XINFO GROUPS");
         }
-        let counts = match self.delivery_counts(redis, &entries).await {
-            Ok(counts) => counts,
-            Err(error) => {
-                self.consumed.dropped += entries.len() as u64;
-                return Err(error);
-            }
+        let counts = match reads {
+            Reads::New => entries.iter().map(|entry| (entry.id.clone(), 1)).collect(),
+            Reads::Again => match self.delivery_counts(redis, &entries).await {
+                Ok(counts) => counts,
+                Err(error) => {
+                    self.consumed.dropped += entries.len() as u64;
+                    return Err(error);
+                }
+            },
         };
         let mut left = entries.len();
         let mut entries = entries.into_iter().peekable();
