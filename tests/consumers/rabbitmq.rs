@@ -150,6 +150,88 @@ async fn declaring_over_a_queue_without_its_dead_letter_exchange_fails_at_start(
         .await;
 }
 
+/// A quorum queue whose arguments set a delivery limit and no dead-letter exchange
+/// (RabbitMQ would drop a message at the limit, and every retry spends a delivery):
+/// refused at start, nothing consumed; the same queue with `dead_letters_by_policy`, and
+/// a quorum queue with a dead-letter exchange, consume.
+#[tokio::test]
+async fn a_quorum_queue_that_would_drop_at_its_delivery_limit_is_refused() {
+    use dedup_runtime::lapin::ConsumeError;
+
+    let channel = channel().await;
+    let quorum = |dead_letters: Option<&str>| {
+        let mut arguments = FieldTable::default();
+        arguments.insert(
+            "x-queue-type".into(),
+            AMQPValue::LongString("quorum".into()),
+        );
+        arguments.insert("x-delivery-limit".into(), AMQPValue::LongInt(3));
+        if let Some(exchange) = dead_letters {
+            arguments.insert(
+                "x-dead-letter-exchange".into(),
+                AMQPValue::LongString(exchange.into()),
+            );
+        }
+        arguments
+    };
+    let (drops, kept) = (
+        dedup_suite::unique("quorum-drops"),
+        dedup_suite::unique("quorum-kept"),
+    );
+    for (queue, arguments) in [(&drops, quorum(None)), (&kept, quorum(Some("elsewhere")))] {
+        channel
+            .queue_declare(
+                queue.as_str().into(),
+                QueueDeclareOptions::durable(),
+                arguments,
+            )
+            .await
+            .unwrap();
+        publish(&channel, queue, Some("m1"), b"body").await;
+    }
+    let pool = dedup_suite::sqlite().await;
+    let record = |seen: &Arc<std::sync::Mutex<Vec<String>>>| {
+        let seen = seen.clone();
+        move |_: sqlx::SqlitePool, msg: Arc<Message>| {
+            seen.lock().unwrap().push(msg.id().to_owned());
+            async { Ok::<_, sqlx::Error>(dedup_runtime::Outcome::Processed(())) }
+        }
+    };
+
+    let seen: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+    let error = RabbitMqConsumer::new(AMQP, ConnectionProperties::default(), &drops)
+        .run(&*pool, record(&seen), std::future::pending())
+        .await
+        .expect_err("refused at start");
+    assert!(
+        matches!(&error, ConsumeError::NoDeadLetterExchange { queue, delivery_limit: 3 } if *queue == drops),
+        "{error}"
+    );
+    assert!(
+        error.to_string().contains("dead_letters_by_policy"),
+        "{error}"
+    );
+    assert!(seen.lock().unwrap().is_empty());
+    assert_eq!(depth(&channel, &drops).await, (1, 0), "nothing consumed");
+
+    for (queue, by_policy) in [(&drops, true), (&kept, false)] {
+        let seen: Arc<std::sync::Mutex<Vec<String>>> = Arc::default();
+        let done = until(|| async {
+            depth(&channel, queue).await.0 == 0 && !seen.lock().unwrap().is_empty()
+        });
+        RabbitMqConsumer::new(AMQP, ConnectionProperties::default(), queue)
+            .dead_letters_by_policy(by_policy)
+            .run(&*pool, record(&seen), done)
+            .await
+            .unwrap_or_else(|error| panic!("{queue}: {error}"));
+        assert_eq!(*seen.lock().unwrap(), ["m1"], "{queue}");
+        channel
+            .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+            .await
+            .unwrap();
+    }
+}
+
 /// Ids from a header (`MessageIdFrom::Header`): the header's value is the message's id,
 /// and the handler sees every header.
 #[tokio::test]

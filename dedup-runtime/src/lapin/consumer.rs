@@ -102,6 +102,7 @@ pub struct RabbitMqConsumer {
     shutdown_deadline: Duration,
     trace_parent: Option<TraceParent>,
     declare: bool,
+    dead_letters_by_policy: bool,
 }
 
 impl std::fmt::Debug for RabbitMqConsumer {
@@ -115,6 +116,7 @@ impl std::fmt::Debug for RabbitMqConsumer {
             .field("shutdown_deadline", &self.shutdown_deadline)
             .field("trace_parent", &self.trace_parent.is_some())
             .field("declare", &self.declare)
+            .field("dead_letters_by_policy", &self.dead_letters_by_policy)
             .finish_non_exhaustive()
     }
 }
@@ -128,12 +130,38 @@ pub enum ConsumeError {
     /// would rather fail at start than run without its queue. Once it has consumed,
     /// the consumer connects again by itself.
     Start(::lapin::Error),
+    /// The queue is a quorum queue whose arguments set a delivery limit
+    /// (`x-delivery-limit`) and no dead-letter exchange: RabbitMQ would drop a message
+    /// once it reaches the limit — and every retry (`basic.reject` with requeue, the
+    /// only settlement quorum queues count) spends a delivery. Give the queue
+    /// `x-dead-letter-exchange` (or let the consumer declare it, [`declare`]), or, if
+    /// a policy gives it one, say so: [`dead_letters_by_policy`].
+    ///
+    /// [`declare`]: RabbitMqConsumer::declare
+    /// [`dead_letters_by_policy`]: RabbitMqConsumer::dead_letters_by_policy
+    NoDeadLetterExchange {
+        /// The queue.
+        queue: String,
+        /// Its `x-delivery-limit`.
+        delivery_limit: i64,
+    },
 }
 
 impl std::fmt::Display for ConsumeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             ConsumeError::Start(error) => write!(f, "RabbitMQ consumer could not start: {error}"),
+            ConsumeError::NoDeadLetterExchange {
+                queue,
+                delivery_limit,
+            } => write!(
+                f,
+                "RabbitMQ consumer could not start: the quorum queue `{queue}` has a delivery \
+                 limit ({delivery_limit}) and no dead-letter exchange, so RabbitMQ would drop a \
+                 message that reaches it (each retry counts); declare it with \
+                 `x-dead-letter-exchange` (or `declare(true)`), or, if a policy gives it one, \
+                 set `dead_letters_by_policy(true)`"
+            ),
         }
     }
 }
@@ -142,6 +170,7 @@ impl std::error::Error for ConsumeError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             ConsumeError::Start(error) => Some(error),
+            ConsumeError::NoDeadLetterExchange { .. } => None,
         }
     }
 }
@@ -167,6 +196,7 @@ impl RabbitMqConsumer {
             shutdown_deadline: Duration::from_secs(10),
             trace_parent: None,
             declare: false,
+            dead_letters_by_policy: false,
         }
     }
 
@@ -179,6 +209,17 @@ impl RabbitMqConsumer {
     /// fails at start ([`ConsumeError::Start`]).
     pub fn declare(self, declare: bool) -> Self {
         RabbitMqConsumer { declare, ..self }
+    }
+
+    /// Says that a policy gives the queue its dead-letter exchange (off by default), so
+    /// that the start-up check does not refuse a quorum queue whose arguments have a
+    /// delivery limit and no dead-letter exchange
+    /// ([`ConsumeError::NoDeadLetterExchange`]): a policy is invisible to a client.
+    pub fn dead_letters_by_policy(self, by_policy: bool) -> Self {
+        RabbitMqConsumer {
+            dead_letters_by_policy: by_policy,
+            ..self
+        }
     }
 
     /// Unacknowledged messages the broker sends each channel ahead (16 by default; at
@@ -361,6 +402,9 @@ impl RabbitMqConsumer {
         if self.declare {
             link.declare().await.map_err(ConsumeError::Start)?;
         }
+        if !self.dead_letters_by_policy {
+            link.check_dead_letters().await?;
+        }
         // The first subscription, so that a wrong URI or queue fails the run at once.
         let mut first = Vec::with_capacity(self.concurrency);
         for _ in 0..self.concurrency {
@@ -541,6 +585,81 @@ impl Link<'_> {
             .await?;
         let _ = channel.close(200, "dedup: declared".into()).await;
         Ok(())
+    }
+
+    /// Refuses a quorum queue whose arguments have a delivery limit and no dead-letter
+    /// exchange ([`ConsumeError::NoDeadLetterExchange`]). A client cannot read a queue's
+    /// arguments, but RabbitMQ names them: a declaration whose arguments differ from the
+    /// queue's is refused with the first that differs and its value ("inequivalent arg
+    /// 'x-delivery-limit' … current is the value '5' of type 'signedint'"), so the
+    /// arguments are learnt one refusal at a time (each on a channel of its own, which the
+    /// refusal closes) until a declaration matches — which changes nothing. A queue that
+    /// does not exist is left to the subscription's error; a refusal that cannot be read
+    /// ends the check without refusing.
+    async fn check_dead_letters(&self) -> Result<(), ConsumeError> {
+        use ::lapin::options::QueueDeclareOptions;
+
+        let queue = self.consumer.queue.as_str();
+        let connection = Connection::connect(&self.consumer.uri, self.consumer.properties.clone())
+            .await
+            .map_err(ConsumeError::Start)?;
+        let passive = QueueDeclareOptions {
+            passive: true,
+            ..QueueDeclareOptions::default()
+        };
+        let exists = connection
+            .create_channel()
+            .await
+            .map_err(ConsumeError::Start)?
+            .queue_declare(queue.into(), passive, FieldTable::default())
+            .await;
+        let mut arguments = FieldTable::default();
+        // A quorum queue is durable; a classic one that is not says so at once.
+        let options = QueueDeclareOptions::durable();
+        let mut matched = false;
+        for _ in 0..32 {
+            if exists.is_err() {
+                break;
+            }
+            let channel = connection
+                .create_channel()
+                .await
+                .map_err(ConsumeError::Start)?;
+            let declared = channel
+                .queue_declare(queue.into(), options, arguments.clone())
+                .await;
+            match declared {
+                Ok(_) => {
+                    let _ = channel.close(200, "dedup: checked".into()).await;
+                    matched = true;
+                    break;
+                }
+                Err(error) => match inequivalent(&error.to_string()) {
+                    Some((name, value)) => {
+                        arguments.insert(name.into(), value);
+                    }
+                    None => break,
+                },
+            }
+        }
+        let _ = connection.close(200, "dedup: checked".into()).await;
+        if !matched {
+            return Ok(());
+        }
+        let table = arguments.inner();
+        let quorum = matches!(table.get("x-queue-type"),
+            Some(AMQPValue::LongString(kind)) if kind.as_bytes() == b"quorum");
+        let limit = table.get("x-delivery-limit").and_then(integer);
+        let dead_letters = table.contains_key("x-dead-letter-exchange");
+        match limit {
+            Some(delivery_limit) if quorum && !dead_letters => {
+                Err(ConsumeError::NoDeadLetterExchange {
+                    queue: queue.to_owned(),
+                    delivery_limit,
+                })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// `basic.cancel` on every channel consuming: the broker sends nothing more, while
@@ -842,6 +961,44 @@ fn count(sent: ::lapin::Result<bool>, ack: Ack, consumed: &mut Consumed) -> bool
     matches!(sent, Ok(true))
 }
 
+/// The argument a `PRECONDITION_FAILED` refusal of a declaration names, with the value
+/// the queue has ("inequivalent arg 'NAME' for queue … but current is the value 'VALUE'
+/// of type 'TYPE'"); `None` for another refusal, or a type not read here.
+fn inequivalent(refusal: &str) -> Option<(String, AMQPValue)> {
+    let (_, rest) = refusal.split_once("inequivalent arg '")?;
+    let (name, rest) = rest.split_once('\'')?;
+    let (_, rest) = rest.split_once("current is the value '")?;
+    let (value, rest) = rest.split_once("' of type '")?;
+    let (kind, _) = rest.split_once('\'')?;
+    let value = match kind {
+        "longstr" => AMQPValue::LongString(value.into()),
+        "signedint" => AMQPValue::LongInt(value.parse().ok()?),
+        "long" => AMQPValue::LongLongInt(value.parse().ok()?),
+        "short" => AMQPValue::ShortInt(value.parse().ok()?),
+        "byte" => AMQPValue::ShortShortInt(value.parse().ok()?),
+        "unsignedint" => AMQPValue::LongUInt(value.parse().ok()?),
+        "unsignedshort" => AMQPValue::ShortUInt(value.parse().ok()?),
+        "unsignedbyte" => AMQPValue::ShortShortUInt(value.parse().ok()?),
+        "bool" => AMQPValue::Boolean(value.parse().ok()?),
+        _ => return None,
+    };
+    Some((name.to_owned(), value))
+}
+
+/// An integer argument's value.
+fn integer(value: &AMQPValue) -> Option<i64> {
+    Some(match value {
+        AMQPValue::LongInt(n) => i64::from(*n),
+        AMQPValue::LongLongInt(n) => *n,
+        AMQPValue::ShortInt(n) => i64::from(*n),
+        AMQPValue::ShortShortInt(n) => i64::from(*n),
+        AMQPValue::LongUInt(n) => i64::from(*n),
+        AMQPValue::ShortUInt(n) => i64::from(*n),
+        AMQPValue::ShortShortUInt(n) => i64::from(*n),
+        _ => return None,
+    })
+}
+
 /// [`requeue`], counted: `requeued` when sent, `dropped` (and `false`) when the channel
 /// is gone.
 async fn hand_back(delivery: &Delivery, consumed: &mut Consumed) -> bool {
@@ -917,4 +1074,37 @@ fn header_bytes(value: &AMQPValue) -> Option<Vec<u8>> {
         AMQPValue::Timestamp(n) => n.to_string().into_bytes(),
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// RabbitMQ 3.10's refusals, as a declaration gets them.
+    #[test]
+    fn a_refusal_names_the_argument_and_its_value() {
+        let refusal = "PRECONDITION_FAILED - inequivalent arg 'x-delivery-limit' for queue \
+                       'q' in vhost '/': received none but current is the value '5' of type \
+                       'signedint'";
+        assert_eq!(
+            inequivalent(refusal),
+            Some(("x-delivery-limit".to_owned(), AMQPValue::LongInt(5)))
+        );
+        let refusal = "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'q' in \
+                       vhost '/': received none but current is the value 'quorum' of type \
+                       'longstr'";
+        assert_eq!(
+            inequivalent(refusal),
+            Some((
+                "x-queue-type".to_owned(),
+                AMQPValue::LongString("quorum".into())
+            ))
+        );
+        // Ours has it, the queue not: nothing to learn.
+        let refusal = "PRECONDITION_FAILED - inequivalent arg 'x-queue-type' for queue 'q' in \
+                       vhost '/': received the value 'quorum' of type 'longstr' but current \
+                       is none";
+        assert_eq!(inequivalent(refusal), None);
+        assert_eq!(inequivalent("NOT_FOUND - no queue 'q'"), None);
+    }
 }
