@@ -34,7 +34,7 @@ fn start(program: &std::path::Path, stream: &str) -> Life {
     Life(
         Command::new(program)
             .env("BROKER", "nats") // the batch form's binary: which service
-            .env("BATCH", "10")
+            .env("BATCH", "4")
             .env("NATS_URL", NATS)
             .env("DATABASE_URL", dedup_suite::postgres_url())
             .env("STREAM", stream)
@@ -59,7 +59,8 @@ async fn the_hosted_consumer_is_effectively_once_under_sigkill() {
 }
 
 /// The same harness on the consumer's batch form: the example's service with
-/// `run_batches` (`src/bin/batch_consumer.rs`, batches of up to 10).
+/// `run_batches` (`src/bin/batch_consumer.rs`, batches of up to 4: each life, killed
+/// 0 to 40 ms after its first commit, must leave work for the next).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn its_batch_form_is_effectively_once_under_sigkill() {
     under_sigkill(super::common::batch_consumer()).await;

@@ -264,6 +264,9 @@ impl std::error::Error for ConsumeError {
     }
 }
 
+/// How often the finished offsets are committed again even when unchanged.
+const RECOMMIT: Duration = Duration::from_secs(5);
+
 /// How long a partition's lane may stay full before the partition is paused.
 const STALL: Duration = Duration::from_secs(1);
 /// How long the start may wait for the broker's metadata.
@@ -1229,7 +1232,7 @@ struct Poller {
 impl Poller {
     fn run(self) {
         let topic = self.consumer.context().topic.clone();
-        let mut last_commit = Instant::now();
+        let (mut last_commit, mut last_full) = (Instant::now(), Instant::now());
         loop {
             if self.shared.lock().stopping {
                 break;
@@ -1253,7 +1256,14 @@ impl Poller {
             let soon = std::mem::take(&mut self.shared.lock().commit_soon);
             if soon || last_commit.elapsed() >= self.commit_interval {
                 last_commit = Instant::now();
-                self.commit(&topic, CommitMode::Async, false);
+                // Now and then every finished offset again, changed or not: a commit the
+                // group did not keep (a stale one from a member revoked meanwhile that
+                // landed after it, a broker that lost it) is made good.
+                let again = last_full.elapsed() >= RECOMMIT;
+                if again {
+                    last_full = last_commit;
+                }
+                self.commit(&topic, CommitMode::Async, again);
             }
         }
         // Stopped: no lane starts any more; the lanes finish their records in hand.
