@@ -8,8 +8,9 @@
 //!
 //! Settings: `MQTT_HOST` (`127.0.0.1`), `MQTT_PORT` (`1883`), `DATABASE_URL`, `TOPIC`
 //! (`orders`; dead letters to `orders/dead`), `EVENTS_TOPIC` (`order-events`) and
-//! `CLIENT_ID` (`orders-consumer`: the persistent session, one process at a time). An
-//! order's payload is `<id>\n<body>`; one without an id is dead-lettered.
+//! `CLIENT_ID` (`orders-consumer`: the persistent session, one process at a time). MQTT 5:
+//! an order's id is its user property `message-id` (one without is dead-lettered), and an
+//! event is sent once a session is subscribed to its topic (else it waits in the outbox).
 
 use std::sync::Arc;
 
@@ -17,7 +18,7 @@ use dedup_runtime::consume::Message;
 use dedup_runtime::idempotent;
 use dedup_runtime::outbox::{Cause, Outbox};
 use dedup_runtime::rumqttc::{MqttConsumer, MqttPublisher};
-use rumqttc::MqttOptions;
+use rumqttc::v5::MqttOptions;
 use sqlx::{PgConnection, PgPool};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;

@@ -164,7 +164,7 @@ async fn with_publisher<DB: Backend>(pool: Pool<DB>, outbox: Outbox) -> Result<(
             .ok_or("DEDUP_MQTT_URL: expected mqtt://host:port")?;
         let client_id = std::env::var("DEDUP_MQTT_CLIENT_ID")
             .unwrap_or_else(|_| "dedup-outbox-relay".to_owned());
-        let options = rumqttc::MqttOptions::new(client_id, host, port.parse::<u16>()?);
+        let options = rumqttc::v5::MqttOptions::new(client_id, host, port.parse::<u16>()?);
         relay(&pool, &outbox, MqttPublisher::new(options), exit_when_idle).await
     } else {
         Err(

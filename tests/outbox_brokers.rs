@@ -2,8 +2,8 @@
 //! RabbitMQ (publisher confirms, the outgoing id as the AMQP `message-id`) and to NATS
 //! JetStream (the id as `Message-Id` and `Nats-Msg-Id`), to Kafka (tansu; the id in the
 //! header `id`, the ordering key as the record key), to Redis Streams (the fields `id`
-//! and `body`) and to MQTT (a Mosquitto of the test's own; QoS 1, the id as the payload's
-//! first line), and the broker has each message byte for byte (and the first one's trace
+//! and `body`) and to MQTT 5 (a Mosquitto of the test's own; QoS 1, the id as the user property
+//! `message-id`), and the broker has each message byte for byte (and the first one's trace
 //! context as its `traceparent` header, or field),
 //! once; an unroutable message is a failed send, retried, never a silent loss; a re-send
 //! of a row JetStream already has is dropped by JetStream's duplicate window. The relay
@@ -551,12 +551,17 @@ mod mqtt {
     use super::*;
     use dedup_runtime::rumqttc::MqttPublisher;
     use dedup_suite::mosquitto::Mosquitto;
-    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::Packet;
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
     use tokio::sync::mpsc;
 
-    /// A clean-session subscriber of `topic` at QoS 1, subscribed (its `SUBACK` is back):
-    /// the payloads it receives, in order.
-    async fn subscriber(port: u16, topic: &str) -> mpsc::UnboundedReceiver<Vec<u8>> {
+    /// A message as received: its user properties and its payload.
+    type Wire = (Vec<(String, String)>, Vec<u8>);
+
+    /// A clean-start subscriber of `topic` at QoS 1, subscribed (its `SUBACK` is back):
+    /// the messages it receives, in order.
+    async fn subscriber(port: u16, topic: &str) -> mpsc::UnboundedReceiver<Wire> {
         let options = MqttOptions::new(dedup_suite::unique("sub"), "127.0.0.1", port);
         let (client, mut events) = AsyncClient::new(options, 64);
         client
@@ -576,7 +581,12 @@ mod mqtt {
             let _client = client;
             while let Ok(event) = events.poll().await {
                 if let Event::Incoming(Packet::Publish(publish)) = event
-                    && tell.send(publish.payload.to_vec()).is_err()
+                    && tell
+                        .send((
+                            publish.properties.unwrap_or_default().user_properties,
+                            publish.payload.to_vec(),
+                        ))
+                        .is_err()
                 {
                     return;
                 }
@@ -586,10 +596,7 @@ mod mqtt {
     }
 
     /// The next `count` payloads, then nothing more for a while.
-    async fn receive(
-        payloads: &mut mpsc::UnboundedReceiver<Vec<u8>>,
-        count: usize,
-    ) -> Vec<Vec<u8>> {
+    async fn receive(payloads: &mut mpsc::UnboundedReceiver<Wire>, count: usize) -> Vec<Wire> {
         let mut got = Vec::new();
         while got.len() < count {
             match tokio::time::timeout(PATIENCE, payloads.recv()).await {
@@ -600,9 +607,13 @@ mod mqtt {
         got
     }
 
-    /// What the publisher sends for a row: `<id>\n<payload>`.
-    fn wire(id: OutgoingId, payload: &[u8]) -> Vec<u8> {
-        [format!("{id}\n").as_bytes(), payload].concat()
+    /// What the publisher sends for a row without headers or trace context: its payload,
+    /// its id as the user property `message-id`.
+    fn wire(id: OutgoingId, payload: &[u8]) -> Wire {
+        (
+            vec![("message-id".to_owned(), id.to_string())],
+            payload.to_vec(),
+        )
     }
 
     fn publisher(broker: &Mosquitto) -> MqttPublisher {
@@ -613,11 +624,12 @@ mod mqtt {
         ))
     }
 
-    /// The relay publishes a claim at QoS 1: each row once, in order, its payload
-    /// `<id>\n<payload>` byte for byte (a payload with line feeds of its own, an empty
-    /// one, a binary one), the rows marked sent once the `PUBACK`s are back.
+    /// The relay publishes a claim at QoS 1: each row once, in order, its payload byte
+    /// for byte (one with line feeds, an empty one, a binary one), its id as the user
+    /// property `message-id` (and the first one's trace context as `traceparent`), the
+    /// rows marked sent once the `PUBACK`s are back.
     #[tokio::test]
-    async fn the_relay_publishes_at_qos_1_with_the_id_as_the_first_line() {
+    async fn the_relay_publishes_at_qos_1_with_the_id_as_a_user_property() {
         let broker = Mosquitto::start(&dedup_suite::unique("outbox-mqtt"), "");
         let topic = dedup_suite::unique("outbox-mqtt/orders");
         let mut payloads = subscriber(broker.port(), &topic).await;
@@ -629,7 +641,10 @@ mod mqtt {
         for id in &ids {
             assert_eq!(state(&db, *id).await, (2, None), "marked sent");
         }
-        let expected: Vec<Vec<u8>> = ids.iter().zip(sent).map(|(id, p)| wire(*id, p)).collect();
+        let mut expected: Vec<Wire> = ids.iter().zip(sent).map(|(id, p)| wire(*id, p)).collect();
+        expected[0]
+            .0
+            .push(("traceparent".to_owned(), TRACE.to_owned()));
         assert_eq!(
             receive(&mut payloads, 4).await,
             expected,
@@ -666,8 +681,8 @@ mod mqtt {
             ids.push(message.id());
         }
         tx.commit().await.unwrap();
-        // `small`'s packet: 1 + 1 + (2 + topic + 2 + 37 + 5) bytes; the limit lets it and
-        // `after` through, not 1,000 bytes of payload.
+        // `small`'s packet: 1 + 1 + (2 + topic + 2 + 1 + 52 + 5) bytes (52: the id's user
+        // property); the limit lets it and `after` through, not 1,000 bytes of payload.
         let publisher = publisher(&broker).max_packet_size(300);
         let relayed = outbox.relay(&*db).relay_batch(&publisher).await.unwrap();
         assert_eq!(
@@ -699,7 +714,7 @@ mod mqtt {
 
     /// The broker paused (`SIGSTOP`: the connection up, no `PUBACK`): the claim's rows
     /// fail with the confirm timeout, none marked sent. Resumed, the next claim (a new
-    /// connection) sends them again, with the same first line; the subscriber has each at
+    /// connection) sends them again, with the same id; the subscriber has each at
     /// least once (the paused broker may still deliver the first copies) and nothing else.
     #[tokio::test]
     async fn a_puback_not_back_in_time_fails_the_claim_and_the_rows_are_sent_again() {
@@ -747,7 +762,10 @@ mod mqtt {
         while let Ok(more) = payloads.try_recv() {
             got.push(more);
         }
-        let expected: Vec<Vec<u8>> = ids.iter().zip(sent).map(|(id, p)| wire(*id, p)).collect();
+        let mut expected: Vec<Wire> = ids.iter().zip(sent).map(|(id, p)| wire(*id, p)).collect();
+        expected[0]
+            .0
+            .push(("traceparent".to_owned(), TRACE.to_owned()));
         for payload in &expected {
             assert!(got.contains(payload), "{payload:?} missing from {got:?}");
         }
@@ -795,10 +813,37 @@ mod mqtt {
             stdout.contains("relayed 2 sent 2 lost 0 failed 0 dead 0"),
             "{stdout}"
         );
-        assert_eq!(
-            receive(&mut payloads, 2).await,
-            vec![wire(ids[0], b"a"), wire(ids[1], b"b")]
+        let mut expected = vec![wire(ids[0], b"a"), wire(ids[1], b"b")];
+        expected[0]
+            .0
+            .push(("traceparent".to_owned(), TRACE.to_owned()));
+        assert_eq!(receive(&mut payloads, 2).await, expected);
+    }
+
+    /// A row to a topic no session is subscribed to: the broker's `PUBACK` says *no
+    /// matching subscribers*, the message went nowhere, and the row is not marked sent
+    /// (its error says why); with `allow_no_subscribers(true)` it is.
+    #[tokio::test]
+    async fn a_row_nobody_is_subscribed_to_is_not_marked_sent() {
+        let broker = Mosquitto::start(&dedup_suite::unique("outbox-mqtt"), "");
+        let topic = dedup_suite::unique("outbox-mqtt/nobody");
+        let (db, outbox, ids) = outbox_with(&topic, &[b"lost?"]).await;
+        let relay = outbox
+            .relay(&*db)
+            .backoff(Duration::from_millis(1), Duration::from_millis(1));
+        let relayed = relay.relay_batch(&publisher(&broker)).await.unwrap();
+        assert_eq!((relayed.claimed, relayed.failed), (1, 1), "{relayed:?}");
+        let (row_state, error) = state(&db, ids[0]).await;
+        let error = error.expect("the row's error");
+        assert!(
+            row_state != 2 && error.contains("no subscriber"),
+            "{row_state} {error}"
         );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let allowing = publisher(&broker).allow_no_subscribers(true);
+        let relayed = relay.relay_batch(&allowing).await.unwrap();
+        assert_eq!((relayed.claimed, relayed.sent), (1, 1), "{relayed:?}");
+        assert_eq!(state(&db, ids[0]).await.0, 2, "marked sent when allowed");
     }
 
     /// The confirm timeout with the relay on PostgreSQL and MariaDB too (the test above
@@ -810,6 +855,7 @@ mod mqtt {
             async fn $name() {
                 let broker = Mosquitto::start(&dedup_suite::unique("outbox-mqtt"), "");
                 let topic = dedup_suite::unique("outbox-mqtt/paused-db");
+                let _payloads = subscriber(broker.port(), &topic).await;
                 let pool = $pool;
                 let table = dedup_suite::unique_table("outbox_mqtt");
                 dedup_runtime::outbox::migrate_table(&pool, &table)
@@ -892,10 +938,9 @@ mod mqtt {
         let mut payloads = subscriber(broker.port(), &topic).await;
         let relayed = relay.relay_batch(&publisher).await.unwrap();
         assert_eq!(relayed.sent, 1, "{relayed:?}");
-        assert_eq!(
-            receive(&mut payloads, 1).await,
-            vec![wire(ids[0], b"before")]
-        );
+        let mut before = wire(ids[0], b"before");
+        before.0.push(("traceparent".to_owned(), TRACE.to_owned()));
+        assert_eq!(receive(&mut payloads, 1).await, vec![before]);
         broker.restart();
         let mut payloads = subscriber(broker.port(), &topic).await;
         // The cut may be seen at once or only by the next claim's writes (which then

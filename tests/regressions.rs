@@ -363,3 +363,17 @@ mod plain_takeover_raced_a_printed_claim;
 #[cfg(feature = "brokers")]
 #[path = "regressions/kafka_batches_ignored_offsets_in_database.rs"]
 mod kafka_batches_ignored_offsets_in_database;
+
+// Issue 40: the hosted MQTT consumer kept rumqttc's default 10 KiB packet limit: a larger
+// message failed the connection each time it came, and the subscription stuck behind it.
+// Fixed in "MQTT 5 for the consumer and the publisher": MQTT's own limit announced.
+#[cfg(feature = "brokers")]
+#[path = "regressions/mqtt_consumer_choked_on_a_message_over_10_kib.rs"]
+mod mqtt_consumer_choked_on_a_message_over_10_kib;
+
+// Issue 40: MQTT 3.1.1's `PUBACK` cannot say that nobody was subscribed: a row (or a dead
+// letter) that went nowhere was marked sent (acknowledged). Fixed in "MQTT 5 for the
+// consumer and the publisher": the `PUBACK`'s reason code is read.
+#[cfg(feature = "brokers")]
+#[path = "regressions/mqtt_sent_to_no_subscriber.rs"]
+mod mqtt_sent_to_no_subscriber;

@@ -76,8 +76,8 @@ pub struct Message {
 impl Message {
     /// Its id, the key to dedup on, taken from where the consumer was told to read it
     /// (RabbitMQ: the `message-id` property by default; Redis Streams: the entry's field
-    /// `id`; NATS: the `Message-Id` header; Kafka: the record header `id`; MQTT: the
-    /// payload's first line). Empty when the
+    /// `id`; NATS: the `Message-Id` header; Kafka: the record header `id`; MQTT: the user
+    /// property `message-id`). Empty when the
     /// message carries none: the handler's key check refuses it as an invalid id, and
     /// `AckPolicy` dead-letters it.
     pub fn id(&self) -> &str {
@@ -93,7 +93,8 @@ impl Message {
     /// AMQP headers table; a string or byte array as its bytes, a number or a boolean as
     /// its decimal text; other values left out. Redis Streams: the entry's fields but the
     /// id and `body`. NATS: each value of a header that has several as a pair of its own.
-    /// Kafka: the record's headers, a null value as no bytes. MQTT 3.1.1: none).
+    /// Kafka: the record's headers, a null value as no bytes. MQTT: the user properties but
+    /// the id, each value as its UTF-8 bytes).
     pub fn headers(&self) -> impl Iterator<Item = (&str, &[u8])> {
         self.headers
             .iter()
@@ -101,7 +102,7 @@ impl Message {
     }
 
     /// The value of the first header named `name` (compared as the broker compares:
-    /// RabbitMQ, Redis, NATS and Kafka exactly).
+    /// exactly on RabbitMQ, Redis, NATS, Kafka and MQTT).
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.headers().find(|(key, _)| *key == name).map(|(_, v)| v)
     }
@@ -437,7 +438,7 @@ pub(crate) mod shared {
     /// `text` as a header value: no control characters (a line break would end a NATS
     /// header), at most [`ERROR_LIMIT`] bytes, cut at a character boundary with a `…`.
     #[cfg_attr(
-        not(any(feature = "async-nats", feature = "rdkafka")),
+        not(any(feature = "async-nats", feature = "rdkafka", feature = "rumqttc")),
         allow(dead_code)
     )]
     pub(crate) fn header_text(text: &str) -> String {

@@ -4,43 +4,56 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::rumqttc::{
-    AsyncClient, ClientError, ConnectionError, Event, EventLoop, MqttOptions, Outgoing, Packet, QoS,
-};
+use ::rumqttc::Outgoing;
+use ::rumqttc::v5::mqttbytes::QoS;
+use ::rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, Publish, PublishProperties};
+use ::rumqttc::v5::{AsyncClient, ClientError, ConnectionError, Event, EventLoop, MqttOptions};
 use tokio::sync::{Mutex, mpsc};
 
 use crate::outbox::{OutboxMessage, Publisher};
 
 mod consumer;
 
-pub use consumer::{ConsumeError, MqttConsumer};
+pub use consumer::{ConsumeError, MqttConsumer, provenance};
 
-/// The largest packet MQTT 3.1.1 can carry: a remaining length of 268,435,455 bytes
-/// (four bytes of variable-length encoding) after a fixed header of five.
+/// The largest packet MQTT can carry: a remaining length of 268,435,455 bytes (four
+/// bytes of variable-length encoding) after a fixed header of five.
 pub const MQTT_MAX_PACKET: usize = 268_435_455 + 5;
 
-/// Publishes an outbox's rows to an MQTT broker (MQTT 3.1.1 through rumqttc), for the relay
-/// ([`Relay::run`](crate::outbox::Relay::run)): each row a `PUBLISH` at QoS 1 (not
-/// retained) to the topic named by its destination, and `Ok` once the broker answered it
-/// with its `PUBACK`.
+/// The MQTT 5 user property that carries a message's id, where
+/// [`MqttPublisher`] writes it and [`MqttConsumer`] reads it by default.
+pub const MESSAGE_ID: &str = "message-id";
+
+/// Publishes an outbox's rows to an MQTT broker (MQTT 5 through rumqttc's `v5` client),
+/// for the relay ([`Relay::run`](crate::outbox::Relay::run)): each row a `PUBLISH` at
+/// QoS 1 (not retained) to the topic named by its destination, its payload byte for
+/// byte, and `Ok` once the broker accepted it with its `PUBACK`.
 ///
-/// **The outgoing id is the payload's first line**: the packet's payload is
-/// `<id>\n<payload>` — the id as text (a UUID's 36 characters), a line feed, then the row's
-/// payload byte for byte. MQTT 3.1.1 has no headers and no message id of its own that
-/// survives a re-send (the packet id names one exchange on one connection), so the id
-/// travels in the payload, where the consumer downstream reads it (`examples/mqtt.rs`
-/// parses exactly this form). A row sent again — after a lost `PUBACK`, or by another
-/// relay after a stall — carries the same first line, which the consumer dedups. The
-/// row's trace context and ordering key are not sent (a session delivers one topic's QoS 1
-/// messages in order); a row with headers fails by itself
-/// ([`MqttPublishError::Headers`]): MQTT 3.1.1 has nowhere to put them.
+/// **The outgoing id is the user property `message-id`** ([`MESSAGE_ID`]), where
+/// [`MqttConsumer`] reads it. A row sent again — after a lost `PUBACK`, or by another
+/// relay after a stall — carries the same id, which the consumer dedups. The row's
+/// headers ([`Outgoing::header`](crate::outbox::Outgoing::header)) go as user
+/// properties before it, in order, and its trace context, if it has one, as the user
+/// property `traceparent`. MQTT's user properties are text: a header whose value is not
+/// UTF-8, or holds a NUL, fails its row by itself ([`MqttPublishError::InvalidHeader`])
+/// rather than go without it. The ordering key is not sent (a session delivers one
+/// topic's QoS 1 messages in order).
+///
+/// **A `PUBACK` that refuses is a failure.** MQTT 5's `PUBACK` carries a reason: a
+/// refusal (not authorized, quota exceeded, …) fails the row
+/// ([`MqttPublishError::Refused`]), and so does *no matching subscribers*
+/// ([`MqttPublishError::NoSubscribers`]): an MQTT broker keeps a message only for the
+/// sessions subscribed to its topic, so the message went nowhere — the outbox does not
+/// call it sent. Subscribe the consumer's persistent session before the relay sends, or
+/// say that such messages may go nowhere with
+/// [`allow_no_subscribers`](Self::allow_no_subscribers).
 ///
 /// The publisher owns its connection: it connects with `options` at the first send, keeps
 /// the connection open between claims (a task of its own answers the broker's keep-alive),
 /// and connects again at the next claim after one was lost. Give it a client id of its own
 /// (a second connection with the same id takes the session over and the broker closes the
-/// first) and, usually, a clean session: a row whose `PUBACK` did not come is sent again by
-/// the relay, not by the session.
+/// first) and a clean start (rumqttc's default): a row whose `PUBACK` did not come is sent
+/// again by the relay, not by the session.
 ///
 /// A claim's `PUBLISH`es are all written before any `PUBACK` is awaited, and its `PUBACK`s
 /// share one deadline ([`confirm_timeout`](Self::confirm_timeout), 30 s): a row not
@@ -56,7 +69,7 @@ pub const MQTT_MAX_PACKET: usize = 268_435_455 + 5;
 /// use dedup_runtime::rumqttc::MqttPublisher;
 ///
 /// # async fn relay(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
-/// let options = rumqttc::MqttOptions::new("orders-relay", "127.0.0.1", 1883);
+/// let options = rumqttc::v5::MqttOptions::new("orders-relay", "127.0.0.1", 1883);
 /// let publisher = MqttPublisher::new(options);
 /// Outbox::new().relay(&pool).run(&publisher, std::future::pending()).await?;
 /// # Ok(()) }
@@ -65,6 +78,7 @@ pub struct MqttPublisher {
     options: MqttOptions,
     confirm_timeout: Duration,
     max_packet: usize,
+    no_subscribers: bool,
     /// The connection, between claims too; `None` before the first claim and after one
     /// that did not end cleanly. One claim at a time holds it.
     session: Mutex<Option<Session>>,
@@ -77,19 +91,31 @@ impl std::fmt::Debug for MqttPublisher {
             .field("broker", &self.options.broker_address())
             .field("confirm_timeout", &self.confirm_timeout)
             .field("max_packet_size", &self.max_packet)
+            .field("allow_no_subscribers", &self.no_subscribers)
             .finish_non_exhaustive()
     }
 }
 
 impl MqttPublisher {
-    /// A publisher connecting with `options` (at its first send). The outgoing packet limit
-    /// in `options` is replaced by [`max_packet_size`](Self::max_packet_size).
+    /// A publisher connecting with `options` (at its first send).
     pub fn new(options: MqttOptions) -> Self {
         MqttPublisher {
             options,
             confirm_timeout: Duration::from_secs(30),
             max_packet: MQTT_MAX_PACKET,
+            no_subscribers: false,
             session: Mutex::new(None),
+        }
+    }
+
+    /// Whether a `PUBACK` saying *no matching subscribers* counts as sent (`false` by
+    /// default: the row fails with [`MqttPublishError::NoSubscribers`], counting an
+    /// attempt, and is sent again later). Set it for topics where a message nobody is
+    /// subscribed to may go nowhere.
+    pub fn allow_no_subscribers(self, allow: bool) -> Self {
+        MqttPublisher {
+            no_subscribers: allow,
+            ..self
         }
     }
 
@@ -103,10 +129,10 @@ impl MqttPublisher {
         }
     }
 
-    /// The largest `PUBLISH` packet sent, in bytes, fixed header included
-    /// ([`MQTT_MAX_PACKET`], the protocol's own limit, by default). Set it to the broker's
-    /// limit (Mosquitto's `message_size_limit`, plus the topic and the id's line) so that a
-    /// row too large for the broker fails by itself, with
+    /// The largest `PUBLISH` packet sent, in bytes, fixed header, topic and properties
+    /// included ([`MQTT_MAX_PACKET`], the protocol's own limit, by default). Set it to the
+    /// broker's limit (its `CONNACK`'s maximum packet size; Mosquitto's `max_packet_size`)
+    /// so that a row too large for the broker fails by itself, with
     /// [`MqttPublishError::TooLarge`], instead of failing the claim it is in.
     pub fn max_packet_size(self, bytes: usize) -> Self {
         MqttPublisher {
@@ -117,10 +143,7 @@ impl MqttPublisher {
 
     /// A new connection: the client, and the task that polls its event loop.
     fn connect(&self) -> Session {
-        let mut options = self.options.clone();
-        let incoming = options.max_packet_size();
-        options.set_max_packet_size(incoming, self.max_packet);
-        let (client, events) = AsyncClient::new(options, 64);
+        let (client, events) = AsyncClient::new(self.options.clone(), 64);
         let (tell, wire) = mpsc::unbounded_channel();
         Session {
             client,
@@ -134,21 +157,25 @@ impl MqttPublisher {
     async fn exchange(
         &self,
         session: &mut Session,
-        messages: &[(usize, &OutboxMessage)],
+        messages: Vec<(usize, Publish)>,
         answers: &mut [Option<Result<(), MqttPublishError>>],
     ) -> bool {
         let deadline = tokio::time::Instant::now() + self.confirm_timeout;
         let sending = async {
             // Index (into `answers`) of each message handed to the event loop, in order.
             let mut handed = Vec::with_capacity(messages.len());
-            for &(index, message) in messages {
-                let mut payload = Vec::with_capacity(ID_LINE + message.payload().len());
-                payload.extend_from_slice(message.id().to_string().as_bytes());
-                payload.push(b'\n');
-                payload.extend_from_slice(message.payload());
+            for (index, publish) in messages {
+                let topic = String::from_utf8(publish.topic.to_vec()).unwrap_or_default();
+                let properties = publish.properties.unwrap_or_default();
                 match session
                     .client
-                    .publish(message.destination(), QoS::AtLeastOnce, false, payload)
+                    .publish_with_properties(
+                        topic,
+                        QoS::AtLeastOnce,
+                        false,
+                        publish.payload,
+                        properties,
+                    )
                     .await
                 {
                     Ok(()) => handed.push(index),
@@ -187,9 +214,16 @@ impl MqttPublisher {
                     }
                     written += 1;
                 }
-                Wire::Acked(pkid) => {
+                Wire::Acked(pkid, reason) => {
                     if let Some(index) = in_flight.remove(&pkid) {
-                        answers[index] = Some(Ok(()));
+                        answers[index] = Some(match reason {
+                            PubAckReason::Success => Ok(()),
+                            PubAckReason::NoMatchingSubscribers if self.no_subscribers => Ok(()),
+                            PubAckReason::NoMatchingSubscribers => {
+                                Err(MqttPublishError::NoSubscribers)
+                            }
+                            refusal => Err(MqttPublishError::Refused(format!("{refusal:?}"))),
+                        });
                         open -= 1;
                     }
                 }
@@ -203,9 +237,6 @@ impl MqttPublisher {
         refused.is_none()
     }
 }
-
-/// `<36-character UUID>\n`.
-const ID_LINE: usize = 37;
 
 /// Fails every message without an answer yet.
 fn fill(
@@ -250,8 +281,8 @@ impl Drop for Session {
 enum Wire {
     /// A `PUBLISH` was written, under this packet id.
     Written(u16),
-    /// The broker's `PUBACK` for this packet id.
-    Acked(u16),
+    /// The broker's `PUBACK` for this packet id, and its reason.
+    Acked(u16, PubAckReason),
     /// The connection is gone (the task has ended).
     Lost(Option<ConnectionError>),
 }
@@ -263,7 +294,7 @@ async fn poll(mut events: EventLoop, wire: mpsc::UnboundedSender<Wire>) {
     loop {
         let event = match events.poll().await {
             Ok(Event::Outgoing(Outgoing::Publish(pkid))) => Wire::Written(pkid),
-            Ok(Event::Incoming(Packet::PubAck(ack))) => Wire::Acked(ack.pkid),
+            Ok(Event::Incoming(Packet::PubAck(ack))) => Wire::Acked(ack.pkid, ack.reason),
             Ok(_) => continue,
             Err(error) => {
                 let _ = wire.send(Wire::Lost(Some(error)));
@@ -282,8 +313,9 @@ impl Publisher for MqttPublisher {
 
     /// [`MqttPublishError::Connection`] and [`MqttPublishError::Client`] (the connection
     /// could not be made, or was lost with the claim out): the broker could not be
-    /// reached, and the rows cost no attempt. A PUBACK not back in time, a packet too
-    /// large, a topic that cannot be published to count.
+    /// reached, and the rows cost no attempt. A `PUBACK` not back in time or refusing, a
+    /// packet too large, a topic that cannot be published to, a header MQTT cannot carry
+    /// count.
     fn unreachable(error: &MqttPublishError) -> bool {
         matches!(
             error,
@@ -302,20 +334,9 @@ impl Publisher for MqttPublisher {
             messages.iter().map(|_| None).collect();
         let mut sendable = Vec::with_capacity(messages.len());
         for (index, message) in messages.iter().enumerate() {
-            let topic = message.destination();
-            let remaining = 2 + topic.len() + 2 + ID_LINE + message.payload().len();
-            let size = 1 + length_bytes(remaining) + remaining;
-            if size > self.max_packet {
-                answers[index] = Some(Err(MqttPublishError::TooLarge {
-                    size,
-                    max: self.max_packet,
-                }));
-            } else if !publishable(topic) {
-                answers[index] = Some(Err(MqttPublishError::InvalidTopic(topic.to_owned())));
-            } else if message.headers().next().is_some() {
-                answers[index] = Some(Err(MqttPublishError::Headers));
-            } else {
-                sendable.push((index, message));
+            match self.prepare(message) {
+                Ok(publish) => sendable.push((index, publish)),
+                Err(error) => answers[index] = Some(Err(error)),
             }
         }
         if !sendable.is_empty() {
@@ -324,7 +345,7 @@ impl Publisher for MqttPublisher {
                 *session = Some(self.connect());
             }
             let connection = session.as_mut().expect("a session was just made");
-            if !self.exchange(connection, &sendable, &mut answers).await {
+            if !self.exchange(connection, sendable, &mut answers).await {
                 *session = None;
             }
         }
@@ -335,20 +356,58 @@ impl Publisher for MqttPublisher {
     }
 }
 
-/// MQTT 3.1.1's rules for a topic name to publish to: 1 to 65,535 bytes of UTF-8, no
+impl MqttPublisher {
+    /// The `PUBLISH` of `message`: its topic, payload and user properties, checked.
+    fn prepare(&self, message: &OutboxMessage) -> Result<Publish, MqttPublishError> {
+        let topic = message.destination();
+        if !publishable(topic) {
+            return Err(MqttPublishError::InvalidTopic(topic.to_owned()));
+        }
+        let mut user_properties = Vec::new();
+        for (name, value) in message.headers() {
+            match std::str::from_utf8(value) {
+                Ok(text) if !text.contains('\0') => {
+                    user_properties.push((name.to_owned(), text.to_owned()));
+                }
+                _ => {
+                    return Err(MqttPublishError::InvalidHeader(format!(
+                        "the header {name:?} is not an MQTT user property's value (UTF-8 \
+                         text without NUL)"
+                    )));
+                }
+            }
+        }
+        user_properties.push((MESSAGE_ID.to_owned(), message.id().to_string()));
+        if let Some(traceparent) = message.traceparent() {
+            user_properties.push(("traceparent".to_owned(), traceparent.to_owned()));
+        }
+        let properties = PublishProperties {
+            user_properties,
+            ..PublishProperties::default()
+        };
+        let mut publish = Publish::new(
+            topic,
+            QoS::AtLeastOnce,
+            message.payload().to_vec(),
+            Some(properties),
+        );
+        // The packet id's two bytes, which `size` counts only once one is given.
+        publish.pkid = 1;
+        let size = publish.size();
+        if size > self.max_packet {
+            return Err(MqttPublishError::TooLarge {
+                size,
+                max: self.max_packet,
+            });
+        }
+        Ok(publish)
+    }
+}
+
+/// MQTT's rules for a topic name to publish to: 1 to 65,535 bytes of UTF-8, no
 /// wildcard (`+`, `#`), no NUL.
 fn publishable(topic: &str) -> bool {
     !topic.is_empty() && topic.len() <= usize::from(u16::MAX) && !topic.contains(['+', '#', '\0'])
-}
-
-/// Bytes of MQTT's variable-length encoding of `remaining`.
-fn length_bytes(remaining: usize) -> usize {
-    match remaining {
-        0..=127 => 1,
-        128..=16_383 => 2,
-        16_384..=2_097_151 => 3,
-        _ => 4,
-    }
 }
 
 /// Why [`MqttPublisher`] could not send a message.
@@ -376,9 +435,16 @@ pub enum MqttPublishError {
     /// The destination is not a topic MQTT publishes to (empty, longer than 65,535 bytes,
     /// with a wildcard `+` or `#`, or with a NUL): not sent.
     InvalidTopic(String),
-    /// The row has headers ([`Outgoing::header`](crate::outbox::Outgoing::header)), and
-    /// MQTT 3.1.1 has nowhere to put them: not sent rather than sent without them.
-    Headers,
+    /// One of the row's headers cannot be an MQTT user property (its value is not UTF-8
+    /// text, or holds a NUL): not sent rather than sent without it. Says which.
+    InvalidHeader(String),
+    /// The broker's `PUBACK` said *no matching subscribers*: no session is subscribed to
+    /// the topic, and the message went nowhere (unless
+    /// [`allow_no_subscribers`](MqttPublisher::allow_no_subscribers)).
+    NoSubscribers,
+    /// The broker's `PUBACK` refused the message, for the reason named (rumqttc's name of
+    /// the reason code: `NotAuthorized`, `QuotaExceeded`, `TopicNameInvalid`, …).
+    Refused(String),
 }
 
 impl std::fmt::Display for MqttPublishError {
@@ -394,10 +460,14 @@ impl std::fmt::Display for MqttPublishError {
                 f,
                 "the MQTT packet would be {size} bytes, over the publisher's limit of {max}"
             ),
-            MqttPublishError::Headers => f.write_str(
-                "the message has headers, which MQTT 3.1.1 cannot carry: put what they say \
-                 in the payload, or send it through another broker",
+            MqttPublishError::InvalidHeader(why) => f.write_str(why),
+            MqttPublishError::NoSubscribers => f.write_str(
+                "the MQTT broker has no subscriber for the topic (PUBACK: no matching \
+                 subscribers): the message went nowhere",
             ),
+            MqttPublishError::Refused(reason) => {
+                write!(f, "the MQTT broker refused the message (PUBACK: {reason})")
+            }
             MqttPublishError::InvalidTopic(topic) => write!(
                 f,
                 "{topic:?} is not an MQTT topic to publish to (empty, over 65,535 bytes, with \

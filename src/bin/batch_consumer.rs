@@ -234,7 +234,7 @@ async fn redis(pool: &PgPool, max: usize, stop: &Stop) -> Result<Ran, Box<dyn Er
 /// `examples/mqtt_consumer.rs`.
 async fn mqtt(pool: &PgPool, max: usize, stop: &Stop) -> Result<Ran, Box<dyn Error>> {
     use dedup_runtime::rumqttc::{MqttConsumer, MqttPublisher};
-    use rumqttc::MqttOptions;
+    use rumqttc::v5::MqttOptions;
 
     let (host, port): (String, u16) = (
         setting("MQTT_HOST", "127.0.0.1"),

@@ -1,9 +1,9 @@
 //! An outgoing message's headers end to end: enqueued with `Outgoing::header`, sent by the
 //! crate's publisher as the broker's own headers, given back by the crate's hosted
-//! consumer to its handler — on RabbitMQ, NATS JetStream, Kafka and Redis Streams, each
-//! checked in what the handler saw (with the outgoing id as the message's id). MQTT 3.1.1
-//! has nowhere to put them: its publisher fails such a row, which stays unsent with the
-//! reason as its last error.
+//! consumer to its handler — on RabbitMQ, NATS JetStream, Kafka, Redis Streams and MQTT 5
+//! (user properties), each checked in what the handler saw (with the outgoing id as the
+//! message's id). Where the broker's headers are text (NATS, MQTT), a value that is not
+//! fails its row, which stays unsent with the reason as its last error.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -196,23 +196,51 @@ async fn redis_carries_the_headers_to_the_handler_in_order() {
     super::redis::delete(&mut redis, &stream).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mqtt_refuses_a_row_with_headers_and_says_why() {
-    use dedup_runtime::rumqttc::MqttPublisher;
-    use dedup_suite::mosquitto::Mosquitto;
-
-    let broker = Mosquitto::start(&dedup_suite::unique("headers-mqtt"), "");
-    let options =
-        rumqttc::MqttOptions::new(dedup_suite::unique("relay"), "127.0.0.1", broker.port());
-    let publisher = MqttPublisher::new(options);
-    let (id, db) = relayed("headers/topic", &[("tenant", b"acme")], &publisher).await;
+/// The last error and state of the outbox row `id` in `db`.
+async fn row(db: &sqlx::SqlitePool, id: OutgoingId) -> (i64, String) {
     let (state, error): (i64, Option<String>) =
         sqlx::query_as("SELECT state, last_error FROM outbox_messages WHERE id = ?1")
             .bind(&id.as_uuid().as_bytes()[..])
-            .fetch_one(&*db)
+            .fetch_one(db)
             .await
             .unwrap();
-    assert_eq!(state, 0, "not sent without its headers");
-    let error = error.unwrap_or_default();
-    assert!(error.contains("MQTT 3.1.1 cannot carry"), "{error}");
+    (state, error.unwrap_or_default())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mqtt_carries_the_headers_as_user_properties_and_refuses_bytes_it_cannot() {
+    use dedup_runtime::rumqttc::{MqttConsumer, MqttPublisher};
+    use dedup_suite::mosquitto::Mosquitto;
+    use rumqttc::v5::MqttOptions;
+
+    let broker = Mosquitto::start(&dedup_suite::unique("headers-mqtt"), "");
+    let topic = format!("headers/{}", dedup_suite::unique("topic"));
+    let client_id = dedup_suite::unique("consumer");
+    super::mqtt::session(broker.port(), &client_id, &topic).await;
+    let options = MqttOptions::new(dedup_suite::unique("relay"), "127.0.0.1", broker.port());
+    let publisher = MqttPublisher::new(options);
+    let headers: [(&str, &[u8]); 3] = [("tenant", b"acme"), ("k", b"v"), ("tenant", b"again")];
+    let (id, db) = relayed(&topic, &headers, &publisher).await;
+    assert_eq!(row(&db, id).await.0, 2, "sent");
+    // Bytes a user property cannot hold: the row is not sent, and says why.
+    let (refused, db) = relayed(&topic, &[("raw", RAW)], &publisher).await;
+    let (state, error) = row(&db, refused).await;
+    assert_eq!(state, 0, "unsent, to be tried again");
+    assert!(
+        error.contains("not an MQTT user property's value"),
+        "{error}"
+    );
+
+    let pool = dedup_suite::sqlite().await;
+    let seen = Seen::default();
+    let done = until(|| async { !seen.lock().unwrap().is_empty() });
+    let options = MqttOptions::new(&client_id, "127.0.0.1", broker.port());
+    MqttConsumer::new(options, &topic)
+        .run(&*pool, recording(&seen), async {
+            done.await;
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        })
+        .await
+        .unwrap();
+    assert_eq!(*seen.lock().unwrap(), [(id.to_string(), pairs(&headers))]);
 }

@@ -8,75 +8,57 @@ use dedup_runtime::AckPolicy;
 use dedup_runtime::consume::Message;
 use dedup_runtime::rumqttc::MqttConsumer;
 use dedup_suite::mosquitto::Mosquitto;
+pub(crate) use dedup_suite::mosquitto::{Wire, collect, property, publish, session, wire};
 use dedup_suite::outage::Outage;
-use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+use rumqttc::v5::MqttOptions;
 
-use super::common::{PATIENCE, count, fails_first_time, fails_permanently, until};
+use super::common::{count, fails_first_time, fails_permanently, until};
 
-/// A persistent session of `client_id` subscribed to `topic` at QoS 1, left offline: the
-/// broker keeps what comes for it.
-pub(crate) async fn session(port: u16, client_id: &str, topic: &str) {
-    let mut options = MqttOptions::new(client_id, "127.0.0.1", port);
-    options.set_clean_session(false);
-    let (client, mut events) = AsyncClient::new(options, 16);
-    client.subscribe(topic, QoS::AtLeastOnce).await.unwrap();
-    loop {
-        match tokio::time::timeout(PATIENCE, events.poll()).await {
-            Ok(Ok(Event::Incoming(Packet::SubAck(_)))) => break,
-            Ok(Ok(_)) => {}
-            other => panic!("subscribing {client_id}: {other:?}"),
-        }
+/// Checks the dead letters `dead` (in any order): the message without an id and the
+/// poison one of `run`, each with its payload, its original properties first, and the
+/// provenance of `client_id`'s consumer of `topic`.
+fn check_dead_letters(dead: &mut [Wire], run: &str, client_id: &str, topic: &str) {
+    use dedup_runtime::rumqttc::provenance;
+    dead.sort_by(|a, b| a.1.cmp(&b.1));
+    let payloads: Vec<&[u8]> = dead.iter().map(|(_, payload)| payload.as_slice()).collect();
+    assert_eq!(payloads, [b"no id".as_slice(), b"poison"], "{dead:?}");
+    let poison = format!("{run}-poison");
+    assert_eq!(
+        dead[0].0[0].0,
+        provenance::TOPIC,
+        "no original property: {:?}",
+        dead[0]
+    );
+    assert_eq!(
+        dead[1].0[0],
+        ("message-id".to_owned(), poison),
+        "the original's first"
+    );
+    for letter in dead.iter() {
+        assert_eq!(
+            property(letter, provenance::TOPIC),
+            Some(topic),
+            "{letter:?}"
+        );
+        assert_eq!(
+            property(letter, provenance::CLIENT),
+            Some(client_id),
+            "{letter:?}"
+        );
+        assert_eq!(
+            property(letter, provenance::ATTEMPTS),
+            Some("1"),
+            "{letter:?}"
+        );
     }
-    client.disconnect().await.unwrap();
-    while events.poll().await.is_ok() {}
-}
-
-/// Publishes each payload to `topic` at QoS 1, every `PUBACK` back.
-pub(crate) async fn publish(port: u16, topic: &str, payloads: &[Vec<u8>]) {
-    let options = MqttOptions::new(dedup_suite::unique("pub"), "127.0.0.1", port);
-    let (client, mut events) = AsyncClient::new(options, 64);
-    let sending = {
-        let (client, topic, payloads) = (client.clone(), topic.to_owned(), payloads.to_vec());
-        tokio::spawn(async move {
-            for payload in payloads {
-                client
-                    .publish(&topic, QoS::AtLeastOnce, false, payload)
-                    .await
-                    .unwrap();
-            }
-        })
-    };
-    let mut acked = 0;
-    while acked < payloads.len() {
-        match tokio::time::timeout(PATIENCE, events.poll()).await {
-            Ok(Ok(Event::Incoming(Packet::PubAck(_)))) => acked += 1,
-            Ok(Ok(_)) => {}
-            other => panic!("publishing: {other:?}"),
-        }
-    }
-    sending.await.unwrap();
-    client.disconnect().await.unwrap();
-    while events.poll().await.is_ok() {}
-}
-
-/// What the persistent session `client_id` (subscribed to `topic`) gets, until nothing
-/// more comes for a second.
-pub(crate) async fn collect(port: u16, client_id: &str, topic: &str) -> Vec<Vec<u8>> {
-    let mut options = MqttOptions::new(client_id, "127.0.0.1", port);
-    options.set_clean_session(false);
-    let (client, mut events) = AsyncClient::new(options, 64);
-    client.subscribe(topic, QoS::AtLeastOnce).await.unwrap();
-    let mut got = Vec::new();
-    while let Ok(Ok(event)) = tokio::time::timeout(Duration::from_secs(1), events.poll()).await {
-        if let Event::Incoming(Packet::Publish(publish)) = event {
-            got.push(publish.payload.to_vec());
-        }
-    }
-    got
-}
-
-fn wire(id: &str, body: &[u8]) -> Vec<u8> {
-    [format!("{id}\n").as_bytes(), body].concat()
+    let error = property(&dead[1], provenance::ERROR).expect("the error");
+    assert!(error.contains("a poison message"), "{error}");
+    let class = property(&dead[1], provenance::ERROR_CLASS).expect("the error's type");
+    assert!(class.contains("Error"), "{class}");
+    assert!(
+        property(&dead[0], provenance::ERROR).is_some(),
+        "an empty id: refused"
+    );
 }
 
 macro_rules! backend {
@@ -155,11 +137,12 @@ macro_rules! backend {
                 session(broker.port(), &client_id, &topic).await;
                 session(broker.port(), &dead_id, &format!("{topic}/dead")).await;
                 let ids: Vec<String> = (0..20).map(|n| format!("{run}-{n}")).collect();
-                let mut payloads: Vec<Vec<u8>> = ids.iter().map(|id| wire(id, b"body")).collect();
-                payloads.extend(ids.iter().step_by(4).map(|id| wire(id, b"body")));
-                payloads.push(wire(&format!("{run}-flaky"), b"flaky"));
-                payloads.push(wire(&format!("{run}-poison"), b"poison"));
-                payloads.push(b"no id".to_vec());
+                let mut payloads: Vec<Wire> =
+                    ids.iter().map(|id| wire(Some(id), b"body")).collect();
+                payloads.extend(ids.iter().step_by(4).map(|id| wire(Some(id), b"body")));
+                payloads.push(wire(Some(&format!("{run}-flaky")), b"flaky"));
+                payloads.push(wire(Some(&format!("{run}-poison")), b"poison"));
+                payloads.push(wire(None, b"no id"));
                 publish(broker.port(), &topic, &payloads).await;
 
                 let consumer = MqttConsumer::new(
@@ -190,8 +173,7 @@ macro_rules! backend {
                     "{result:?}"
                 );
                 let mut dead = collect(broker.port(), &dead_id, &format!("{topic}/dead")).await;
-                dead.sort();
-                assert_eq!(dead, [b"no id".to_vec(), wire(&format!("{run}-poison"), b"poison")]);
+                check_dead_letters(&mut dead, &run, &client_id, &topic);
                 assert!(
                     collect(broker.port(), &client_id, &topic).await.is_empty(),
                     "every message acknowledged: nothing left in the session"
@@ -211,11 +193,12 @@ macro_rules! backend {
                 session(broker.port(), &client_id, &topic).await;
                 session(broker.port(), &dead_id, &format!("{topic}/dead")).await;
                 let ids: Vec<String> = (0..20).map(|n| format!("{run}-{n}")).collect();
-                let mut payloads: Vec<Vec<u8>> = ids.iter().map(|id| wire(id, b"body")).collect();
-                payloads.extend(ids.iter().step_by(4).map(|id| wire(id, b"body")));
-                payloads.push(wire(&format!("{run}-flaky"), b"flaky"));
-                payloads.push(wire(&format!("{run}-poison"), b"poison"));
-                payloads.push(b"no id".to_vec());
+                let mut payloads: Vec<Wire> =
+                    ids.iter().map(|id| wire(Some(id), b"body")).collect();
+                payloads.extend(ids.iter().step_by(4).map(|id| wire(Some(id), b"body")));
+                payloads.push(wire(Some(&format!("{run}-flaky")), b"flaky"));
+                payloads.push(wire(Some(&format!("{run}-poison")), b"poison"));
+                payloads.push(wire(None, b"no id"));
                 publish(broker.port(), &topic, &payloads).await;
 
                 let consumer = MqttConsumer::new(
@@ -252,8 +235,7 @@ macro_rules! backend {
                     "{result:?}"
                 );
                 let mut dead = collect(broker.port(), &dead_id, &format!("{topic}/dead")).await;
-                dead.sort();
-                assert_eq!(dead, [b"no id".to_vec(), wire(&format!("{run}-poison"), b"poison")]);
+                check_dead_letters(&mut dead, &run, &client_id, &topic);
                 assert!(
                     collect(broker.port(), &client_id, &topic).await.is_empty(),
                     "every message acknowledged: nothing left in the session"
@@ -273,7 +255,7 @@ macro_rules! backend {
                 let client_id = format!("{run}-consumer");
                 session(broker.port(), &client_id, &topic).await;
                 let ids: Vec<String> = (0..100).map(|n| format!("{run}-{n}")).collect();
-                let payloads: Vec<Vec<u8>> = ids.iter().map(|id| wire(id, b"body")).collect();
+                let payloads: Vec<Wire> = ids.iter().map(|id| wire(Some(id), b"body")).collect();
                 publish(broker.port(), &topic, &payloads).await;
                 let consumer = MqttConsumer::new(
                     MqttOptions::new(&client_id, "127.0.0.1", proxy.port()),
@@ -320,7 +302,7 @@ macro_rules! backend {
                 let client_id = format!("{run}-consumer");
                 session(broker.port(), &client_id, &topic).await;
                 let id = format!("{run}-slow");
-                publish(broker.port(), &topic, &[wire(&id, b"body")]).await;
+                publish(broker.port(), &topic, &[wire(Some(&id), b"body")]).await;
                 let consumer = MqttConsumer::new(
                     MqttOptions::new(&client_id, "127.0.0.1", broker.port()),
                     &topic,
@@ -349,7 +331,7 @@ macro_rules! backend {
                 assert_eq!(dedup_suite::claims(db, CONSUMER, &id).await, 0);
                 assert_eq!(
                     collect(broker.port(), &client_id, &topic).await,
-                    [wire(&id, b"body")],
+                    [wire(Some(&id), b"body")],
                     "given back by the session"
                 );
             }

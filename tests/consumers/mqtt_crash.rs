@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use dedup_suite::Shuffle;
 use dedup_suite::mosquitto::Mosquitto;
 
-use super::mqtt::{collect, publish, session};
+use super::mqtt::{Wire, collect, property, publish, session, wire};
 
 use super::common::Life;
 
@@ -81,16 +81,9 @@ async fn under_sigkill(program: std::path::PathBuf) {
     session(port, &format!("{run}-events"), &format!("{topic}/events")).await;
 
     let ids: Vec<String> = (0..messages).map(|n| format!("{run}-{n}")).collect();
-    let mut payloads: Vec<Vec<u8>> = ids
-        .iter()
-        .map(|id| format!("{id}\nbody").into_bytes())
-        .collect();
-    payloads.extend(
-        ids.iter()
-            .step_by(10)
-            .map(|id| format!("{id}\nbody").into_bytes()),
-    );
-    payloads.extend((0..POISON).map(|n| format!("poison {n}").into_bytes()));
+    let mut payloads: Vec<Wire> = ids.iter().map(|id| wire(Some(id), b"body")).collect();
+    payloads.extend(ids.iter().step_by(10).map(|id| wire(Some(id), b"body")));
+    payloads.extend((0..POISON).map(|n| wire(None, format!("poison {n}").as_bytes())));
     random.shuffle(&mut payloads);
     publish(port, &topic, &payloads).await;
 
@@ -188,13 +181,12 @@ async fn under_sigkill(program: std::path::PathBuf) {
     let dead: BTreeSet<Vec<u8>> = collect(port, &format!("{run}-dead"), &format!("{topic}/dead"))
         .await
         .into_iter()
+        .map(|(_, payload)| payload)
         .collect();
     let events = collect(port, &format!("{run}-events"), &format!("{topic}/events")).await;
     let event_ids: BTreeSet<String> = events
         .iter()
-        .map(|payload| {
-            String::from_utf8_lossy(payload.split(|&b| b == b'\n').next().unwrap()).into_owned()
-        })
+        .filter_map(|event| property(event, "message-id").map(str::to_owned))
         .collect();
     eprintln!(
         "hosted MQTT consumer under SIGKILL (seed {seed}): {killed} kills in {} lives, \

@@ -261,7 +261,9 @@ mod mqtt {
     use super::*;
     use dedup_runtime::rumqttc::MqttPublisher;
     use dedup_suite::mosquitto::Mosquitto;
-    use rumqttc::{AsyncClient, Event, MqttOptions, Packet, QoS};
+    use rumqttc::v5::mqttbytes::QoS;
+    use rumqttc::v5::mqttbytes::v5::Packet;
+    use rumqttc::v5::{AsyncClient, Event, MqttOptions};
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_publisher_connects_again_and_the_outage_costs_no_attempt() {
@@ -287,8 +289,12 @@ mod mqtt {
                 let _client = client;
                 while let Ok(event) = events.poll().await {
                     if let Event::Incoming(Packet::Publish(publish)) = event {
-                        let line = publish.payload.split(|&b| b == b'\n').next().unwrap();
-                        let id = String::from_utf8(line.to_vec()).unwrap();
+                        let properties = publish.properties.unwrap_or_default();
+                        let (_, id) = properties
+                            .user_properties
+                            .into_iter()
+                            .find(|(name, _)| name == "message-id")
+                            .expect("the id's user property");
                         received.lock().unwrap().insert(id);
                     }
                 }

@@ -6,7 +6,12 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ::rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Outgoing, Packet, Publish, QoS};
+use ::rumqttc::Outgoing;
+use ::rumqttc::v5::mqttbytes::QoS;
+use ::rumqttc::v5::mqttbytes::v5::{
+    Packet, PubAckReason, Publish, PublishProperties, SubscribeReasonCode,
+};
+use ::rumqttc::v5::{AsyncClient, Event, EventLoop, MqttOptions};
 use sqlx::Pool;
 use tokio::sync::{mpsc, watch};
 
@@ -16,14 +21,43 @@ use crate::batch::BatchOutcome;
 use crate::consume::calls::{self, Batches, Calls, Plain, Settlement};
 use crate::consume::{Consumed, Message, TraceParent};
 
-/// Runs an `#[idempotent]` handler for every message of an MQTT subscription (MQTT 3.1.1,
-/// QoS 1), and owns everything between the broker and the handler:
+use super::{MESSAGE_ID, MQTT_MAX_PACKET};
+
+/// The user properties a dead letter carries after the original's: where it came from
+/// and why it was dead-lettered.
+pub mod provenance {
+    /// The topic the message was published to.
+    pub const TOPIC: &str = "dedup-source-topic";
+    /// The client id of the consumer's session that read it.
+    pub const CLIENT: &str = "dedup-source-client";
+    /// How many times the handler was called for it by this consumer (decimal, from 1).
+    pub const ATTEMPTS: &str = "dedup-attempts";
+    /// The Rust type of the handler's error; absent when the handler returned no error.
+    pub const ERROR_CLASS: &str = "dedup-error-class";
+    /// The handler's error, as its `Display` writes it (control characters made spaces,
+    /// cut at [`ERROR_LIMIT`] bytes with a `…`); absent when the handler returned no
+    /// error.
+    pub const ERROR: &str = "dedup-error";
+    /// The longest error text kept, in bytes.
+    pub const ERROR_LIMIT: usize = crate::consume::shared::ERROR_LIMIT;
+}
+
+/// Runs an `#[idempotent]` handler for every message of an MQTT subscription (MQTT 5
+/// through rumqttc's `v5` client, QoS 1), and owns everything between the broker and the
+/// handler:
 ///
 /// - **A persistent session.** The consumer connects with the client id of the
-///   [`MqttOptions`] given here and **clean session off** (it sets it): the broker keeps
-///   the subscription and the messages it sent and had no `PUBACK` for, and sends them
-///   again when the session connects again. Use one stable client id per consumer
-///   process (a second connection with the same id takes the session over).
+///   [`MqttOptions`] given here, **clean start off** and a **session expiry** (it sets
+///   both; the expiry is the options' own if they have one, else *never*: in MQTT 5 a
+///   session without one ends with its connection, and the messages sent meanwhile with
+///   it). The broker keeps the subscription and the messages it sent and had no `PUBACK`
+///   for, and sends them again when the session connects again. Use one stable client id
+///   per consumer process (a second connection with the same id takes the session over).
+/// - **No size limit of its own.** Unless the options set a maximum packet size, the
+///   consumer announces MQTT's own ([`MQTT_MAX_PACKET`]): rumqttc's default of 10 KiB
+///   would make a larger message fail the connection each time it came. A limit of yours
+///   is announced to the broker, which then discards the larger messages for this session
+///   (MQTT 5's rule): they never reach the consumer.
 /// - **`PUBACK` after the transaction, in arrival order.** Acknowledgements are manual
 ///   (the consumer sets it: rumqttc's default acknowledges on receipt, before the
 ///   handler, and a crash then loses the message). MQTT wants `PUBACK`s in the order the
@@ -32,11 +66,15 @@ use crate::consume::{Consumed, Message, TraceParent};
 ///   a new connection: `Ack::Retry { after }` waits `after` and calls the handler again
 ///   (its delivery count one more), holding the later messages back meanwhile.
 /// - **Dead letters** go to the dead topic (`<topic>/dead` by default; a shared
-///   subscription's `$share/<group>/` prefix left out) at QoS 1 with the original payload;
-///   the original is acknowledged once the broker acknowledged the copy (a crash in
-///   between sends the copy twice, never zero times). MQTT keeps a message only for a
-///   topic someone is subscribed to: subscribe a persistent session of yours to the dead
-///   topic before dead letters come.
+///   subscription's `$share/<group>/` prefix left out) at QoS 1 with the original payload
+///   and user properties, and the [`provenance`] after them (source topic, client id,
+///   attempts, error class and text); the original is acknowledged once the broker
+///   accepted the copy (a crash in between sends the copy twice, never zero times). MQTT
+///   keeps a message only for a topic someone is subscribed to: subscribe a persistent
+///   session of yours to the dead topic before dead letters come. A copy the broker
+///   refuses, or answers with *no matching subscribers*, is not an acknowledged dead
+///   letter: the original stays unacknowledged, the consumer waits 5 s and connects
+///   again, and the message comes back (a warning says why each time).
 /// - **Survives its broker**: when the connection is lost the message in hand is not
 ///   acknowledged (its packet id belongs to the old connection, and the broker may give
 ///   it to another message on the new one), and the consumer connects again (waiting
@@ -48,10 +86,11 @@ use crate::consume::{Consumed, Message, TraceParent};
 ///   transaction rolls back), acknowledges it, and disconnects; the messages it had
 ///   received and not started stay with the session, for the next start.
 ///
-/// The message id is the payload's first line (`<id>\n<body>`: what
-/// [`MqttPublisher`](super::MqttPublisher) sends; MQTT 3.1.1 has no headers), and
-/// [`Message::payload`] the body after it. A payload without a line feed has no id: the
-/// handler refuses its empty id, and it is dead-lettered. The topic may be a shared
+/// The message id is the user property `message-id` ([`MESSAGE_ID`]; another with
+/// [`id_property`](Self::id_property)): where [`MqttPublisher`](super::MqttPublisher)
+/// writes it. A message without it has no id: the handler refuses its empty id, and it
+/// is dead-lettered. [`Message::payload`] is the payload byte for byte, and
+/// [`Message::headers`] the other user properties, in order. The topic may be a shared
 /// subscription (`$share/<group>/<topic>`): the broker then spreads the messages over
 /// the group's sessions.
 ///
@@ -72,6 +111,7 @@ use crate::consume::{Consumed, Message, TraceParent};
 ///
 /// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 /// let options = MqttOptions::new("payments-consumer-1", "127.0.0.1", 1883);
+/// // rumqttc::v5::MqttOptions
 /// let consumer = MqttConsumer::new(options, "payments");
 /// let shutdown = std::future::pending(); // SIGTERM, in a service
 /// let consumed = consumer
@@ -84,6 +124,7 @@ pub struct MqttConsumer {
     options: MqttOptions,
     topic: String,
     dead_topic: String,
+    id_property: String,
     shutdown_deadline: Duration,
     trace_parent: Option<TraceParent>,
 }
@@ -95,6 +136,7 @@ impl std::fmt::Debug for MqttConsumer {
             .field("broker", &self.options.broker_address())
             .field("topic", &self.topic)
             .field("dead_topic", &self.dead_topic)
+            .field("id_property", &self.id_property)
             .field("shutdown_deadline", &self.shutdown_deadline)
             .field("trace_parent", &self.trace_parent.is_some())
             .finish_non_exhaustive()
@@ -128,9 +170,9 @@ const WIRE: Duration = Duration::from_secs(30);
 
 impl MqttConsumer {
     /// A consumer of `topic` (a topic filter; `$share/<group>/<topic>` for a shared
-    /// subscription) at QoS 1, connecting with `options` (clean session off and manual
-    /// acknowledgements set here), dead letters to `<topic>/dead`, a 10 s shutdown
-    /// deadline.
+    /// subscription) at QoS 1, connecting with `options` (clean start off, a session
+    /// expiry, manual acknowledgements set here), the id from the user property
+    /// `message-id`, dead letters to `<topic>/dead`, a 10 s shutdown deadline.
     pub fn new(options: MqttOptions, topic: &str) -> Self {
         let unshared = topic
             .strip_prefix("$share/")
@@ -140,6 +182,7 @@ impl MqttConsumer {
             options,
             topic: topic.to_owned(),
             dead_topic: format!("{unshared}/dead"),
+            id_property: MESSAGE_ID.to_owned(),
             shutdown_deadline: Duration::from_secs(10),
             trace_parent: None,
         }
@@ -149,6 +192,16 @@ impl MqttConsumer {
     pub fn dead_topic(self, topic: &str) -> Self {
         MqttConsumer {
             dead_topic: topic.to_owned(),
+            ..self
+        }
+    }
+
+    /// The user property that holds the message id (`message-id`, [`MESSAGE_ID`], by
+    /// default: where [`MqttPublisher`](super::MqttPublisher) writes it). Compared
+    /// exactly; the first of that name counts.
+    pub fn id_property(self, name: &str) -> Self {
+        MqttConsumer {
+            id_property: name.to_owned(),
             ..self
         }
     }
@@ -315,7 +368,14 @@ impl MqttConsumer {
     /// A connection, subscribed (its `SUBACK` granted at QoS 1 or more).
     async fn connect(&self) -> Result<Session, String> {
         let mut options = self.options.clone();
-        options.set_clean_session(false).set_manual_acks(true);
+        if options.session_expiry_interval().is_none() {
+            // MQTT 5: 0xFFFF_FFFF, the session never expires.
+            options.set_session_expiry_interval(Some(u32::MAX));
+        }
+        if options.max_packet_size().is_none() {
+            options.set_max_packet_size(Some(MQTT_MAX_PACKET as u32));
+        }
+        options.set_clean_start(false).set_manual_acks(true);
         let (client, events) = AsyncClient::new(options, 64);
         let (tell, wire) = mpsc::unbounded_channel();
         let mut session = Session {
@@ -353,8 +413,8 @@ enum Wire {
     SubAck(bool),
     /// A `PUBLISH` of ours written, with its packet id.
     Published(u16),
-    /// The broker's `PUBACK` of one of ours.
-    PubAck(u16),
+    /// The broker's `PUBACK` of one of ours, and its reason.
+    PubAck(u16, PubAckReason),
     Lost(String),
 }
 
@@ -441,23 +501,28 @@ impl Session {
     }
 }
 
-/// The [`Message`] of `publish`: its id the payload's first line, its body the rest.
-fn message(publish: &Publish) -> Message {
-    let (id, body) = match publish.payload.iter().position(|&byte| byte == b'\n') {
-        Some(at) => (
-            std::str::from_utf8(&publish.payload[..at])
-                .unwrap_or_default()
-                .to_owned(),
-            publish.payload[at + 1..].to_vec(),
-        ),
-        None => (String::new(), publish.payload.to_vec()),
-    };
+/// The [`Message`] of `publish`: its id the first user property named `id_property`,
+/// its headers the other user properties.
+fn message(publish: &Publish, id_property: &str) -> Message {
+    let mut id = None;
+    let mut headers = Vec::new();
+    for (name, value) in publish
+        .properties
+        .iter()
+        .flat_map(|properties| &properties.user_properties)
+    {
+        if id.is_none() && name == id_property {
+            id = Some(value.clone());
+        } else {
+            headers.push((name.clone(), value.as_bytes().to_vec()));
+        }
+    }
     Message {
-        id,
-        payload: body,
-        headers: Vec::new(),
+        id: id.unwrap_or_default(),
+        payload: publish.payload.to_vec(),
+        headers,
         delivery: if publish.dup { 2 } else { 1 },
-        destination: publish.topic.clone(),
+        destination: String::from_utf8_lossy(&publish.topic).into_owned(),
     }
 }
 
@@ -467,13 +532,11 @@ async fn poll(mut events: EventLoop, wire: mpsc::UnboundedSender<Wire>) {
     loop {
         let event = match events.poll().await {
             Ok(Event::Incoming(Packet::Publish(publish))) => Wire::Publish(publish),
-            Ok(Event::Incoming(Packet::SubAck(ack))) => Wire::SubAck(
-                ack.return_codes
-                    .iter()
-                    .all(|code| matches!(code, ::rumqttc::SubscribeReasonCode::Success(qos) if *qos != QoS::AtMostOnce)),
-            ),
+            Ok(Event::Incoming(Packet::SubAck(ack))) => Wire::SubAck(ack.return_codes.iter().all(
+                |code| matches!(code, SubscribeReasonCode::Success(qos) if *qos != QoS::AtMostOnce),
+            )),
             Ok(Event::Outgoing(Outgoing::Publish(pkid))) => Wire::Published(pkid),
-            Ok(Event::Incoming(Packet::PubAck(ack))) => Wire::PubAck(ack.pkid),
+            Ok(Event::Incoming(Packet::PubAck(ack))) => Wire::PubAck(ack.pkid, ack.reason),
             Ok(_) => continue,
             Err(error) => {
                 let _ = wire.send(Wire::Lost(error.to_string()));
@@ -613,7 +676,11 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
     /// process, the unsettled ones together), then sends the dead letters and the
     /// acknowledgements, in arrival order.
     async fn process(&mut self, session: &mut Session, publishes: &[Publish]) -> Settled {
-        let mut messages: Vec<Message> = publishes.iter().map(message).collect();
+        let id_property = self.consumer.id_property.as_str();
+        let mut messages: Vec<Message> = publishes
+            .iter()
+            .map(|publish| message(publish, id_property))
+            .collect();
         let mut settled: Vec<Option<Settlement>> = vec![None; publishes.len()];
         loop {
             let open: Vec<usize> = (0..publishes.len())
@@ -627,7 +694,7 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
             let span = calls::span(
                 self.calls,
                 "mqtt",
-                &publishes[open[0]].topic,
+                &messages[open[0]].destination,
                 None,
                 &batch,
                 consumer.trace_parent,
@@ -654,13 +721,12 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
                         wait = Some(wait.unwrap_or(Duration::ZERO).max(after));
                     }
                     Ack::DeadLetter => {
-                        let error = error.map_or_else(
-                            || "dead-lettered by the policy".to_owned(),
-                            |(_, text)| text,
-                        );
-                        tracing::warn!(parent: &span, %error,
+                        let text = error
+                            .as_ref()
+                            .map_or("dead-lettered by the policy", |(_, text)| text.as_str());
+                        tracing::warn!(parent: &span, error = %text,
                             "MQTT consumer: permanent failure; dead-lettered");
-                        settled[n] = Some((ack, None));
+                        settled[n] = Some((ack, error));
                     }
                     Ack::Ack => settled[n] = Some((ack, None)),
                 }
@@ -672,11 +738,22 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
                 return Settled::Stopped;
             }
         }
-        for (publish, settlement) in publishes.iter().zip(settled) {
-            let dead = matches!(settlement, Some((Ack::DeadLetter, _)));
-            if dead && let Err(error) = self.dead_letter(session, publish).await {
-                tracing::warn!(%error, "MQTT consumer: the dead letter was not acknowledged");
+        for ((publish, message), settlement) in publishes.iter().zip(&messages).zip(settled) {
+            let dead = match settlement {
+                Some((Ack::DeadLetter, error)) => Some(error),
+                _ => None,
+            };
+            let is_dead = dead.is_some();
+            if let Some(error) = dead
+                && let Err(refused) = self.dead_letter(session, publish, message, error).await
+            {
+                tracing::warn!(error = %refused, dead_topic = %self.consumer.dead_topic,
+                    "MQTT consumer: the dead letter was not accepted; the message stays \
+                     unacknowledged, and comes back on the next connection");
                 self.consumed.dropped += 1;
+                if !self.pause(RECONNECT.1).await {
+                    return Settled::Stopped;
+                }
                 return Settled::Lost;
             }
             // The packet id belongs to this connection: a lost one takes the
@@ -685,7 +762,7 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
                 self.consumed.dropped += 1;
                 return Settled::Lost;
             }
-            if dead {
+            if is_dead {
                 self.consumed.dead_lettered += 1;
             } else {
                 self.consumed.acknowledged += 1;
@@ -694,19 +771,45 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
         Settled::Done
     }
 
-    /// The original payload to the dead topic at QoS 1, once the broker acknowledged it.
+    /// The original payload and user properties, with the provenance after them, to the
+    /// dead topic at QoS 1; `Ok` once the broker accepted it.
     async fn dead_letter(
         &mut self,
         session: &mut Session,
         publish: &Publish,
+        message: &Message,
+        error: Option<(&'static str, String)>,
     ) -> Result<(), String> {
+        let mut user_properties: Vec<(String, String)> = publish
+            .properties
+            .iter()
+            .flat_map(|properties| properties.user_properties.iter().cloned())
+            .collect();
+        user_properties.push((provenance::TOPIC.to_owned(), message.destination.clone()));
+        user_properties.push((
+            provenance::CLIENT.to_owned(),
+            self.consumer.options.client_id(),
+        ));
+        user_properties.push((
+            provenance::ATTEMPTS.to_owned(),
+            message.delivery.to_string(),
+        ));
+        if let Some((class, text)) = error {
+            user_properties.push((provenance::ERROR_CLASS.to_owned(), class.to_owned()));
+            user_properties.push((provenance::ERROR.to_owned(), shared::header_text(&text)));
+        }
+        let properties = PublishProperties {
+            user_properties,
+            ..PublishProperties::default()
+        };
         session
             .client
-            .publish(
+            .publish_with_properties(
                 &self.consumer.dead_topic,
                 QoS::AtLeastOnce,
                 false,
-                publish.payload.to_vec(),
+                publish.payload.clone(),
+                properties,
             )
             .await
             .map_err(|error| error.to_string())?;
@@ -716,11 +819,26 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
                 _ => None,
             })
             .await?;
-        session
-            .wait_for("the broker's PUBACK of the dead letter", |wire| {
-                matches!(wire, Wire::PubAck(acked) if *acked == pkid).then_some(())
-            })
-            .await
+        let reason = session
+            .wait_for(
+                "the broker's PUBACK of the dead letter",
+                |wire| match wire {
+                    Wire::PubAck(acked, reason) if *acked == pkid => Some(*reason),
+                    _ => None,
+                },
+            )
+            .await?;
+        match reason {
+            PubAckReason::Success => Ok(()),
+            PubAckReason::NoMatchingSubscribers => Err(format!(
+                "no session is subscribed to the dead topic {:?} (PUBACK: no matching \
+                 subscribers): subscribe one before dead letters come",
+                self.consumer.dead_topic
+            )),
+            refusal => Err(format!(
+                "the broker refused the dead letter (PUBACK: {refusal:?})"
+            )),
+        }
     }
 
     /// `call`, or `None` if shutdown began and its deadline passed first.
