@@ -24,12 +24,14 @@ pub(crate) mod sqlite;
 pub struct Statements {
     /// The table, as written in the attribute.
     pub table: &'static str,
-    /// PostgreSQL's claim of a table of 0.1, which reads `state` and `expires_at` through
-    /// the row's JSON; [`postgres_named`](Self::postgres_named) once the table has them.
+    /// PostgreSQL's claim: `INSERT … ON CONFLICT DO NOTHING`, one row affected when it
+    /// inserted. A duplicate then looks at the row it found ([`postgres_inspect`]).
+    ///
+    /// [`postgres_inspect`]: Self::postgres_inspect
     pub postgres: &'static str,
-    /// The claim reading `state` and `expires_at` by name: a duplicate's look at its row
-    /// costs those two columns, not the whole row converted (a stored result included).
-    pub postgres_named: &'static str,
+    /// The look at a found row reading `state` and `expires_at` by name, once the table
+    /// has them: those two columns, not the whole row converted (a stored result
+    /// included), as [`postgres_inspect`](Self::postgres_inspect) reads a table of 0.1.
     pub postgres_inspect_named: &'static str,
     pub mysql: &'static str,
     pub sqlite: &'static str,
@@ -90,9 +92,9 @@ pub struct Statements {
 /// release fails (1305) and the `COMMIT` after it in the same query is not run:
 ///
 /// ```sql
-/// SET autocommit = 0; BEGIN; SAVEPOINT dedup_alive; INSERT INTO t …
+/// SET autocommit = 0; SAVEPOINT dedup_alive; INSERT INTO t …
 /// -- the body
-/// RELEASE SAVEPOINT dedup_alive; COMMIT; SET autocommit = 1
+/// RELEASE SAVEPOINT dedup_alive; SET autocommit = 1  -- which commits
 /// ```
 ///
 /// A transaction slower than [`STAMP_AFTER`](crate::STAMP_AFTER) moves the row's
@@ -105,7 +107,7 @@ pub struct Statements {
 ///  WHERE consumer = @dedup_consumer AND message_id = @dedup_message_id
 ///    AND processed_at = @dedup_claimed_at;           -- only this transaction's own row
 /// SELECT 18446744073709551615 + (ROW_COUNT() <> 1);  -- error 1690 unless it was there
-/// COMMIT; SET autocommit = 1
+/// SET autocommit = 1                                 -- which commits
 /// ```
 #[doc(hidden)]
 #[macro_export]
@@ -113,43 +115,21 @@ macro_rules! __statements {
     ($table:literal) => {{
         const STATEMENTS: &$crate::__private::Statements = &$crate::__private::Statements {
             table: $table,
-            postgres_named: ::core::concat!(
-                "WITH claim AS (INSERT INTO ",
+            // The insert alone, which says whether it inserted: the fresh message sends
+            // what a hand-written transaction sends. A duplicate pays a second statement
+            // to learn what it found (`postgres_inspect`, or `postgres_inspect_named`
+            // once the table has `state` and `expires_at`).
+            postgres: ::core::concat!(
+                "INSERT INTO ",
                 $table,
                 " (consumer, message_id, processed_at) VALUES ($1, $2, clock_timestamp()) \
-                 ON CONFLICT DO NOTHING RETURNING 1) \
-                 SELECT c.claimed, s.found, s.state, s.remaining \
-                 FROM (SELECT EXISTS (SELECT 1 FROM claim) AS claimed) c \
-                 LEFT JOIN LATERAL (SELECT true AS found, p.state, \
-                 GREATEST(0, (EXTRACT(EPOCH FROM p.expires_at - clock_timestamp()) \
-                 * 1000000)::int8) AS remaining FROM ",
-                $table,
-                " p WHERE consumer = $1 AND message_id = $2 AND NOT c.claimed) s ON true"
+                 ON CONFLICT DO NOTHING"
             ),
             postgres_inspect_named: ::core::concat!(
                 "SELECT p.state, GREATEST(0, (EXTRACT(EPOCH FROM p.expires_at - clock_timestamp()) \
                  * 1000000)::int8) FROM ",
                 $table,
                 " p WHERE consumer = $1 AND message_id = $2"
-            ),
-            // The insert, and only when it found the row there (a one-time filter: the
-            // fresh claim never reads the table), that row's `state` and the
-            // microseconds its lease has left: a duplicate stays one statement. The two
-            // columns are read through the row's JSON, so that a table of 0.1, which has
-            // neither (and holds only processed rows), is claimed as before until
-            // `migrate` upgrades it.
-            postgres: ::core::concat!(
-                "WITH claim AS (INSERT INTO ",
-                $table,
-                " (consumer, message_id, processed_at) VALUES ($1, $2, clock_timestamp()) \
-                 ON CONFLICT DO NOTHING RETURNING 1) \
-                 SELECT c.claimed, s.found, s.state, s.remaining \
-                 FROM (SELECT EXISTS (SELECT 1 FROM claim) AS claimed) c \
-                 LEFT JOIN LATERAL (SELECT true AS found, (to_jsonb(p) ->> 'state')::int2 AS state, \
-                 GREATEST(0, (EXTRACT(EPOCH FROM (to_jsonb(p) ->> 'expires_at')::timestamptz \
-                 - clock_timestamp()) * 1000000)::int8) AS remaining FROM ",
-                $table,
-                " p WHERE consumer = $1 AND message_id = $2 AND NOT c.claimed) s ON true"
             ),
             mysql: ::core::concat!(
                 "INSERT INTO ",
@@ -181,7 +161,7 @@ macro_rules! __statements {
                  WHERE consumer = @dedup_consumer AND message_id = @dedup_message_id \
                  AND processed_at = @dedup_claimed_at; \
                  SELECT 18446744073709551615 + (ROW_COUNT() <> 1); \
-                 COMMIT; SET autocommit = 1"
+                 SET autocommit = 1"
             ),
             mysql_nested: ::core::concat!(
                 "INSERT INTO ",

@@ -35,7 +35,7 @@ struct Effects;
 
 macro_rules! backend {
     ($backend:ident, db = $db:ty, conn = $conn:ty, pool = $pool:expr, url = $url:expr,
-     lose_claim = $lose_claim:expr,
+     lose_claim = $lose_claim:expr, commit = $commit:expr,
      effects = $effects:literal, effect = $effect:literal, count = $count:literal,
      inbox_state = $inbox_state:literal, outbox_state = $outbox_state:literal) => {
         mod $backend {
@@ -155,7 +155,7 @@ macro_rules! backend {
                 let worker = inbox.worker();
                 let claims = worker.claim().await.unwrap();
                 assert_eq!(claims.messages().len(), 1);
-                proxy.arm(Fault::CutBefore(b"COMMIT".to_vec()));
+                proxy.arm(Fault::CutBefore($commit.to_vec()));
                 let processed = worker
                     .process(&claims, &claims.messages()[0], &Effects)
                     .await
@@ -242,6 +242,7 @@ backend!(
     pool = Box::new(dedup_suite::postgres().await),
     url = dedup_suite::postgres_url(),
     lose_claim = lose_postgres_reply,
+    commit = b"COMMIT",
     effects = "CREATE TABLE IF NOT EXISTS regress_fault_effects (message_id text NOT NULL)",
     effect = "INSERT INTO regress_fault_effects (message_id) VALUES ($1)",
     count = "SELECT COUNT(*) FROM regress_fault_effects WHERE message_id = $1",
@@ -256,6 +257,7 @@ backend!(
     pool = Box::new(dedup_suite::mysql().await),
     url = dedup_suite::mysql_url(),
     lose_claim = lose_mysql_reply,
+    commit = b"SET autocommit = 1",
     effects = "CREATE TABLE IF NOT EXISTS regress_fault_effects \
                (message_id VARBINARY(255) NOT NULL) ENGINE = InnoDB",
     effect = "INSERT INTO regress_fault_effects (message_id) VALUES (?)",

@@ -109,7 +109,7 @@ async fn one_span_and_no_extra_statement_per_call() {
     // BEGIN (unlogged), the claim, the body, and the checked COMMIT in one round trip.
     assert_eq!(statements.len(), 3, "{statements:#?}");
     assert!(
-        statements[0].starts_with("with claim as (insert"),
+        statements[0].starts_with("insert into processed_messages"),
         "{statements:#?}"
     );
     assert!(
@@ -124,16 +124,20 @@ async fn one_span_and_no_extra_statement_per_call() {
     assert!(observed(&pool, &id).await.unwrap().is_duplicate());
     let statements = std::mem::take(&mut *recorder.statements.lock().unwrap());
     let statements: Vec<String> = statements.iter().map(|s| s.to_lowercase()).collect();
-    // A duplicate is BEGIN and the claim (which reads the row it found, for its state);
-    // its ROLLBACK is queued, unlogged, and sent before the connection's next use, off
-    // the caller's path.
+    // A duplicate is BEGIN, the claim (no row affected) and the look at the row it found
+    // (its state); its ROLLBACK is queued, unlogged, and sent before the connection's
+    // next use, off the caller's path.
     assert_eq!(
         statements.len(),
-        1,
-        "a duplicate is BEGIN and the claim: {statements:#?}"
+        2,
+        "a duplicate is BEGIN, the claim and the look: {statements:#?}"
     );
     assert!(
-        statements[0].starts_with("with claim as (insert"),
+        statements[0].starts_with("insert into processed_messages"),
+        "{statements:#?}"
+    );
+    assert!(
+        statements[1].starts_with("select p.state"),
         "{statements:#?}"
     );
     let mut conn = pool.acquire().await.unwrap();

@@ -2,7 +2,7 @@
 //! PostgreSQL would quietly roll back.
 
 use sqlx::postgres::{PgConnection, PgDatabaseError};
-use sqlx::{Connection, Postgres, Row, Transaction};
+use sqlx::{Connection, Postgres, Transaction};
 
 use super::{ClaimBackend, Claimed, Claiming, Statements, Tx};
 use crate::claim::Found;
@@ -47,35 +47,22 @@ impl ClaimBackend for Postgres {
         statements.postgres
     }
 
+    /// The insert alone: one row affected when it inserted. A row there (or one committed
+    /// while the insert waited for it) is for `inspect` to look at: the fresh message pays
+    /// nothing for the duplicate's case.
     async fn claim<'c>(
         conn: &'c mut PgConnection,
-        statements: &'static Statements,
+        _: &'static Statements,
         sql: &'static str,
         consumer: &'static str,
         id: &'c str,
     ) -> Result<Claiming, sqlx::Error> {
-        // The table's `state` and `expires_at` by name once it has them (0.2 and later).
-        let sql = if std::ptr::eq(sql, statements.postgres)
-            && crate::schema::postgres::upgraded(&mut *conn, statements.table).await?
-        {
-            statements.postgres_named
+        let done = super::execute_keyed::<Self>(conn, sql, consumer, id).await?;
+        if done.rows_affected() == 1 {
+            Ok(Claiming::Inserted)
         } else {
-            sql
-        };
-        let row = sqlx::query(sql)
-            .bind(consumer)
-            .bind(id)
-            .fetch_one(conn)
-            .await?;
-        if row.try_get(0)? {
-            return Ok(Claiming::Inserted);
+            Ok(Claiming::Found(None))
         }
-        // No row in the statement's snapshot: one committed while the insert waited for
-        // it (or a row that went away), for `inspect` to look at.
-        if row.try_get::<Option<bool>, _>(1)?.is_none() {
-            return Ok(Claiming::Found(None));
-        }
-        Ok(Claiming::Found(Some(Found::from_postgres(&row, 2)?)))
     }
 
     async fn inspect<'c>(
