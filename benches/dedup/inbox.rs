@@ -15,15 +15,21 @@
 //!   FOR UPDATE SKIP LOCKED`, the 10 effects, one `UPDATE … = ANY($2)`, `COMMIT`.
 //!
 //! All on the library's own table and consumer, the same pool (8 connections).
+//!
+//! And the receiving side, at 1 and 4 tasks, five times `messages` fresh messages in
+//! batches of 100 per run: `receive-batch` (`Inbox::receive_batch`) against `hand-insert`, the
+//! multi-row insert a person writes — `INSERT … SELECT $1, * FROM unnest($2::text[],
+//! $3::bytea[]) ON CONFLICT DO NOTHING RETURNING message_id` — into the same table.
+//!
 //! `target/dedup-bench/inbox.csv`: `backend,workers,mode,messages_per_s,
-//! handwritten_per_s,ratio_vs_handwritten`, `per-message` against `hand-1` and `batched`
-//! against `hand-10`.
+//! handwritten_per_s,ratio_vs_handwritten`, `per-message` against `hand-1`, `batched`
+//! against `hand-10`, `receive-batch` against `hand-insert` (`workers`: the tasks).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use dedup_runtime::batch::BatchHandler;
-use dedup_runtime::inbox::{Inbox, InboxHandler, InboxMessage};
+use dedup_runtime::inbox::{Inbox, InboxHandler, InboxMessage, Incoming};
 use sqlx::{AssertSqlSafe, PgConnection, Pool, Postgres};
 
 use crate::Error;
@@ -218,6 +224,73 @@ async fn measure(pool: &Pool<Postgres>, mode: Mode, messages: usize) -> Result<f
     Ok(messages as f64 / seconds)
 }
 
+/// Messages per statement on the receiving side.
+const RECEIVE_BATCH: usize = 100;
+
+/// `messages` fresh messages received by `tasks` tasks in batches of
+/// [`RECEIVE_BATCH`], by the library or by hand; messages per second, checked against
+/// the table.
+async fn receive(
+    pool: &Pool<Postgres>,
+    library: bool,
+    tasks: usize,
+    messages: usize,
+    round: usize,
+) -> Result<f64, Error> {
+    sqlx::raw_sql(AssertSqlSafe(format!("TRUNCATE {TABLE}")))
+        .execute(pool)
+        .await?;
+    let per_task = messages / tasks;
+    let started = spawn(tasks, |task, start| {
+        let pool = pool.clone();
+        async move {
+            let ids: Vec<String> = (0..per_task)
+                .map(|n| format!("recv-r{round}-t{task}-m{n:06}"))
+                .collect();
+            let inbox = Inbox::new(&pool, CONSUMER)?.in_table(TABLE)?;
+            let insert = format!(
+                "INSERT INTO {TABLE} (consumer, message_id, payload) \
+                 SELECT $1, * FROM unnest($2::text[], $3::bytea[]) \
+                 ON CONFLICT DO NOTHING RETURNING message_id"
+            );
+            start.wait().await;
+            let mut stored = 0;
+            for chunk in ids.chunks(RECEIVE_BATCH) {
+                if library {
+                    let batch: Vec<Incoming<'_>> = chunk
+                        .iter()
+                        .map(|id| Incoming::new(id, b"payload"))
+                        .collect();
+                    let answers = inbox.receive_batch(&batch).await?;
+                    stored += answers.iter().filter(|answer| answer.is_ok()).count();
+                } else {
+                    let payloads: Vec<&[u8]> = chunk.iter().map(|_| &b"payload"[..]).collect();
+                    let rows: Vec<String> = sqlx::query_scalar(AssertSqlSafe(insert.clone()))
+                        .bind(CONSUMER)
+                        .bind(chunk)
+                        .bind(payloads)
+                        .fetch_all(&pool)
+                        .await?;
+                    stored += rows.len();
+                }
+            }
+            Ok::<usize, Error>(stored)
+        }
+    });
+    let (seconds, stored) = started.time().await?;
+    let rows: i64 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT COUNT(*) FROM {TABLE} WHERE consumer = $1"
+    )))
+    .bind(CONSUMER)
+    .fetch_one(pool)
+    .await?;
+    let expected = per_task * tasks;
+    if stored != expected || rows != expected as i64 {
+        return Err(format!("inbox receive: {stored} stored, {rows} rows, of {expected}").into());
+    }
+    Ok(expected as f64 / seconds)
+}
+
 /// Runs the group: `rounds` interleaved rounds; writes `inbox.csv`.
 pub(crate) async fn run(
     pool: &Pool<Postgres>,
@@ -232,7 +305,25 @@ pub(crate) async fn run(
     .execute(pool)
     .await?;
     let mut samples: BTreeMap<Mode, Vec<f64>> = BTreeMap::new();
+    // (tasks, library) → rates.
+    let mut receiving: BTreeMap<(usize, bool), Vec<f64>> = BTreeMap::new();
     for round in 0..rounds {
+        let mut plan = vec![(1, true), (1, false), (4, true), (4, false)];
+        plan.rotate_left(round % 4);
+        for (tasks, library) in plan {
+            // Five times the workers' messages: a run of 4,000 took 20 to 40 ms, too short
+            // to time on a shared machine.
+            let rate = receive(pool, library, tasks, messages * 5, round).await?;
+            let mode = if library {
+                "receive-batch"
+            } else {
+                "hand-insert"
+            };
+            println!(
+                "inbox round {round}: postgres {tasks} task(s) {mode:<13} {rate:>8.0} messages/s"
+            );
+            receiving.entry((tasks, library)).or_default().push(rate);
+        }
         let mut plan = Mode::ALL.to_vec();
         plan.rotate_left(round % Mode::ALL.len());
         for mode in plan {
@@ -271,6 +362,24 @@ pub(crate) async fn run(
                 rate / h,
                 mode.baseline().map_or("", Mode::name)
             )),
+        );
+    }
+    for tasks in [1, 4] {
+        let rate = |library| {
+            receiving
+                .get(&(tasks, library))
+                .map_or(0.0, |values| crate::report::median(values.clone()))
+        };
+        let (library, hand) = (rate(true), rate(false));
+        csv.push_str(&format!(
+            "postgres,{tasks},receive-batch,{library:.0},{hand:.0},{:.3}\n",
+            library / hand
+        ));
+        csv.push_str(&format!("postgres,{tasks},hand-insert,{hand:.0},,\n"));
+        println!(
+            "  postgres {tasks} task(s) receive-batch {library:>8.0} messages/s  {:.3} of \
+             hand-insert ({hand:.0})",
+            library / hand
         );
     }
     std::fs::write(dir.join("inbox.csv"), csv)?;

@@ -168,35 +168,50 @@ impl InboxBackend for Postgres {
         // rows share one receive time (a worker claims by due time, then `seq`). The rows
         // are inserted in the primary key's order (the id's bytes), one order for every
         // batch, so that two overlapping batches wait for each other instead of
-        // deadlocking.
+        // deadlocking. The sequence is looked up once per statement (`received.serial`):
+        // `nextval(pg_get_serial_sequence(…))` looked it up in the catalog for every row,
+        // about 5 µs each — more than a third of the statement's time for 100 rows.
         let name = table.name();
+        // A batch without headers, ordering keys or fingerprints (the common one) binds
+        // two arrays, not five of which three are all NULL: a tenth of the statement's
+        // time (pgbench, 100 rows).
+        let plain = rows.iter().all(|row| {
+            row.headers.is_none() && row.ordering_key.is_none() && row.fingerprint().is_none()
+        });
+        let (columns, arrays) = if plain {
+            ("", "")
+        } else {
+            (
+                ", headers, ordering_key, fingerprint",
+                ", $4::bytea[], $5::text[], $6::bytea[]",
+            )
+        };
         let sql = format!(
-            "WITH numbered AS (SELECT id, payload, headers, ordering_key, fingerprint, \
-             nextval(pg_get_serial_sequence('{name}', 'seq')) AS seq, now \
-             FROM unnest($2::text[], $3::bytea[], $4::bytea[], $5::text[], $6::bytea[]) \
-             WITH ORDINALITY AS m (id, payload, headers, ordering_key, fingerprint, position), \
-             (SELECT clock_timestamp() AS now) AS received ORDER BY position) \
-             INSERT INTO {name} (consumer, message_id, payload, headers, ordering_key, \
-             fingerprint, seq, received_at, next_attempt_at) OVERRIDING SYSTEM VALUE \
-             SELECT $1, id, payload, headers, ordering_key, fingerprint, seq, now, now \
-             FROM numbered \
+            "WITH numbered AS (SELECT id, payload{columns}, nextval(received.serial) AS seq, now \
+             FROM unnest($2::text[], $3::bytea[]{arrays}) \
+             WITH ORDINALITY AS m (id, payload{columns}, position), \
+             (SELECT clock_timestamp() AS now, \
+             pg_get_serial_sequence('{name}', 'seq')::regclass AS serial) AS received \
+             ORDER BY position) \
+             INSERT INTO {name} (consumer, message_id, payload{columns}, seq, received_at, \
+             next_attempt_at) OVERRIDING SYSTEM VALUE \
+             SELECT $1, id, payload{columns}, seq, now, now FROM numbered \
              ORDER BY id COLLATE \"C\" \
              ON CONFLICT DO NOTHING RETURNING message_id"
         );
         let ids: Vec<&str> = rows.iter().map(|row| row.id).collect();
         let payloads: Vec<&[u8]> = rows.iter().map(|row| row.payload).collect();
-        let headers: Vec<Option<&[u8]>> = rows.iter().map(|row| row.headers).collect();
-        let keys: Vec<Option<&str>> = rows.iter().map(|row| row.ordering_key).collect();
-        let fingerprints: Vec<Option<&[u8]>> = rows.iter().map(Row::fingerprint).collect();
-        let stored: Vec<String> = sqlx::query_scalar(AssertSqlSafe(sql))
+        let mut query = sqlx::query_scalar(AssertSqlSafe(sql))
             .bind(consumer)
             .bind(ids)
-            .bind(payloads)
-            .bind(headers)
-            .bind(keys)
-            .bind(fingerprints)
-            .fetch_all(pool)
-            .await?;
+            .bind(payloads);
+        if !plain {
+            let headers: Vec<Option<&[u8]>> = rows.iter().map(|row| row.headers).collect();
+            let keys: Vec<Option<&str>> = rows.iter().map(|row| row.ordering_key).collect();
+            let fingerprints: Vec<Option<&[u8]>> = rows.iter().map(Row::fingerprint).collect();
+            query = query.bind(headers).bind(keys).bind(fingerprints);
+        }
+        let stored: Vec<String> = query.fetch_all(pool).await?;
         let stored: HashSet<String> = stored.into_iter().collect();
         Ok(rows.iter().map(|row| stored.contains(row.id)).collect())
     }
