@@ -1,9 +1,11 @@
 //! The consumers group: `cargo bench --bench dedup --features brokers -- consumers` (and,
 //! tiny, in the smoke run). Each hosted consumer against the same consumer written by
-//! hand with the same client, on PostgreSQL: `messages` (2,000) fresh messages are
+//! hand with the same client, on PostgreSQL: `messages` (2,000; for batches ten times
+//! that) fresh messages are
 //! published untimed to a destination of their own, then one consumer takes them all,
-//! timed from its start until the last one's transaction has committed (the consumer is
-//! stopped after, untimed). Messages per second, the median over the rounds; in every
+//! timed from its first transaction's commit until the last one's (the messages after the
+//! first commit over that time: connecting, and Kafka's join of its group, are not the
+//! per-message cost; the consumer is stopped after, untimed). Messages per second, the median over the rounds; in every
 //! round each (broker, form, side) once, in an order that turns with the round.
 //!
 //! The work is the same on both sides: per message a dedup row and an effect row in one
@@ -21,7 +23,16 @@
 //! - NATS JetStream (async-nats): pulls of 16 (plain) or 100 (batches), a confirmed
 //!   `+ACK` per message (batches: all sent, then all awaited);
 //! - Redis Streams (redis): `XREADGROUP COUNT 16` (plain) or 100, `XACK` per entry
-//!   (batches: one `XACK`).
+//!   (batches: one `XACK`);
+//! - Kafka (rdkafka, the suite's tansu on `DEDUP_TEST_KAFKA_BROKERS`, one partition): a
+//!   `StreamConsumer` of a group of its own, offsets stored after the commit and committed
+//!   by librdkafka every 5 s (`enable.auto.offset.store = false`); batches: what has come
+//!   when the last one ended, up to 100, the last offset stored (the time to join the
+//!   group is in both sides' figure);
+//! - MQTT 5 (rumqttc, a Mosquitto of the bench's own: the machine's keeps at most 1,000
+//!   messages for an offline session): a persistent session, QoS 1, manual `PUBACK` per
+//!   message after the commit (batches: what has come, up to 100, then the `PUBACK`s in
+//!   order).
 //!
 //! `target/dedup-bench/consumers.csv`:
 //! `broker,form,library_per_s,handwritten_per_s,ratio_vs_handwritten`.
@@ -108,16 +119,26 @@ enum Broker {
     RabbitMq,
     JetStream,
     Redis,
+    Kafka,
+    Mqtt,
 }
 
 impl Broker {
-    const ALL: [Broker; 3] = [Broker::RabbitMq, Broker::JetStream, Broker::Redis];
+    const ALL: [Broker; 5] = [
+        Broker::RabbitMq,
+        Broker::JetStream,
+        Broker::Redis,
+        Broker::Kafka,
+        Broker::Mqtt,
+    ];
 
     fn name(self) -> &'static str {
         match self {
             Broker::RabbitMq => "rabbitmq",
             Broker::JetStream => "jetstream",
             Broker::Redis => "redis",
+            Broker::Kafka => "kafka",
+            Broker::Mqtt => "mqtt",
         }
     }
 }
@@ -152,6 +173,8 @@ struct Progress {
     done: Arc<AtomicUsize>,
     notify: Arc<Notify>,
     messages: usize,
+    /// When the first commit was counted, and how many messages it had.
+    first: Arc<std::sync::OnceLock<(Instant, usize)>>,
 }
 
 impl Progress {
@@ -160,10 +183,12 @@ impl Progress {
             done: Arc::default(),
             notify: Arc::default(),
             messages,
+            first: Arc::default(),
         }
     }
 
     fn add(&self, n: usize) {
+        let _ = self.first.set((Instant::now(), n));
         if self.done.fetch_add(n, Ordering::Relaxed) + n >= self.messages {
             self.notify.notify_one();
         }
@@ -187,6 +212,31 @@ struct Clients {
     _connection: lapin::Connection,
     js: async_nats::jetstream::Context,
     redis: redis::Client,
+    kafka: String,
+    mosquitto: dedup_suite::mosquitto::Mosquitto,
+}
+
+/// The Kafka client configuration of the bench's broker.
+fn kafka_config(brokers: &str) -> rdkafka::ClientConfig {
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", brokers);
+    config
+}
+
+/// A Kafka consumer's configuration: a group of its own, short session intervals.
+fn kafka_member(brokers: &str, group: &str) -> rdkafka::ClientConfig {
+    let mut config = kafka_config(brokers);
+    config
+        .set("group.id", group)
+        .set("session.timeout.ms", "6000")
+        .set("heartbeat.interval.ms", "500")
+        .set("auto.offset.reset", "earliest");
+    config
+}
+
+/// The options of the MQTT session `client_id` on the bench's Mosquitto.
+fn mqtt_options(port: u16, client_id: &str) -> rumqttc::v5::MqttOptions {
+    rumqttc::v5::MqttOptions::new(client_id, "127.0.0.1", port)
 }
 
 impl Clients {
@@ -206,12 +256,17 @@ impl Clients {
             std::env::var("DEDUP_TEST_REDIS_URL")
                 .unwrap_or_else(|_| "redis://127.0.0.1:6379".to_owned()),
         )?;
+        let kafka = std::env::var("DEDUP_TEST_KAFKA_BROKERS")
+            .unwrap_or_else(|_| "127.0.0.1:19092".to_owned());
+        let mosquitto = dedup_suite::mosquitto::Mosquitto::start("bench-consumers", "");
         Ok(Clients {
             amqp,
             channel,
             _connection: connection,
             js,
             redis,
+            kafka,
+            mosquitto,
         })
     }
 
@@ -256,18 +311,22 @@ impl Clients {
                         ..Default::default()
                     })
                     .await?;
-                let mut acks = Vec::with_capacity(ids.len());
-                for id in ids {
-                    let mut headers = async_nats::HeaderMap::new();
-                    headers.insert("Message-Id", id.as_str());
-                    acks.push(
-                        self.js
-                            .publish_with_headers(format!("{name}.in"), headers, "body".into())
-                            .await?,
-                    );
-                }
-                for ack in acks {
-                    ack.await?;
+                // Acknowledgements awaited 500 at a time: async-nats holds back a publish
+                // while too many are in flight, and only awaiting them frees it.
+                for chunk in ids.chunks(500) {
+                    let mut acks = Vec::with_capacity(chunk.len());
+                    for id in chunk {
+                        let mut headers = async_nats::HeaderMap::new();
+                        headers.insert("Message-Id", id.as_str());
+                        acks.push(
+                            self.js
+                                .publish_with_headers(format!("{name}.in"), headers, "body".into())
+                                .await?,
+                        );
+                    }
+                    for ack in acks {
+                        ack.await?;
+                    }
                 }
             }
             Broker::Redis => {
@@ -294,6 +353,40 @@ impl Clients {
                 }
                 let () = pipeline.query_async(&mut redis).await?;
             }
+            Broker::Kafka => {
+                use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+                use rdkafka::message::{Header, OwnedHeaders};
+                use rdkafka::producer::{FutureProducer, FutureRecord};
+                let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+                    kafka_config(&self.kafka).create()?;
+                let topic = NewTopic::new(name, 1, TopicReplication::Fixed(1));
+                for created in admin.create_topics([&topic], &AdminOptions::new()).await? {
+                    created.map_err(|(topic, code)| format!("create {topic}: {code}"))?;
+                }
+                let producer: FutureProducer = kafka_config(&self.kafka).create()?;
+                let sends = ids.iter().map(|id| {
+                    let headers = OwnedHeaders::new().insert(Header {
+                        key: "id",
+                        value: Some(id.as_str()),
+                    });
+                    producer.send(
+                        FutureRecord::<str, str>::to(name)
+                            .payload("body")
+                            .headers(headers),
+                        Duration::from_secs(30),
+                    )
+                });
+                for sent in futures_util::future::join_all(sends).await {
+                    sent.map_err(|(error, _)| error)?;
+                }
+            }
+            Broker::Mqtt => {
+                use dedup_suite::mosquitto::{publish, session, wire};
+                let port = self.mosquitto.port();
+                session(port, name, name).await;
+                let messages: Vec<_> = ids.iter().map(|id| wire(Some(id), b"body")).collect();
+                publish(port, name, &messages).await;
+            }
         }
         Ok(())
     }
@@ -313,6 +406,14 @@ impl Clients {
                 let mut redis = self.redis.get_multiplexed_async_connection().await?;
                 let _: i64 = redis::cmd("DEL").arg(name).query_async(&mut redis).await?;
             }
+            Broker::Kafka => {
+                use rdkafka::admin::{AdminClient, AdminOptions};
+                let admin: AdminClient<rdkafka::client::DefaultClientContext> =
+                    kafka_config(&self.kafka).create()?;
+                let _ = admin.delete_topics(&[name], &AdminOptions::new()).await?;
+            }
+            // The session goes with the bench's Mosquitto.
+            Broker::Mqtt => {}
         }
         Ok(())
     }
@@ -389,6 +490,29 @@ async fn library(
                     .map(drop)?,
             }
         }
+        Broker::Kafka => {
+            use dedup_runtime::rdkafka::KafkaConsumer;
+            let consumer = KafkaConsumer::new(kafka_member(&clients.kafka, name), name);
+            match form {
+                Form::Plain => consumer.run(pool, plain, stop).await.map(drop)?,
+                Form::Batches => consumer
+                    .run_batches(pool, BATCH, batches, stop)
+                    .await
+                    .map(drop)?,
+            }
+        }
+        Broker::Mqtt => {
+            use dedup_runtime::rumqttc::MqttConsumer;
+            let options = mqtt_options(clients.mosquitto.port(), name);
+            let consumer = MqttConsumer::new(options, name);
+            match form {
+                Form::Plain => consumer.run(pool, plain, stop).await.map(drop)?,
+                Form::Batches => consumer
+                    .run_batches(pool, BATCH, batches, stop)
+                    .await
+                    .map(drop)?,
+            }
+        }
     }
     Ok(())
 }
@@ -408,6 +532,8 @@ async fn hand(
             Broker::RabbitMq => hand_rabbitmq(clients, pool, form, name, progress).await,
             Broker::JetStream => hand_jetstream(clients, pool, max, name, progress, form).await,
             Broker::Redis => hand_redis(clients, pool, max, name, progress, form).await,
+            Broker::Kafka => hand_kafka(clients, pool, name, progress, form).await,
+            Broker::Mqtt => hand_mqtt(clients, pool, name, progress, form).await,
         }
     });
     // The loops run until stopped: the progress says when.
@@ -588,6 +714,128 @@ async fn hand_redis(
     }
 }
 
+async fn hand_kafka(
+    clients: &Clients,
+    pool: &PgPool,
+    name: &str,
+    progress: &Progress,
+    form: Form,
+) -> Result<(), Error> {
+    use rdkafka::Message as _;
+    use rdkafka::consumer::{Consumer as _, StreamConsumer};
+    let mut config = kafka_member(&clients.kafka, name);
+    config.set("enable.auto.offset.store", "false");
+    let consumer: StreamConsumer = config.create()?;
+    consumer.subscribe(&[name])?;
+    let id_of = |message: &rdkafka::message::BorrowedMessage<'_>| {
+        use rdkafka::message::Headers as _;
+        message
+            .headers()
+            .and_then(|headers| headers.iter().find(|header| header.key == "id"))
+            .and_then(|header| header.value)
+            .map(|value| String::from_utf8_lossy(value).into_owned())
+            .unwrap_or_default()
+    };
+    loop {
+        let first = consumer.recv().await?;
+        match form {
+            Form::Plain => {
+                by_hand(pool, &id_of(&first)).await?;
+                consumer.store_offset_from_message(&first)?;
+                progress.add(1);
+            }
+            Form::Batches => {
+                let mut ids = vec![id_of(&first)];
+                let mut last = first;
+                while ids.len() < BATCH {
+                    match consumer.recv().now_or_never() {
+                        Some(next) => {
+                            let next = next?;
+                            ids.push(id_of(&next));
+                            last = next;
+                        }
+                        None => break,
+                    }
+                }
+                by_hand_batch(pool, &ids).await?;
+                consumer.store_offset_from_message(&last)?;
+                progress.add(ids.len());
+            }
+        }
+    }
+}
+
+async fn hand_mqtt(
+    clients: &Clients,
+    pool: &PgPool,
+    name: &str,
+    progress: &Progress,
+    form: Form,
+) -> Result<(), Error> {
+    use rumqttc::v5::mqttbytes::v5::{Packet, Publish};
+    use rumqttc::v5::{AsyncClient, Event};
+    let mut options = mqtt_options(clients.mosquitto.port(), name);
+    options
+        .set_clean_start(false)
+        .set_session_expiry_interval(Some(u32::MAX))
+        .set_manual_acks(true)
+        .set_max_packet_size(Some(1 << 20));
+    let (client, mut events) = AsyncClient::new(options, 256);
+    let (tell, mut publishes) = tokio::sync::mpsc::unbounded_channel::<Publish>();
+    /// Stops the event loop's task however the loop below ends (dropped when the
+    /// progress is complete, too).
+    struct Poller(tokio::task::JoinHandle<()>);
+    impl Drop for Poller {
+        fn drop(&mut self) {
+            self.0.abort();
+        }
+    }
+    // The event loop polled all the time, on a task of its own; the messages to this one.
+    let _poller = Poller(tokio::spawn(async move {
+        while let Ok(event) = events.poll().await {
+            if let Event::Incoming(Packet::Publish(publish)) = event
+                && tell.send(publish).is_err()
+            {
+                return;
+            }
+        }
+    }));
+    let id_of = |publish: &Publish| {
+        publish
+            .properties
+            .iter()
+            .flat_map(|properties| &properties.user_properties)
+            .find(|(key, _)| key == "message-id")
+            .map(|(_, value)| value.clone())
+            .unwrap_or_default()
+    };
+    while let Some(first) = publishes.recv().await {
+        match form {
+            Form::Plain => {
+                by_hand(pool, &id_of(&first)).await?;
+                client.ack(&first).await?;
+                progress.add(1);
+            }
+            Form::Batches => {
+                let mut batch = vec![first];
+                while batch.len() < BATCH {
+                    match publishes.try_recv() {
+                        Ok(next) => batch.push(next),
+                        Err(_) => break,
+                    }
+                }
+                let ids: Vec<String> = batch.iter().map(id_of).collect();
+                by_hand_batch(pool, &ids).await?;
+                for publish in &batch {
+                    client.ack(publish).await?;
+                }
+                progress.add(batch.len());
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The entries of an `XREADGROUP` reply: (entry id, the field `id`).
 fn entries(reply: &redis::Value) -> Vec<(String, String)> {
     use redis::Value;
@@ -676,6 +924,11 @@ pub(crate) async fn run(
         for (broker, form, library_side) in plan {
             run_id += 1;
             let name = format!("dedup-bench-consumer-{run_id}");
+            // Batches of 100 get ten times the messages: 2,000 would be 20 batches.
+            let messages = match form {
+                Form::Plain => messages,
+                Form::Batches => messages * 10,
+            };
             let ids: Vec<String> = (0..messages).map(|n| format!("{run_id}-{n}")).collect();
             clients.fill(broker, &name, &ids).await?;
             // Untimed: the tables as every run finds them.
@@ -689,7 +942,7 @@ pub(crate) async fn run(
             let started = Instant::now();
             let timed = async {
                 progress.all().await;
-                started.elapsed()
+                Instant::now()
             };
             let work = async {
                 if library_side {
@@ -714,7 +967,15 @@ pub(crate) async fn run(
                 .into());
             }
             clients.drop_destination(broker, &name).await?;
-            let rate = messages as f64 / elapsed.as_secs_f64();
+            // From the first commit to the last: the connection, and Kafka's join of its
+            // group, are not the consumer's per-message cost.
+            // (All of them in the first commit, in the smoke run: the whole run's time.)
+            let (first, counted) = *progress.first.get().expect("a commit was counted");
+            let rate = if counted < messages {
+                (messages - counted) as f64 / (elapsed - first).as_secs_f64()
+            } else {
+                messages as f64 / (elapsed - started).as_secs_f64()
+            };
             println!(
                 "consumers round {round}: {:<9} {:<7} {:<8} {rate:>8.0} messages/s",
                 broker.name(),
