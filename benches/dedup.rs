@@ -57,11 +57,11 @@
 //! - `hand-written`: the same transaction written with sqlx — `BEGIN` (SQLite: `BEGIN
 //!   IMMEDIATE`), the claim a person writes, `INSERT … ON CONFLICT DO NOTHING` (MariaDB:
 //!   `INSERT IGNORE`), the same body, `COMMIT` — on the same pool and table (on
-//!   PostgreSQL the generated claim does more in its one statement: it stamps the
-//!   claim's time and reads the row it finds);
+//!   PostgreSQL the generated claim also stamps the claim's time, `clock_timestamp()`);
 //! - `bare`: the body alone in a transaction, without dedup;
 //! - `duplicate`: the generated handler on ids it has processed before (the path every
-//!   redelivery takes: `BEGIN`, claim, `ROLLBACK`);
+//!   redelivery takes: `BEGIN`, claim, on PostgreSQL the look at the row it found,
+//!   `ROLLBACK`);
 //! - `10M rows`: the generated handler on a dedup table already holding 10 million ids
 //!   (10,000 in the smoke run) of the same random form as the new ones;
 //! - `pgbench` (PostgreSQL, when `pgbench` is installed): the hand-written transaction
