@@ -98,7 +98,7 @@ pub mod provenance {
 /// use dedup_runtime::consume::Message;
 /// use dedup_runtime::idempotent;
 /// use dedup_runtime::rumqttc::MqttConsumer;
-/// use rumqttc::MqttOptions;
+/// use rumqttc::v5::MqttOptions;
 ///
 /// #[idempotent(consumer = "payments", key = msg.id())]
 /// async fn apply(tx: &mut sqlx::PgConnection, msg: &Message) -> Result<(), sqlx::Error> {
@@ -111,7 +111,6 @@ pub mod provenance {
 ///
 /// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 /// let options = MqttOptions::new("payments-consumer-1", "127.0.0.1", 1883);
-/// // rumqttc::v5::MqttOptions
 /// let consumer = MqttConsumer::new(options, "payments");
 /// let shutdown = std::future::pending(); // SIGTERM, in a service
 /// let consumed = consumer
