@@ -455,63 +455,45 @@ async fn library(
         }
     };
     let stop = progress.all();
+    // Every consumer's two forms have the same signatures, on types of their own.
+    macro_rules! run {
+        ($consumer:expr) => {
+            match form {
+                Form::Plain => $consumer.run(pool, plain, stop).await.map(drop)?,
+                Form::Batches => $consumer
+                    .run_batches(pool, BATCH, batches, stop)
+                    .await
+                    .map(drop)?,
+            }
+        };
+    }
     match broker {
         Broker::RabbitMq => {
             use dedup_runtime::lapin::RabbitMqConsumer;
             let properties = lapin::ConnectionProperties::default();
             let consumer = RabbitMqConsumer::new(&clients.amqp, properties, name);
-            match form {
-                Form::Plain => consumer.run(pool, plain, stop).await.map(drop)?,
-                Form::Batches => consumer
-                    .run_batches(pool, BATCH, batches, stop)
-                    .await
-                    .map(drop)?,
-            }
+            run!(consumer);
         }
         Broker::JetStream => {
             use dedup_runtime::async_nats::JetStreamConsumer;
             let consumer = JetStreamConsumer::new(clients.js.clone(), name, "bench");
-            match form {
-                Form::Plain => consumer.run(pool, plain, stop).await.map(drop)?,
-                Form::Batches => consumer
-                    .run_batches(pool, BATCH, batches, stop)
-                    .await
-                    .map(drop)?,
-            }
+            run!(consumer);
         }
         Broker::Redis => {
             use dedup_runtime::redis::RedisStreamsConsumer;
             let consumer = RedisStreamsConsumer::new(clients.redis.clone(), name, "bench", "m");
-            match form {
-                Form::Plain => consumer.run(pool, plain, stop).await.map(drop)?,
-                Form::Batches => consumer
-                    .run_batches(pool, BATCH, batches, stop)
-                    .await
-                    .map(drop)?,
-            }
+            run!(consumer);
         }
         Broker::Kafka => {
             use dedup_runtime::rdkafka::KafkaConsumer;
             let consumer = KafkaConsumer::new(kafka_member(&clients.kafka, name), name);
-            match form {
-                Form::Plain => consumer.run(pool, plain, stop).await.map(drop)?,
-                Form::Batches => consumer
-                    .run_batches(pool, BATCH, batches, stop)
-                    .await
-                    .map(drop)?,
-            }
+            run!(consumer);
         }
         Broker::Mqtt => {
             use dedup_runtime::rumqttc::MqttConsumer;
             let options = mqtt_options(clients.mosquitto.port(), name);
             let consumer = MqttConsumer::new(options, name);
-            match form {
-                Form::Plain => consumer.run(pool, plain, stop).await.map(drop)?,
-                Form::Batches => consumer
-                    .run_batches(pool, BATCH, batches, stop)
-                    .await
-                    .map(drop)?,
-            }
+            run!(consumer);
         }
     }
     Ok(())

@@ -61,6 +61,18 @@ fn check_dead_letters(dead: &mut [Wire], run: &str, client_id: &str, topic: &str
     );
 }
 
+/// The messages both settle tests publish for `run`: 20 ids, every fourth of them again,
+/// a flaky one, a poison one and one without an id; the 20 ids and the messages.
+fn settled_messages(run: &str) -> (Vec<String>, Vec<Wire>) {
+    let ids: Vec<String> = (0..20).map(|n| format!("{run}-{n}")).collect();
+    let mut payloads: Vec<Wire> = ids.iter().map(|id| wire(Some(id), b"body")).collect();
+    payloads.extend(ids.iter().step_by(4).map(|id| wire(Some(id), b"body")));
+    payloads.push(wire(Some(&format!("{run}-flaky")), b"flaky"));
+    payloads.push(wire(Some(&format!("{run}-poison")), b"poison"));
+    payloads.push(wire(None, b"no id"));
+    (ids, payloads)
+}
+
 macro_rules! backend {
     ($backend:ident, db = $db:ty, conn = $conn:ty, pool = $pool:expr,
      effects = $effects:literal, insert = $insert:literal,
@@ -136,13 +148,7 @@ macro_rules! backend {
                 let (client_id, dead_id) = (format!("{run}-consumer"), format!("{run}-dead"));
                 session(broker.port(), &client_id, &topic).await;
                 session(broker.port(), &dead_id, &format!("{topic}/dead")).await;
-                let ids: Vec<String> = (0..20).map(|n| format!("{run}-{n}")).collect();
-                let mut payloads: Vec<Wire> =
-                    ids.iter().map(|id| wire(Some(id), b"body")).collect();
-                payloads.extend(ids.iter().step_by(4).map(|id| wire(Some(id), b"body")));
-                payloads.push(wire(Some(&format!("{run}-flaky")), b"flaky"));
-                payloads.push(wire(Some(&format!("{run}-poison")), b"poison"));
-                payloads.push(wire(None, b"no id"));
+                let (ids, payloads) = settled_messages(&run);
                 publish(broker.port(), &topic, &payloads).await;
 
                 let consumer = MqttConsumer::new(
@@ -192,13 +198,7 @@ macro_rules! backend {
                 let (client_id, dead_id) = (format!("{run}-consumer"), format!("{run}-dead"));
                 session(broker.port(), &client_id, &topic).await;
                 session(broker.port(), &dead_id, &format!("{topic}/dead")).await;
-                let ids: Vec<String> = (0..20).map(|n| format!("{run}-{n}")).collect();
-                let mut payloads: Vec<Wire> =
-                    ids.iter().map(|id| wire(Some(id), b"body")).collect();
-                payloads.extend(ids.iter().step_by(4).map(|id| wire(Some(id), b"body")));
-                payloads.push(wire(Some(&format!("{run}-flaky")), b"flaky"));
-                payloads.push(wire(Some(&format!("{run}-poison")), b"poison"));
-                payloads.push(wire(None, b"no id"));
+                let (ids, payloads) = settled_messages(&run);
                 publish(broker.port(), &topic, &payloads).await;
 
                 let consumer = MqttConsumer::new(
