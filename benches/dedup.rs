@@ -40,7 +40,8 @@
 //! generated handler at the same task count in the same round; and batches of 100 that are
 //! all duplicates. `target/dedup-bench/batch.csv` has
 //! `backend,tasks,batch,per_message_rate,ratio_vs_single` (medians over the rounds), and
-//! the curve `batch.svg`, copied to `docs/batch.svg` by a run that is not the smoke run.
+//! the curve `batch.svg`, copied to `guide/src/images/batch.svg` (the guide's plot) by a
+//! run that is not the smoke run.
 //!
 //! Every round also times the inbox (receiving, and workers processing) and the outbox:
 //! the handler with one `enqueue` against the same handler without it, call by call, and
@@ -89,8 +90,8 @@
 //! (tests/suite/prune.rs checks that such a prune is correct, not how fast it goes).
 //!
 //! Results in `target/dedup-bench/`: `results.csv` (every run), `summary.csv` (medians),
-//! `statements.csv`, `prune.csv`, `per_message.csv`, and the plot `bench.svg`, copied to `docs/bench.svg` by a
-//! full run. The
+//! `statements.csv`, `prune.csv`, `per_message.csv`, and the plot `bench.svg`, copied to
+//! `guide/src/images/bench.svg` (the guide's plot) by a full run. The
 //! 10-million-row tables are kept between runs (`dedup_bench_10m` in the PostgreSQL
 //! database, `target/dedup-bench/sqlite.db`); filling them takes about two minutes, once.
 //!

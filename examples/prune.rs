@@ -16,8 +16,8 @@
 //! prunes in batches, drawing a progress bar on stderr, then shows what was kept.
 //!
 //! An `--older-than` shorter than the `--redelivery-window` is refused: pruning ids the
-//! broker may still redeliver turns a redelivery into a second effect. The README's
-//! "Pruning" section says how to size the window for each broker. Exit status: 0 when
+//! broker may still redeliver turns a redelivery into a second effect. The guide's
+//! "Operating it" chapter (`guide/src/operating.md`) says how to size the window for each broker. Exit status: 0 when
 //! done, 1 when the database fails, 2 for bad arguments (a dedup table that does not
 //! exist included: the message says how to create it) or a refused prune.
 
@@ -28,7 +28,7 @@ use std::process::ExitCode;
 use std::str::FromStr;
 use std::time::{Duration, Instant};
 
-use dedup_runtime::{ConsumerStats, Prune, PruneBackend, PruneError, PruneProgress};
+use dedup_runtime::{Backend, ConsumerStats, Prune, PruneError, PruneProgress};
 use sqlx::Pool;
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
@@ -301,7 +301,7 @@ fn build(args: &Args) -> Result<Prune, PruneError> {
     Ok(prune)
 }
 
-async fn operate<DB: PruneBackend>(pool: Pool<DB>, args: &Args) -> Result<(), PruneError> {
+async fn operate<DB: Backend>(pool: Pool<DB>, args: &Args) -> Result<(), PruneError> {
     let prune = build(args)?;
     let table = args
         .table

@@ -17,7 +17,7 @@
 //! compile time, so `DATABASE_URL` is not used (the example says so when it is set).
 //! `examples/any_backend.rs` is a consumer written once per backend and run on the
 //! database `DATABASE_URL` names; on PostgreSQL and MariaDB, business keys work the same,
-//! with the constraint identified as the README's "Business keys" describes.
+//! with the constraint identified as the guide's "Business keys" chapter describes.
 
 use std::time::Duration;
 

@@ -624,3 +624,88 @@ pub struct MacrosReadme;
 #[cfg(doctest)]
 #[doc = include_str!("../dedup-limits/README.md")]
 pub struct LimitsReadme;
+
+// The guide (`guide/`, an mdBook): every chapter's Rust blocks are doctests too, as the
+// README's are. `tests/guide.rs` checks that each chapter is listed here.
+
+/// The guide's chapter "Effectively-once and the common mistakes"
+/// (`guide/src/introduction.md`), its Rust snippets compiled and run as doctests, as
+/// [`Readme`]'s are; one item per chapter below.
+#[cfg(doctest)]
+#[doc = include_str!("../guide/src/introduction.md")]
+pub struct GuideIntroduction;
+
+/// The guide's chapter "Handlers and their contract" (`guide/src/handlers.md`), as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../guide/src/handlers.md")]
+pub struct GuideHandlers;
+
+/// The guide's chapter "Business keys" (`guide/src/business-keys.md`), as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../guide/src/business-keys.md")]
+pub struct GuideBusinessKeys;
+
+/// The guide's chapter "Effects outside the database" (`guide/src/effects.md`), as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../guide/src/effects.md")]
+pub struct GuideEffects;
+
+/// The guide's chapter "Stored results and fingerprints" (`guide/src/results.md`), as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../guide/src/results.md")]
+pub struct GuideResults;
+
+/// The guide's chapter "The inbox" (`guide/src/inbox.md`), as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../guide/src/inbox.md")]
+pub struct GuideInbox;
+
+/// The guide's chapter "The outbox and the relay" (`guide/src/outbox.md`), as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../guide/src/outbox.md")]
+pub struct GuideOutbox;
+
+/// The guide's chapter "Batches" (`guide/src/batches.md`), as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../guide/src/batches.md")]
+pub struct GuideBatches;
+
+/// The guide's chapter "Hosted consumers" (`guide/src/consumers.md`), as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../guide/src/consumers.md")]
+pub struct GuideConsumers;
+
+/// The guide's chapter "RabbitMQ" (`guide/src/brokers/rabbitmq.md`), as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../guide/src/brokers/rabbitmq.md")]
+pub struct GuideRabbitMq;
+
+/// The guide's chapter "NATS JetStream" (`guide/src/brokers/nats.md`), as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../guide/src/brokers/nats.md")]
+pub struct GuideNats;
+
+/// The guide's chapter "Kafka" (`guide/src/brokers/kafka.md`), as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../guide/src/brokers/kafka.md")]
+pub struct GuideKafka;
+
+/// The guide's chapter "Redis Streams" (`guide/src/brokers/redis.md`), as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../guide/src/brokers/redis.md")]
+pub struct GuideRedis;
+
+/// The guide's chapter "MQTT" (`guide/src/brokers/mqtt.md`), as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../guide/src/brokers/mqtt.md")]
+pub struct GuideMqtt;
+
+/// The guide's chapter "Operating it" (`guide/src/operating.md`), as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../guide/src/operating.md")]
+pub struct GuideOperating;
+
+/// The guide's chapter "Performance" (`guide/src/performance.md`), as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../guide/src/performance.md")]
+pub struct GuidePerformance;

@@ -115,7 +115,6 @@ mod mysql_bury_deadlocked_with_a_mark;
 // Fixed in the commit that adds this fixture ("Outbox: a huge prune age deletes
 // nothing, the relays' table is a missing table too, empty payloads said accepted").
 #[path = "regressions/outbox_prune_age_and_relay_table.rs"]
-#[allow(deprecated)] // `Outbox::prune`, the shape the defect was in, kept working
 mod outbox_prune_age_and_relay_table;
 
 // Issue 24, item 13: `Lease::extend` after `Lease::transaction` failed with `LeaseLost`
@@ -377,3 +376,10 @@ mod mqtt_consumer_choked_on_a_message_over_10_kib;
 #[cfg(feature = "brokers")]
 #[path = "regressions/mqtt_sent_to_no_subscriber.rs"]
 mod mqtt_sent_to_no_subscriber;
+
+// Issue 42: `migrate` at a start with nothing to do logged four INFO lines on PostgreSQL
+// ("relation … already exists, skipping": the server's notices of `CREATE TABLE IF NOT
+// EXISTS`, which sqlx logs at INFO). Fixed in "0.1 without deprecated names, a quiet
+// migrate": the migration's transaction turns notices below a warning off.
+#[path = "regressions/migrate_logged_notices_at_every_start.rs"]
+mod migrate_logged_notices_at_every_start;

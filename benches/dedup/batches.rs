@@ -133,7 +133,7 @@ pub(crate) fn print_batches(
     samples: &[BatchSample],
     pgbench: &[(usize, f64)],
     dir: &Path,
-    docs: Option<&Path>,
+    images: Option<&Path>,
 ) -> Result<(), Error> {
     let mut series: Vec<(String, Vec<f64>)> = Vec::new();
     println!(
@@ -216,8 +216,8 @@ pub(crate) fn print_batches(
     std::fs::write(dir.join("batch.csv"), csv)?;
     let plot = batch_svg(&series);
     std::fs::write(dir.join("batch.svg"), &plot)?;
-    if let Some(docs) = docs {
-        std::fs::write(docs.join("batch.svg"), &plot)?;
+    if let Some(images) = images {
+        std::fs::write(images.join("batch.svg"), &plot)?;
     }
     Ok(())
 }

@@ -207,12 +207,12 @@ pub(crate) async fn run(config: Config, only: Option<Only>) -> Result<(), Error>
             samples.extend(measure_batches(&pg, &config, round, &mut seed).await?);
             samples.extend(measure_batches(&lite, &config, round, &mut seed).await?);
         }
-        let docs = manifest.join("docs");
+        let images = manifest.join("guide/src/images");
         print_batches(
             &samples,
             &[],
             &dir,
-            (!config.smoke).then_some(docs.as_path()),
+            (!config.smoke).then_some(images.as_path()),
         )?;
         println!("\nwritten: {}", dir.join("batch.csv").display());
         return Ok(());
@@ -255,8 +255,8 @@ pub(crate) async fn run(config: Config, only: Option<Only>) -> Result<(), Error>
     let plot = svg(&summary, &config, &backends);
     std::fs::write(dir.join("bench.svg"), &plot)?;
     if !config.smoke {
-        std::fs::create_dir_all(manifest.join("docs"))?;
-        std::fs::write(manifest.join("docs/bench.svg"), &plot)?;
+        std::fs::create_dir_all(manifest.join("guide/src/images"))?;
+        std::fs::write(manifest.join("guide/src/images/bench.svg"), &plot)?;
     }
     print_report(&summary, &config, &backends);
     print_inbox(&rounds.inbox_samples, &summary);
@@ -270,12 +270,12 @@ pub(crate) async fn run(config: Config, only: Option<Only>) -> Result<(), Error>
             Some((tasks, *rate))
         })
         .collect();
-    let docs = manifest.join("docs");
+    let images = manifest.join("guide/src/images");
     print_batches(
         &rounds.batch_samples,
         &pgbench,
         &dir,
-        (!config.smoke).then_some(docs.as_path()),
+        (!config.smoke).then_some(images.as_path()),
     )?;
     print_prune(&prunes);
     print_statements(&statements, &backends);
@@ -285,7 +285,7 @@ pub(crate) async fn run(config: Config, only: Option<Only>) -> Result<(), Error>
         if config.smoke {
             ""
         } else {
-            " (and docs/bench.svg)"
+            " (and guide/src/images/bench.svg)"
         },
         began.elapsed()
     );

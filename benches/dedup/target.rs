@@ -21,7 +21,7 @@ use crate::config::{BackendName, Variant};
 use crate::outbox::enqueue_one;
 
 /// What differs between PostgreSQL, SQLite and MariaDB.
-pub(crate) trait Sql: dedup_runtime::PruneBackend {
+pub(crate) trait Sql: dedup_runtime::Backend {
     /// Its name in the report.
     const BACKEND: BackendName;
     /// The handlers' work, the same in every variant: one row into `dedup_bench_effects`.

@@ -4,7 +4,7 @@
 //! Use them through `dedup-runtime`, which re-exports the constants.
 
 #![no_std]
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 
 /// The longest message id, in bytes of UTF-8, that the dedup table stores.
 pub const MAX_MESSAGE_ID_LEN: usize = 255;

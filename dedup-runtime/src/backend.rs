@@ -7,7 +7,7 @@
 //! | a batch's claim and seal | `BatchBackend` | `batch.rs`, `batch/<db>.rs` |
 //! | what an error means | `ClassifyBackend` | `classify.rs`, `classify/<db>.rs` |
 //! | the dedup table's DDL | `SchemaBackend` | `schema.rs`, `schema/<db>.rs` |
-//! | pruning old ids | `PruneSql` (public as [`PruneBackend`](crate::PruneBackend), a name for `Backend`) | `prune.rs`, `prune/<db>.rs` |
+//! | pruning old ids | `PruneSql` | `prune.rs`, `prune/<db>.rs` |
 //! | the operator's lookup and forget | `LedgerBackend` | `ledger.rs`, `ledger/<db>.rs` |
 //! | the inbox: receive, claim, process | [`InboxBackend`](crate::inbox::InboxBackend) | `inbox.rs`, `inbox/worker.rs`, `inbox/<db>.rs` |
 //! | the inbox's operator calls | [`InboxOperatorBackend`](crate::inbox::InboxOperatorBackend) | `inbox.rs`, `inbox/<db>.rs` |

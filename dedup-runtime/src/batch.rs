@@ -218,7 +218,7 @@ pub struct Inspected {
 }
 
 impl Inspected {
-    /// A processed row of `id` with no fingerprint: what a table of 0.1 holds.
+    /// A processed row of `id` with no fingerprint: what a table without migration `0005`'s columns holds.
     #[cfg_attr(not(any(feature = "sqlite", feature = "mysql")), allow(dead_code))]
     pub(crate) fn processed(id: &str) -> Inspected {
         Inspected {
@@ -303,15 +303,6 @@ impl<P> Batch<P> {
             table: Table::new(table)?,
             ..self
         })
-    }
-
-    /// Its dedup rows in `table`: [`in_table`](Self::in_table).
-    #[deprecated(
-        since = "0.1.0",
-        note = "renamed `in_table`, the one word for another table on every type of this crate: write `.in_table(name)?`"
-    )]
-    pub fn table(self, table: &str) -> Result<Batch<P>, InvalidTableName> {
-        self.in_table(table)
     }
 
     /// Business keys (as `#[idempotent(unique = …)]`): a message whose body violates one

@@ -31,7 +31,7 @@ pub struct Statements {
     pub postgres: &'static str,
     /// The look at a found row reading `state` and `expires_at` by name, once the table
     /// has them: those two columns, not the whole row converted (a stored result
-    /// included), as [`postgres_inspect`](Self::postgres_inspect) reads a table of 0.1.
+    /// included), as [`postgres_inspect`](Self::postgres_inspect) reads a table of migration `0001`.
     pub postgres_inspect_named: &'static str,
     pub mysql: &'static str,
     pub sqlite: &'static str,
@@ -615,14 +615,14 @@ impl Found {
 
 #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]
 impl Found {
-    /// A processed row (also what every row of a 0.1 table, which has no `state`, is).
+    /// A processed row (also what every row of a `0001` table, which has no `state`, is).
     pub(crate) const PROCESSED: Found = Found {
         state: None,
         remaining_us: None,
     };
 }
 
-/// Whether `error` says the dedup table has no `state` column: a table of 0.1 that
+/// Whether `error` says the dedup table has no `state` column: a table of migration `0001` that
 /// `migrate` has not upgraded yet, whose rows are all processed. MySQL by its number
 /// (1054); SQLite has no code for it but its message, of a statement of ours.
 #[cfg_attr(not(any(feature = "mysql", feature = "sqlite")), allow(dead_code))]

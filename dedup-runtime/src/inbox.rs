@@ -106,10 +106,6 @@ pub use error::{InboxError, Refused};
 use crate::random::Owner;
 pub use worker::{BatchReport, Claims, InboxHandler, InboxMessage, Processed, Worker};
 
-/// What one [`Worker::process_batch`] did: renamed [`BatchReport`], so that `Batch` names
-/// one thing in this crate ([`crate::batch::Batch`], a batch handler).
-#[deprecated(since = "0.1.0", note = "renamed `BatchReport`")]
-pub type Batch = BatchReport;
 use worker::{Claimed, ClaimedMany};
 
 /// The default inbox table.
@@ -449,15 +445,6 @@ impl<DB: Backend> Inbox<DB> {
             table: Table::new(table)?,
             ..self
         })
-    }
-
-    /// The same inbox in the table `table`: [`in_table`](Self::in_table).
-    #[deprecated(
-        since = "0.1.0",
-        note = "renamed `in_table`, the one word for another table on every type of this crate: write `.in_table(name)?`"
-    )]
-    pub fn with_table(self, table: &str) -> Result<Self, InvalidTableName> {
-        self.in_table(table)
     }
 
     /// Sets the payload limit, at most [`MAX_PAYLOAD_LEN`] (a larger one is capped there).

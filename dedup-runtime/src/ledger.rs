@@ -79,8 +79,8 @@ mod sqlite;
 /// forgotten, or its handler used `unique = …` alone (which records no id).
 /// A row that is not processed — its `state` is set: a mark or lease in progress, or an
 /// outcome unknown — reads as `None` too: its `processed_at` is when the claim began, not
-/// when the work was done, and a lookup must never call such a message processed. (A 0.1
-/// table not upgraded by [`migrate`](crate::migrate) yet lacks `state`: the lookup fails
+/// when the work was done, and a lookup must never call such a message processed. (A table
+/// created by migration `0001` and not upgraded by [`migrate`](crate::migrate) yet lacks `state`: the lookup fails
 /// with the database's unknown-column error.)
 /// The time is `processed_at` as the database's clock wrote it (see
 /// [`STAMP_AFTER`](crate::STAMP_AFTER) for what it measures), converted exactly, to the
@@ -141,15 +141,6 @@ impl<DB: Backend> Ledger<DB> {
             table: Table::new(table)?,
             ..self
         })
-    }
-
-    /// The ledger of the dedup table `table`: `Ledger::new(pool).in_table(table)`.
-    #[deprecated(
-        since = "0.1.0",
-        note = "renamed `in_table`, the one word for another table on every type of this crate: write `.in_table(name)?`"
-    )]
-    pub fn with_table(pool: &Pool<DB>, table: &str) -> Result<Ledger<DB>, InvalidTableName> {
-        Ledger::new(pool).in_table(table)
     }
 
     /// The dedup table this ledger reads and deletes from.

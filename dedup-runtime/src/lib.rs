@@ -33,13 +33,39 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # Backends
+//! # Map of the crate
 //!
-//! Each behind a feature: `postgres` (PostgreSQL), `sqlite` (SQLite), `mysql` (MySQL and
-//! MariaDB). The handler's first parameter picks the backend. `uuid` adds
-//! [`MessageKey`] for `uuid::Uuid`; `metrics` records counters and a latency histogram
-//! per handler through the `metrics` facade (the [README][metrics] lists their names and
-//! labels).
+//! | where | what for |
+//! | --- | --- |
+//! | [`idempotent`], [`Outcome`], [`migrate`] | the attribute, what a call returns, the dedup table |
+//! | [`MessageKey`], [`InvalidMessageId`] | message ids: what a `key = …` may be, and what is refused |
+//! | [`Lease`], [`LeaseOutcome`], [`IdempotencyKey`] | effects outside the database: send-first, mark-first, leases, keys for the provider |
+//! | [`StoredOutcome`] | stored results and fingerprints (`result = "stored"`, `fingerprint = …`) |
+//! | [`batch`] | batch handlers (`#[idempotent(batch = …)]`): many messages, one transaction |
+//! | [`AckPolicy`], [`Ack`] | what to tell the broker after a call |
+//! | [`consume`] | what every hosted consumer shares: [`consume::Message`], the shutdown, the errors |
+//! | [`lapin`], [`async_nats`], [`rdkafka`], [`redis`], [`rumqttc`] | one module per broker client: its hosted consumer and the outbox's publisher |
+//! | [`inbox`] | store incoming messages, acknowledge at once, process them with workers |
+//! | [`outbox`] | messages written in the handler's transaction, published after the commit by a relay |
+//! | [`Prune`], [`Ledger`] | the operator's tools: prune old ids, look one up, forget it, resolve unknown outcomes |
+//!
+//! The guide, in the repository under [`guide/`][guide], has a chapter per concern.
+//!
+//! # Features
+//!
+//! | feature | brings |
+//! | --- | --- |
+//! | `postgres`, `sqlite`, `mysql` | the backends (MySQL and MariaDB are `mysql`); the handler's first parameter picks one |
+//! | `uuid` | [`MessageKey`] for `uuid::Uuid` |
+//! | `serde` | stored results (`result = "stored"`), encoded with postcard |
+//! | `metrics` | counters and latency histograms through the `metrics` facade (the [guide][metrics] lists their names and labels) |
+//! | `lapin` | RabbitMQ: [`lapin::RabbitMqConsumer`], the outbox's publisher, `delivery_count` and `settle` |
+//! | `async-nats` | NATS JetStream: [`async_nats::JetStreamConsumer`], the outbox's publisher, `delivery_count` and `settle` |
+//! | `rdkafka` | Kafka: [`rdkafka::KafkaConsumer`] and the outbox's publisher (builds librdkafka with the C compiler) |
+//! | `redis` | Redis Streams: [`redis::RedisStreamsConsumer`] and the outbox's publisher |
+//! | `rumqttc` | MQTT 5: [`rumqttc::MqttConsumer`] and the outbox's publisher |
+//!
+//! # Backends
 //!
 //! | | claim statement | concurrent copies | transient failures retried |
 //! | --- | --- | --- | --- |
@@ -54,7 +80,7 @@
 //! `state`, `owner` and `expires_at` are NULL for a processed id (every plain handler's
 //! claim); they describe a claim not processed yet (in progress until `expires_at`, or
 //! outcome unknown), which pruning keeps and the ledger does not report as processed.
-//! [`migrate`] creates the table, or upgrades a 0.1 table in place; [`schema_sql`],
+//! [`migrate`] creates the table, or upgrades one an earlier migration created in place; [`schema_sql`],
 //! [`upgrade_sql`] and the files under [`migrations/`][migrations] (in this crate's
 //! package too) give the same SQL for your own migration tool. Ids compare byte for byte
 //! on every backend.
@@ -162,7 +188,7 @@
 //! - **Getters are the bare noun**: `.table()`, `.consumer()`.
 //! - **Out-of-range values**: a setting that could cost a message is refused with a typed
 //!   error before anything runs — [`Prune`] checks its age against the redelivery window,
-//!   its batch size and its table at [`check`](Prune::check) / [`run`](Prune::run); the
+//!   and its batch size at [`check`](Prune::check) / [`run`](Prune::run); the
 //!   tuning knobs of the long-running [`inbox::Worker`] and [`outbox::Relay`] (lease,
 //!   batch, poll interval…) are clamped into their documented range instead, so that a
 //!   configuration typo never stops a consumer.
@@ -172,18 +198,17 @@
 //!   message was refused for before anything was written is `Refused` in the concern's
 //!   module ([`inbox::Refused`], [`outbox::Refused`]).
 //!
-//! The older spellings of 0.1's first drafts (`with_table`, `Prune::table`,
-//! `Batch::table`, `Outbox::prune`, `inbox::Batch`) still compile, deprecated, with a
-//! note that says what to write instead. `docs/public-api.txt` in the repository lists
+//! `docs/public-api.txt` in the repository lists
 //! the whole public API; a test keeps it exact, so every change to it shows in review.
 //!
-//! [metrics]: https://github.com/dedup-rs/dedup#metrics
+//! [metrics]: https://github.com/dedup-rs/dedup/blob/main/guide/src/operating.md#metrics
+//! [guide]: https://github.com/dedup-rs/dedup/tree/main/guide/src
 //! [migrations]: https://github.com/dedup-rs/dedup/tree/main/dedup-runtime/migrations
 //! [rabbitmq]: https://github.com/dedup-rs/dedup/blob/main/examples/rabbitmq.rs
 //! [nats]: https://github.com/dedup-rs/dedup/blob/main/examples/nats.rs
 //! [prune]: https://github.com/dedup-rs/dedup/blob/main/examples/prune.rs
 
-#![warn(missing_docs)]
+#![deny(missing_docs)]
 // On docs.rs (nightly, `--cfg docsrs`): a badge naming the feature each feature-gated item
 // needs. `doc_cfg` derives them from the items' `#[cfg]`s (it absorbed `doc_auto_cfg`).
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -299,8 +324,8 @@ pub use migrate::{migrate, migrate_table, schema_sql, upgrade_sql};
 pub use names::InvalidConsumer;
 pub use outcome::{Duplicate, InProgress, LeaseOutcome, Outcome, StoredOutcome};
 pub use prune::{
-    ConsumerStats, DEFAULT_PRUNE_BATCH, MAX_PRUNE_AGE, MAX_PRUNE_BATCH, Prune, PruneBackend,
-    PruneError, PruneProgress,
+    ConsumerStats, DEFAULT_PRUNE_BATCH, MAX_PRUNE_AGE, MAX_PRUNE_BATCH, Prune, PruneError,
+    PruneProgress,
 };
 pub use retry::{BASE_DELAY, MAX_ATTEMPTS, MAX_DELAY};
 pub use rolled_back::RolledBack;

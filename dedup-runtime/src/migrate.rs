@@ -8,17 +8,20 @@ use crate::backend::Backend;
 use crate::table::{DEFAULT_TABLE, InvalidTableName, Table};
 
 /// Creates the default dedup table, `processed_messages`, and its indexes, if they do not
-/// exist yet, and upgrades a table that dedup 0.1 created to the current columns. Safe to
-/// call at every start, from several processes at once, and while consumers are writing
-/// to the table.
+/// exist yet, and upgrades a table created by an earlier migration to the current columns.
+/// Safe to call at every start, from several processes at once, and while consumers are
+/// writing to the table. With nothing to do it changes nothing, locks no table and logs
+/// nothing.
 ///
-/// # Upgrading a 0.1 table
+/// # Upgrading a table
 ///
-/// 0.2 adds three nullable columns, `state`, `owner` and `expires_at` (for claims that
-/// are not processed yet: marks and leases), and on PostgreSQL and SQLite a partial index
-/// of the rows whose `state` is set. Every existing row keeps `state` NULL: processed.
-/// `migrate` adds what the table lacks, once, reading the catalog first, so that a later
-/// call changes and locks nothing:
+/// The table's migrations are numbered as the shipped SQL files: `0001` creates it
+/// (`consumer`, `message_id`, `processed_at`); `0002` adds three nullable columns,
+/// `state`, `owner` and `expires_at` (for claims that are not processed yet: marks and
+/// leases), and on PostgreSQL and SQLite a partial index of the rows whose `state` is set;
+/// `0005` adds the nullable columns of stored results and fingerprints. Every existing row
+/// keeps `state` NULL: processed. `migrate` adds what the table lacks, once, reading the
+/// catalog first, so that a later call changes and locks nothing:
 ///
 /// - PostgreSQL: `ALTER TABLE … ADD COLUMN IF NOT EXISTS` (no default: a catalog change)
 ///   and `CREATE INDEX`, in one transaction under an advisory lock. Consumers wait for
@@ -34,9 +37,9 @@ use crate::table::{DEFAULT_TABLE, InvalidTableName, Table};
 ///
 /// The same SQL ships as files to copy into your own migrations, in this crate's package
 /// and [in the repository][migrations]:
-/// `migrations/{postgres,mysql,sqlite}/0001_processed_messages.sql` (the 0.1 table, as
-/// 0.1 shipped it) and `0002_processed_messages_state.sql` (the upgrade); [`schema_sql`]
-/// and [`upgrade_sql`] print them for any table name.
+/// `migrations/{postgres,mysql,sqlite}/0001_processed_messages.sql` (the first table,
+/// frozen), `0002_processed_messages_state.sql` and `0005_processed_messages_results.sql`
+/// (the upgrades); [`schema_sql`] and [`upgrade_sql`] print them for any table name.
 ///
 /// [migrations]: https://github.com/dedup-rs/dedup/tree/main/dedup-runtime/migrations
 ///
@@ -74,7 +77,8 @@ pub async fn migrate_table<DB: Backend>(pool: &Pool<DB>, table: &str) -> Result<
 
 /// The SQL that [`migrate_table`] runs to create `table` on `DB` when it does not exist,
 /// as one script to paste into your own migrations: a complete, current table, with its
-/// indexes. It does not upgrade an existing 0.1 table: that is [`upgrade_sql`].
+/// indexes. It does not upgrade a table created by migration `0001` alone: that is
+/// [`upgrade_sql`].
 ///
 /// ```
 /// let sql = dedup_runtime::schema_sql::<sqlx::Sqlite>("processed_messages").unwrap();
@@ -89,9 +93,10 @@ pub fn schema_sql<DB: Backend>(table: &str) -> Result<String, InvalidTableName> 
         .collect())
 }
 
-/// The SQL that upgrades a dedup table created by 0.1 (`consumer`, `message_id`,
-/// `processed_at`) to the current columns and indexes, as one script for your own
-/// migration tool, to run after the 0.1 script ([`migrate`] says what it adds).
+/// The SQL that upgrades a dedup table created by migration `0001` (`consumer`,
+/// `message_id`, `processed_at`) to the current columns and indexes — migrations `0002`
+/// and `0005` — as one script for your own migration tool, to run after `0001`
+/// ([`migrate`] says what it adds).
 ///
 /// On PostgreSQL and MariaDB it is safe to run more than once (`IF NOT EXISTS`). SQLite
 /// has no `ADD COLUMN IF NOT EXISTS`, and neither has MySQL 8: there, run it once, as

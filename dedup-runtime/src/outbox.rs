@@ -438,9 +438,6 @@ pub struct DeadOutgoing {
 /// clones), as the inbox's ([`inbox::HINT_GAP`](crate::inbox::HINT_GAP)).
 pub const HINT_GAP: Duration = crate::queue::HINT_GAP;
 
-/// Rows one statement of [`Outbox::prune`] deletes at most.
-pub const PRUNE_BATCH: usize = 1_000;
-
 /// What [`Outbox::stats`] reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -580,15 +577,6 @@ impl Outbox {
             table: Table::new(table)?,
             ..self
         })
-    }
-
-    /// The outbox in another table: `Outbox::new().in_table(table)`.
-    #[deprecated(
-        since = "0.1.0",
-        note = "renamed `in_table`, the one word for another table on every type of this crate: write `.in_table(name)?`"
-    )]
-    pub fn with_table(table: &str) -> Result<Outbox, InvalidTableName> {
-        Outbox::new().in_table(table)
     }
 
     /// The payload limit, at most [`MAX_PAYLOAD_LEN`].
@@ -765,42 +753,6 @@ impl Outbox {
             Some(seen) if seen <= max_silence => Health::Healthy,
             last_seen => Health::RelayStale { last_seen },
         })
-    }
-
-    /// Deletes the rows sent more than `older_than` ago, in batches of
-    /// [`PRUNE_BATCH`] (each its own statement, so that relays and handlers go on
-    /// meanwhile); how many. Unsent, claimed and dead rows are never deleted. A sent
-    /// row's only use left is to make a handler that runs again for its cause find it
-    /// (`Enqueued::Duplicate`); once pruned, such a handler sends the message again
-    /// with the same id, which the consumer downstream dedups.
-    ///
-    /// An age over [`MAX_PRUNE_AGE`](crate::MAX_PRUNE_AGE) (about 1,000 years, what every
-    /// backend can subtract from its clock) counts as that age: nothing is that old, and
-    /// nothing is deleted.
-    ///
-    /// Deprecated: it has no redelivery window to check the age against, and no rest
-    /// between batches; [`Prune::run_outbox`](crate::Prune::run_outbox) is the shape
-    /// every table's pruning takes.
-    #[deprecated(
-        since = "0.1.0",
-        note = "prune as every table is pruned: `Prune::new(older_than, redelivery_window).run_outbox(&outbox, &pool, |_| {})`"
-    )]
-    pub async fn prune<DB: Backend>(
-        &self,
-        pool: &Pool<DB>,
-        older_than: Duration,
-    ) -> Result<u64, OutboxError> {
-        let older_than_us = crate::clock::micros(older_than.min(crate::MAX_PRUNE_AGE));
-        let mut deleted = 0;
-        loop {
-            let batch = DB::outbox_prune(pool, &self.table, older_than_us, PRUNE_BATCH as i64)
-                .await
-                .map_err(|error| self.classify::<DB>(error))?;
-            deleted += batch;
-            if batch < PRUNE_BATCH as u64 {
-                return Ok(deleted);
-            }
-        }
     }
 
     /// Up to `limit` dead rows, oldest first, each with its attempts and last error.

@@ -115,8 +115,8 @@ pub const MAX_PRUNE_AGE: Duration = Duration::from_secs(1_000 * 365 * 24 * 60 * 
 /// whatever its age and whatever the cutoff: deleting an unexpired lease would let a
 /// second copy run while the first still works, and deleting an unknown row would hide a
 /// lost effect. [`ConsumerStats::unresolved`] counts them. Plain handlers never write
-/// `state`: for them nothing changes. A table that 0.1 created and no 0.2 [`migrate`]
-/// has upgraded yet lacks the column, and the run fails with the database's
+/// `state`: for them nothing changes. A table created by migration `0001` that
+/// [`migrate`] has not upgraded yet lacks the column, and the run fails with the database's
 /// unknown-column error, deleting nothing: run [`migrate`] first.
 ///
 /// [`migrate`]: crate::migrate
@@ -153,10 +153,10 @@ impl Prune {
     /// Nothing is checked yet: [`run`](Prune::run) and [`stats`](Prune::stats) refuse an
     /// `older_than` shorter than `redelivery_window` with
     /// [`PruneError::WindowTooShort`] ([`check`](Prune::check) asks without a database).
-    /// The README's ["Sizing the redelivery window"][sizing] says how to size it for
-    /// RabbitMQ, NATS JetStream, Kafka and SQS.
+    /// The guide's ["Sizing the redelivery window"][sizing] says how to size it for
+    /// RabbitMQ, NATS JetStream, Redis Streams, MQTT, Kafka and SQS.
     ///
-    /// [sizing]: https://github.com/dedup-rs/dedup#sizing-the-redelivery-window
+    /// [sizing]: https://github.com/dedup-rs/dedup/blob/main/guide/src/operating.md#sizing-the-redelivery-window
     ///
     /// ```
     /// # use std::time::Duration;
@@ -209,25 +209,6 @@ impl Prune {
     pub fn in_table(mut self, table: &str) -> Result<Prune, InvalidTableName> {
         self.table = Table::new(table)?.name().to_owned();
         Ok(self)
-    }
-
-    /// The dedup table, unchecked until [`run`](Prune::run) (which refuses an invalid name
-    /// with [`PruneError::InvalidTable`]): [`in_table`](Prune::in_table) checks it at once.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let week = Duration::from_secs(7 * 24 * 3600);
-    /// # #[allow(deprecated)]
-    /// let bad = dedup_runtime::Prune::new(week, week).table("t; DROP TABLE users");
-    /// assert!(matches!(bad.check(), Err(dedup_runtime::PruneError::InvalidTable(_))));
-    /// ```
-    #[deprecated(
-        since = "0.1.0",
-        note = "renamed `in_table`, the one word for another table on every type of this crate: write `.in_table(name)?`"
-    )]
-    pub fn table(mut self, table: impl Into<String>) -> Prune {
-        self.table = table.into();
-        self
     }
 
     /// Rows per batch (transaction): 1 to [`MAX_PRUNE_BATCH`], [`DEFAULT_PRUNE_BATCH`]
@@ -316,7 +297,7 @@ impl Prune {
     /// batch; returns the last progress (`done` is `true`).
     ///
     /// Refuses, before anything runs, an age shorter than the redelivery window, an age
-    /// over [`MAX_PRUNE_AGE`], an invalid table name or batch size. Never deletes an id
+    /// over [`MAX_PRUNE_AGE`] or an invalid batch size. Never deletes an id
     /// younger than the age on the database's clock. See [`Prune`] for the SQL.
     ///
     /// ```
@@ -371,7 +352,7 @@ impl Prune {
     /// assert!(pruning.await??.done);
     /// # Ok(()) }
     /// ```
-    pub async fn run<DB: PruneBackend>(
+    pub async fn run<DB: Backend>(
         &self,
         pool: &Pool<DB>,
         progress: impl FnMut(&PruneProgress),
@@ -464,7 +445,7 @@ impl Prune {
     /// assert!(billing.oldest_kept.unwrap() < day);
     /// # Ok(()) }
     /// ```
-    pub async fn stats<DB: PruneBackend>(
+    pub async fn stats<DB: Backend>(
         &self,
         pool: &Pool<DB>,
     ) -> Result<Vec<ConsumerStats>, PruneError> {
@@ -509,7 +490,7 @@ struct ProcessedIds<'a, DB: Database> {
     after: Option<String>,
 }
 
-impl<DB: PruneBackend> PrunedRows for ProcessedIds<'_, DB> {
+impl<DB: Backend> PrunedRows for ProcessedIds<'_, DB> {
     async fn delete_batch(&mut self, cutoff: &str) -> Result<u64, PruneError> {
         let (pool, table, consumer, limit) = (self.pool, self.table, self.consumer, self.limit);
         let after = self.after.as_deref();
@@ -688,7 +669,8 @@ pub enum PruneError {
         /// The largest accepted.
         max: Duration,
     },
-    /// The table name is not a plain SQL identifier. Nothing was deleted.
+    /// The table name is not a plain SQL identifier (from [`Prune::in_table`], for `?` in
+    /// a function that returns `PruneError`). Nothing was deleted.
     InvalidTable(InvalidTableName),
     /// The batch size is 0 or over the maximum. Nothing was deleted.
     InvalidBatchSize {
@@ -717,7 +699,7 @@ pub enum PruneError {
 impl PruneError {
     /// `error` from a statement on `table`: [`PruneError::MissingTable`] when it says
     /// that the table does not exist.
-    pub(crate) fn from_database<DB: PruneBackend>(table: &Table, error: sqlx::Error) -> PruneError {
+    pub(crate) fn from_database<DB: Backend>(table: &Table, error: sqlx::Error) -> PruneError {
         if DB::is_missing_table(&error, table) {
             PruneError::MissingTable {
                 table: table.clone(),
@@ -781,40 +763,7 @@ impl From<InvalidTableName> for PruneError {
     }
 }
 
-/// A [`Backend`] that [`Prune`] runs on: every one of them (`sqlx::Postgres`,
-/// `sqlx::MySql`, `sqlx::Sqlite`, each under its feature).
-///
-/// Sealed: its methods are the library's internals, the pruning SQL of each backend. Name
-/// it to prune generically:
-///
-/// ```
-/// use std::time::Duration;
-///
-/// use dedup_runtime::{Prune, PruneBackend, PruneError};
-///
-/// /// The nightly job: a week of ids kept, for a broker that redelivers for up to 4 days.
-/// async fn nightly<DB: PruneBackend>(pool: &sqlx::Pool<DB>) -> Result<u64, PruneError> {
-///     let day = Duration::from_secs(24 * 3600);
-///     let done = Prune::new(7 * day, 4 * day).run(pool, |_| {}).await?;
-///     Ok(done.deleted)
-/// }
-///
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), PruneError> {
-/// let pool = sqlx::sqlite::SqlitePoolOptions::new()
-///     .max_connections(1)
-///     .connect("sqlite::memory:")
-///     .await?;
-/// dedup_runtime::migrate(&pool).await?;
-/// assert_eq!(nightly(&pool).await?, 0);
-/// # Ok(()) }
-/// ```
-pub trait PruneBackend: Backend {}
-
-impl<DB: Backend> PruneBackend for DB {}
-
 /// The pruning concern of [`Backend`]: each backend's pruning SQL, in `prune/<db>.rs`.
-/// (Public under the name [`PruneBackend`], a name for `Backend` that code written
-/// against 0.1's first drafts uses.)
 pub trait PruneSql: Database {
     /// The cutoff `now - age` on the database's clock, as text its comparisons accept on
     /// every session (see [`PruneProgress::cutoff`] for the formats).
@@ -904,12 +853,6 @@ mod tests {
                 .batch_size(MAX_PRUNE_BATCH + 1)
                 .check(),
             Err(PruneError::InvalidBatchSize { .. })
-        ));
-        #[allow(deprecated)] // the unchecked setter: refused at `check`
-        let unchecked = Prune::new(hour, hour).table("a.b.c");
-        assert!(matches!(
-            unchecked.check(),
-            Err(PruneError::InvalidTable(_))
         ));
         assert!(Prune::new(hour, hour).in_table("a.b.c").is_err());
         let error = Prune::new(hour, 2 * hour).check().unwrap_err();

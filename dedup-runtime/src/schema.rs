@@ -17,12 +17,12 @@ pub(crate) mod sqlite;
 /// How one backend creates the dedup table, and upgrades one that an earlier version
 /// created.
 ///
-/// The table's columns, on every backend: `consumer`, `message_id`, `processed_at` (0.1),
-/// then `state`, `owner` and `expires_at` (0.2, for claims that are not processed yet:
+/// The table's columns, on every backend: `consumer`, `message_id`, `processed_at`
+/// (migration `0001`), then `state`, `owner` and `expires_at` (`0002`, for claims that are not processed yet:
 /// marks and leases). A plain handler's claim writes none of the three: `state` NULL means
 /// processed. `1` is in progress (held by `owner`, a 16-byte fencing token, until
 /// `expires_at` on the database's clock), `2` is outcome unknown (an operator resolves
-/// it). The three are nullable and have no default, so that adding them to a 0.1 table
+/// it). The three are nullable and have no default, so that adding them to a `0001` table
 /// changes no row.
 pub trait SchemaBackend: Database {
     /// The statements that create `table` complete and current (its columns, its pruning
@@ -30,7 +30,7 @@ pub trait SchemaBackend: Database {
     #[doc(hidden)]
     fn ddl(table: &Table) -> Vec<String>;
 
-    /// The statements that upgrade a 0.1 table (`consumer`, `message_id`, `processed_at`)
+    /// The statements that upgrade a `0001` table (`consumer`, `message_id`, `processed_at`)
     /// to the current columns and indexes: the `0002` files, for users' own migration
     /// tools. `create` does the same, checking the catalog first.
     #[doc(hidden)]
@@ -45,7 +45,7 @@ pub trait SchemaBackend: Database {
     ) -> impl Future<Output = Result<(), sqlx::Error>> + Send + 'a;
 }
 
-/// The columns 0.2 adds to a 0.1 table, in the order they are added.
+/// The columns migration `0002` adds to a `0001` table, in the order they are added.
 #[cfg_attr(
     not(any(feature = "postgres", feature = "mysql", feature = "sqlite")),
     allow(dead_code)

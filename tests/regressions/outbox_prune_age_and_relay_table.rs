@@ -2,8 +2,10 @@
 //!
 //! - 15: PostgreSQL's outbox `prune` with a very large age failed with an interval
 //!   overflow (the age in microseconds, `i64::MAX` for `Duration::MAX`, times
-//!   `interval '1 microsecond'`) instead of deleting nothing. An age over
-//!   `MAX_PRUNE_AGE` now counts as that age, on every backend: nothing is that old.
+//!   `interval '1 microsecond'`) instead of deleting nothing. `Outbox::prune` is gone
+//!   (outbox rows are pruned as every table is, by `Prune::run_outbox`); there the
+//!   largest age, `MAX_PRUNE_AGE`, reaches the statement and deletes nothing, on every
+//!   backend, and a larger one is refused before any statement (`AgeTooLarge`).
 //! - 14: SQLite: a relay on an outbox whose tables were never created failed with an
 //!   untyped `Database` error, because its first statement writes the relays' sign of
 //!   life into `<table>_relay`, a name the classifier did not know. It is
@@ -16,6 +18,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use dedup_runtime::outbox::{Cause, Outbox, OutboxError, OutboxMessage, Publisher};
+use dedup_runtime::{Prune, PruneError};
 use dedup_suite::unique_table;
 
 /// What the relay sent: each message's payload.
@@ -66,21 +69,37 @@ macro_rules! backend {
                 assert_eq!(relayed.sent, 1);
                 assert_eq!(*sent.0.lock().unwrap(), vec![Vec::<u8>::new()]);
 
+                // The largest age pruning takes reaches the statement: nothing is that
+                // old. Past it, `Prune` refuses the age before any statement.
+                let oldest = dedup_runtime::MAX_PRUNE_AGE;
+                let done = Prune::new(oldest, oldest)
+                    .run_outbox(&outbox, pool, |_| {})
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    done.deleted, 0,
+                    "older than {oldest:?}: nothing is that old"
+                );
                 for age in [
                     Duration::MAX,
                     Duration::from_secs(u64::MAX / 2),
-                    dedup_runtime::MAX_PRUNE_AGE,
-                    dedup_runtime::MAX_PRUNE_AGE + Duration::from_secs(1),
+                    oldest + Duration::from_secs(1),
                 ] {
-                    assert_eq!(
-                        outbox.prune(pool, age).await.unwrap(),
-                        0,
-                        "older than {age:?}: nothing is that old"
+                    let refused = Prune::new(age, oldest)
+                        .run_outbox(&outbox, pool, |_| {})
+                        .await;
+                    assert!(
+                        matches!(refused, Err(PruneError::AgeTooLarge { .. })),
+                        "older than {age:?}: {refused:?}"
                     );
                 }
                 assert_eq!(outbox.stats(pool).await.unwrap().sent, 1, "the row is kept");
                 tokio::time::sleep(Duration::from_millis(5)).await;
-                assert_eq!(outbox.prune(pool, Duration::ZERO).await.unwrap(), 1);
+                let done = Prune::new(Duration::ZERO, Duration::ZERO)
+                    .run_outbox(&outbox, pool, |_| {})
+                    .await
+                    .unwrap();
+                assert_eq!(done.deleted, 1);
                 assert_eq!(outbox.stats(pool).await.unwrap().sent, 0);
             }
 

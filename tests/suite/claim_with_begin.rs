@@ -1,6 +1,6 @@
 //! Issue 28: on MySQL/MariaDB, through a pool, the claim goes out with `BEGIN`, one
 //! multi-statement query, its id written in as a hex literal; PostgreSQL keeps `BEGIN`
-//! and a bound claim (folding them measured slower there: README, "What it generates").
+//! and a bound claim (folding them measured slower there: the guide's "What it generates").
 //! These cases hold both to what the issue asks:
 //!
 //! - no id can change a statement, whatever the session's string settings: ids with
@@ -387,7 +387,7 @@ async fn a_duplicate_leaves_the_pooled_connection_clean() {
     assert_eq!((autocommit, open), (1, 0), "autocommit, no transaction");
 }
 
-/// The README's sentence: a body that releases a savepoint named `dedup_alive` fails its
+/// The guide's sentence: a body that releases a savepoint named `dedup_alive` fails its
 /// own commit, as if InnoDB had rolled the transaction back — the typed error after the
 /// call's attempts, nothing committed — and the message is processed by the next call.
 #[tokio::test]

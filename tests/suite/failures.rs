@@ -92,7 +92,7 @@ enum Seen {
     /// The database error is found in the error's chain: the call is run again.
     Retried,
     /// Nothing leads back to the database error: the error reaches the caller at once
-    /// (README: such a type should say which of its errors are transient).
+    /// (the guide: such a type should say which of its errors are transient).
     Hidden,
 }
 

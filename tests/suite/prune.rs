@@ -231,13 +231,7 @@ macro_rules! prune_suite {
 
                 let ok = || Prune::new(secs(DAY), secs(DAY));
                 for bad in ["x; DROP TABLE processed_messages", "a.b.c", ""] {
-                    #[allow(deprecated)] // the unchecked setter: refused at `run`
-                    let refused = ok().table(bad).run(&*pool, |_| {}).await;
                     assert!(ok().in_table(bad).is_err());
-                    assert!(
-                        matches!(refused, Err(PruneError::InvalidTable(_))),
-                        "{refused:?}"
-                    );
                 }
                 let refused = ok()
                     .in_table(table.as_str())

@@ -28,25 +28,25 @@ const HEADER_0001: &str = "-- The dedup table of dedup-runtime: what `dedup_runt
 fn header_0002(backend: &str) -> &'static str {
     match backend {
         "postgres" => {
-            "-- Upgrades the dedup table of dedup-runtime 0.1 (0001_processed_messages.sql) to 0.2:\n\
-             -- the columns state, owner, expires_at (NULL for every existing row: processed) and\n\
-             -- an index of the rows not processed. What `dedup_runtime::migrate` does to a 0.1\n\
-             -- table. Safe to run more than once. Consumers wait while it runs: it checks the new\n\
+            "-- Migration 0002: upgrades the dedup table of 0001_processed_messages.sql with the\n\
+             -- columns state, owner, expires_at (NULL for every existing row: processed) and an\n\
+             -- index of the rows not processed. What `dedup_runtime::migrate` does to a table\n\
+             -- without them. Safe to run more than once. Consumers wait while it runs: it checks the new\n\
              -- CHECK and builds the partial index with one scan of the table each.\n\n"
         }
         "mysql" => {
-            "-- Upgrades the dedup table of dedup-runtime 0.1 (0001_processed_messages.sql) to 0.2:\n\
-             -- the columns state, owner, expires_at (NULL for every existing row: processed). What\n\
-             -- `dedup_runtime::migrate` does to a 0.1 table; no index (MySQL has no partial index,\n\
+            "-- Migration 0002: upgrades the dedup table of 0001_processed_messages.sql with the\n\
+             -- columns state, owner, expires_at (NULL for every existing row: processed). What\n\
+             -- `dedup_runtime::migrate` does to a table without them; no index (MySQL has no partial index,\n\
              -- and every claim would pay for a full one). MariaDB: safe to run more than once; on\n\
              -- 10.11 the ALTER is ALGORITHM=INSTANT. MySQL 8 has no ADD COLUMN IF NOT EXISTS:\n\
              -- delete the three `IF NOT EXISTS` and run it once (as migration tools do).\n\n"
         }
         "sqlite" => {
-            "-- Upgrades the dedup table of dedup-runtime 0.1 (0001_processed_messages.sql) to 0.2:\n\
-             -- the columns state, owner, expires_at (NULL for every existing row: processed) and\n\
-             -- an index of the rows not processed. What `dedup_runtime::migrate` does to a 0.1\n\
-             -- table. SQLite has no ADD COLUMN IF NOT EXISTS: run it once (as migration tools do).\n\n"
+            "-- Migration 0002: upgrades the dedup table of 0001_processed_messages.sql with the\n\
+             -- columns state, owner, expires_at (NULL for every existing row: processed) and an\n\
+             -- index of the rows not processed. What `dedup_runtime::migrate` does to a table\n\
+             -- without them. SQLite has no ADD COLUMN IF NOT EXISTS: run it once (as migration tools do).\n\n"
         }
         other => panic!("no backend {other}"),
     }
@@ -65,7 +65,7 @@ fn check(backend: &str, file: &str, expected: &str, bless: bool) {
         if bless {
             ": run with DEDUP_BLESS=1"
         } else {
-            " (0.1's file: never change it)"
+            " (migration 0001's file: never change it)"
         }
     );
 }
@@ -86,25 +86,25 @@ fn shipped_0001_is_the_frozen_0_1_table() {
 fn header_0005(backend: &str) -> &'static str {
     match backend {
         "postgres" => {
-            "-- Upgrades the dedup table of dedup-runtime 0.2 (0002_processed_messages_state.sql) to\n\
-             -- 0.3: the columns result, result_version, fingerprint (NULL for every existing row),\n\
+            "-- Migration 0005: upgrades the dedup table of 0002_processed_messages_state.sql with\n\
+             -- the columns result, result_version, fingerprint (NULL for every existing row),\n\
              -- what a row remembers for `result = \"stored\"` and `fingerprint = …`. What\n\
-             -- `dedup_runtime::migrate` does to a 0.2 table. Safe to run more than once; a\n\
+             -- `dedup_runtime::migrate` does to a table without them. Safe to run more than once; a\n\
              -- catalog change (nullable, no default: no row is rewritten).\n\n"
         }
         "mysql" => {
-            "-- Upgrades the dedup table of dedup-runtime 0.2 (0002_processed_messages_state.sql) to\n\
-             -- 0.3: the columns result, result_version, fingerprint (NULL for every existing row),\n\
+            "-- Migration 0005: upgrades the dedup table of 0002_processed_messages_state.sql with\n\
+             -- the columns result, result_version, fingerprint (NULL for every existing row),\n\
              -- what a row remembers for `result = \"stored\"` and `fingerprint = …`. What\n\
-             -- `dedup_runtime::migrate` does to a 0.2 table. MariaDB: safe to run more than once;\n\
+             -- `dedup_runtime::migrate` does to a table without them. MariaDB: safe to run more than once;\n\
              -- on 10.11 the ALTER is ALGORITHM=INSTANT. MySQL 8 has no ADD COLUMN IF NOT EXISTS:\n\
              -- delete the three `IF NOT EXISTS` and run it once (as migration tools do).\n\n"
         }
         "sqlite" => {
-            "-- Upgrades the dedup table of dedup-runtime 0.2 (0002_processed_messages_state.sql) to\n\
-             -- 0.3: the columns result, result_version, fingerprint (NULL for every existing row),\n\
+            "-- Migration 0005: upgrades the dedup table of 0002_processed_messages_state.sql with\n\
+             -- the columns result, result_version, fingerprint (NULL for every existing row),\n\
              -- what a row remembers for `result = \"stored\"` and `fingerprint = …`. What\n\
-             -- `dedup_runtime::migrate` does to a 0.2 table. SQLite has no ADD COLUMN IF NOT\n\
+             -- `dedup_runtime::migrate` does to a table without them. SQLite has no ADD COLUMN IF NOT\n\
              -- EXISTS: run it once (as migration tools do).\n\n"
         }
         other => panic!("no backend {other}"),
@@ -227,7 +227,7 @@ fn schema_sql_refuses_bad_names() {
     );
 }
 
-const HEADER_0003: &str = "-- The inbox table of dedup-runtime (0.2): what `dedup_runtime::inbox::migrate`\n\
+const HEADER_0003: &str = "-- The inbox table of dedup-runtime (migration 0003): what `dedup_runtime::inbox::migrate`\n\
                            -- creates. Copy it into your own migrations; it is safe to run more than once.\n\n";
 
 #[test]
@@ -256,7 +256,7 @@ fn shipped_0003_matches_the_inbox_schema_sql() {
     }
 }
 
-const HEADER_0004: &str = "-- The outbox table of dedup-runtime (0.2): what `dedup_runtime::outbox::migrate`\n\
+const HEADER_0004: &str = "-- The outbox table of dedup-runtime (migration 0004): what `dedup_runtime::outbox::migrate`\n\
                            -- creates. Copy it into your own migrations; it is safe to run more than once.\n\n";
 
 #[test]

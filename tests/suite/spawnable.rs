@@ -312,7 +312,6 @@ macro_rules! backend {
 
             /// The outbox: enqueueing in a transaction, the operator's calls, and the
             /// relay.
-            #[allow(deprecated)] // `Outbox::prune`, kept working
             fn outbox(pool: Pool) {
                 let outbox = Outbox::new().notify_relay(true);
                 check!([pool, outbox] {
@@ -331,7 +330,9 @@ macro_rules! backend {
                 let id = Cause::new("spawnable", "m").unwrap().nth_id(0);
                 check!([pool, outbox] { outbox.requeue(&pool, id).await });
                 check!([pool, outbox] { outbox.discard(&pool, id).await });
-                check!([pool, outbox] { outbox.prune(&pool, 7 * DAY).await });
+                check!([pool, outbox] {
+                    Prune::new(7 * DAY, 7 * DAY).run_outbox(&outbox, &pool, |_| {}).await
+                });
 
                 let (relay, publisher) = (outbox.relay(&pool).lease(Duration::from_secs(30)), Discard);
                 drop(spawnable(async move { relay.run(&publisher, shutdown()).await }));

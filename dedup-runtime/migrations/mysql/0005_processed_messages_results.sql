@@ -1,7 +1,7 @@
--- Upgrades the dedup table of dedup-runtime 0.2 (0002_processed_messages_state.sql) to
--- 0.3: the columns result, result_version, fingerprint (NULL for every existing row),
+-- Migration 0005: upgrades the dedup table of 0002_processed_messages_state.sql with
+-- the columns result, result_version, fingerprint (NULL for every existing row),
 -- what a row remembers for `result = "stored"` and `fingerprint = …`. What
--- `dedup_runtime::migrate` does to a 0.2 table. MariaDB: safe to run more than once;
+-- `dedup_runtime::migrate` does to a table without them. MariaDB: safe to run more than once;
 -- on 10.11 the ALTER is ALGORITHM=INSTANT. MySQL 8 has no ADD COLUMN IF NOT EXISTS:
 -- delete the three `IF NOT EXISTS` and run it once (as migration tools do).
 

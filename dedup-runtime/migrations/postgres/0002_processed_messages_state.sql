@@ -1,7 +1,7 @@
--- Upgrades the dedup table of dedup-runtime 0.1 (0001_processed_messages.sql) to 0.2:
--- the columns state, owner, expires_at (NULL for every existing row: processed) and
--- an index of the rows not processed. What `dedup_runtime::migrate` does to a 0.1
--- table. Safe to run more than once. Consumers wait while it runs: it checks the new
+-- Migration 0002: upgrades the dedup table of 0001_processed_messages.sql with the
+-- columns state, owner, expires_at (NULL for every existing row: processed) and an
+-- index of the rows not processed. What `dedup_runtime::migrate` does to a table
+-- without them. Safe to run more than once. Consumers wait while it runs: it checks the new
 -- CHECK and builds the partial index with one scan of the table each.
 
 ALTER TABLE processed_messages

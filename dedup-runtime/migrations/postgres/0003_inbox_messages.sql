@@ -1,4 +1,4 @@
--- The inbox table of dedup-runtime (0.2): what `dedup_runtime::inbox::migrate`
+-- The inbox table of dedup-runtime (migration 0003): what `dedup_runtime::inbox::migrate`
 -- creates. Copy it into your own migrations; it is safe to run more than once.
 
 CREATE TABLE IF NOT EXISTS inbox_messages (

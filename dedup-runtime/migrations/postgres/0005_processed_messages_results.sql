@@ -1,7 +1,7 @@
--- Upgrades the dedup table of dedup-runtime 0.2 (0002_processed_messages_state.sql) to
--- 0.3: the columns result, result_version, fingerprint (NULL for every existing row),
+-- Migration 0005: upgrades the dedup table of 0002_processed_messages_state.sql with
+-- the columns result, result_version, fingerprint (NULL for every existing row),
 -- what a row remembers for `result = "stored"` and `fingerprint = …`. What
--- `dedup_runtime::migrate` does to a 0.2 table. Safe to run more than once; a
+-- `dedup_runtime::migrate` does to a table without them. Safe to run more than once; a
 -- catalog change (nullable, no default: no row is rewritten).
 
 ALTER TABLE processed_messages

@@ -1,7 +1,7 @@
--- Upgrades the dedup table of dedup-runtime 0.1 (0001_processed_messages.sql) to 0.2:
--- the columns state, owner, expires_at (NULL for every existing row: processed) and
--- an index of the rows not processed. What `dedup_runtime::migrate` does to a 0.1
--- table. SQLite has no ADD COLUMN IF NOT EXISTS: run it once (as migration tools do).
+-- Migration 0002: upgrades the dedup table of 0001_processed_messages.sql with the
+-- columns state, owner, expires_at (NULL for every existing row: processed) and an
+-- index of the rows not processed. What `dedup_runtime::migrate` does to a table
+-- without them. SQLite has no ADD COLUMN IF NOT EXISTS: run it once (as migration tools do).
 
 ALTER TABLE processed_messages ADD COLUMN state        INTEGER CHECK (state IN (1, 2));
 ALTER TABLE processed_messages ADD COLUMN owner        BLOB;

@@ -1,4 +1,4 @@
--- The outbox table of dedup-runtime (0.2): what `dedup_runtime::outbox::migrate`
+-- The outbox table of dedup-runtime (migration 0004): what `dedup_runtime::outbox::migrate`
 -- creates. Copy it into your own migrations; it is safe to run more than once.
 
 CREATE TABLE IF NOT EXISTS outbox_messages (

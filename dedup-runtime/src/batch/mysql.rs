@@ -94,7 +94,7 @@ impl BatchBackend for MySql {
             }
             let rows = match query.fetch_all(&mut *conn).await {
                 Ok(rows) => rows,
-                // A table of 0.1, not upgraded yet: no `state`, only processed rows.
+                // A table of migration `0001`, not upgraded yet: no `state`, only processed rows.
                 Err(error) if !printed && crate::claim::missing_state_column(&error) => {
                     return Ok(ids.iter().map(|id| Inspected::processed(id)).collect());
                 }

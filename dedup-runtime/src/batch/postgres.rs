@@ -53,7 +53,7 @@ impl BatchBackend for Postgres {
         ids: &'c [&'c str],
         printed: bool,
     ) -> Result<Vec<Inspected>, sqlx::Error> {
-        // By name once the table has the columns; a table of 0.1 has neither (and only
+        // By name once the table has the columns; a table of migration `0001` has neither (and only
         // processed rows): through the row's JSON there, since an error would abort the
         // batch's transaction. (Fingerprints need the upgraded table, as `migrate` makes.)
         let (state, expires_at) =

@@ -107,7 +107,7 @@ pub(crate) fn begin_claim_sql(
 
 /// A duplicate's look at its row, with the `ROLLBACK` of its failed claim and autocommit
 /// restored: one multi-statement query, outside any transaction; a row only if it is a
-/// processed one (`state IS NULL`; a table of 0.1, without `state`, fails with 1054 after
+/// processed one (`state IS NULL`; a table of migration `0001`, without `state`, fails with 1054 after
 /// the rollback, and is looked at the other way).
 pub(crate) fn look_processed_sql(table: &str, consumer: &str, id: &str) -> String {
     let mut sql = String::with_capacity(150 + table.len() + 2 * (consumer.len() + id.len()));
@@ -163,7 +163,7 @@ impl ClaimBackend for MySql {
             .await
         {
             Ok(row) => row,
-            // A table of 0.1, not upgraded yet: no `state`, only processed rows.
+            // A table of migration `0001`, not upgraded yet: no `state`, only processed rows.
             Err(error) if error_number(&error) == Some(ER_BAD_FIELD) => {
                 return Ok(Some(Found::PROCESSED));
             }

@@ -64,7 +64,7 @@ impl ClaimBackend for Sqlite {
             .await
         {
             Ok(row) => row,
-            // A table of 0.1, not upgraded yet: no `state`, only processed rows.
+            // A table of migration `0001`, not upgraded yet: no `state`, only processed rows.
             Err(error) if crate::claim::missing_state_column(&error) => {
                 return Ok(Some(Found::PROCESSED));
             }

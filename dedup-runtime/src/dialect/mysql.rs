@@ -11,7 +11,7 @@ pub(crate) fn error_number(error: &sqlx::Error) -> Option<u16> {
         .map(MySqlDatabaseError::number)
 }
 
-/// ER_BAD_FIELD_ERROR: an unknown column (a dedup table of 0.1, before `migrate`
+/// ER_BAD_FIELD_ERROR: an unknown column (a dedup table of migration `0001`, before `migrate`
 /// upgrades it, has no `state`).
 pub(crate) const ER_BAD_FIELD: u16 = 1054;
 

@@ -13,11 +13,11 @@ const MIGRATE_LOCK: &str = "dedup_runtime.migrate";
 /// How long a `migrate` waits for another one's lock, in seconds.
 const MIGRATE_LOCK_WAIT: i32 = 120;
 
-/// The 0.2 columns, as `CREATE TABLE` and `ADD COLUMN` both write them, in order. Nullable,
+/// The columns of migration `0002`, as `CREATE TABLE` and `ADD COLUMN` both write them, in order. Nullable,
 /// no default: on MariaDB 10.11 adding them is `ALGORITHM=INSTANT` (no copy, no rebuild;
 /// checked by `tests/suite/upgrade.rs`). `expires_at` is UTC, like `processed_at`.
 ///
-/// Then the 0.3 columns, what the row remembers of the delivery that processed it
+/// Then the columns of migration `0005`, what the row remembers of the delivery that processed it
 /// (`crate::stored`): `LONGBLOB` holds every result `MAX_RESULT_LEN` allows (a
 /// `MEDIUMBLOB`'s 16 MiB would too, but with `sql_mode = ''` an over-long value is cut,
 /// not refused: nothing may come near a column's end), the fingerprint always 32 bytes.
@@ -125,7 +125,7 @@ impl SchemaBackend for MySql {
     }
 
     fn upgrade_ddl(table: &Table) -> Vec<String> {
-        // 0.2's columns, then 0.3's, as the shipped files have them.
+        // Migration `0002`'s columns, then `0005`'s, as the shipped files have them.
         let (state, results) = COLUMNS.split_at(3);
         vec![
             add_columns(table, state.iter().copied(), "IF NOT EXISTS "),

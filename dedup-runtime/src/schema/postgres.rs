@@ -10,13 +10,13 @@ use crate::table::Table;
 /// catalog's unique indexes. The number is arbitrary and stable ("dedup" + 1).
 const MIGRATE_LOCK: i64 = 0x6465_6475_7000_0001;
 
-/// The 0.2 columns, as `CREATE TABLE` and `ADD COLUMN` both write them. No default: adding
+/// The columns of migration `0002`, as `CREATE TABLE` and `ADD COLUMN` both write them. No default: adding
 /// them is a catalog change, no row is rewritten. The inline `CHECK` is named
 /// `<table>_state_check` either way.
 const STATE: &str = "state        smallint CHECK (state IN (1, 2))";
 const OWNER: &str = "owner        bytea";
 const EXPIRES_AT: &str = "expires_at   timestamptz";
-/// The 0.3 columns: what the row remembers of the delivery that processed it (a stored
+/// The columns of migration `0005`: what the row remembers of the delivery that processed it (a stored
 /// result, its version, the payload's fingerprint; `crate::stored`). Nullable, no default:
 /// a catalog change.
 const RESULT: &str = "result         bytea";
@@ -134,11 +134,7 @@ impl SchemaBackend for Postgres {
         // When they do run (once per table), consumers wait for this transaction: adding
         // the columns is a catalog change, but PostgreSQL checks the new `CHECK` against
         // every row and builds the partial index with one scan of the table.
-        let mut tx = pool.begin().await?;
-        sqlx::query("SELECT pg_advisory_xact_lock($1)")
-            .bind(MIGRATE_LOCK)
-            .execute(&mut *tx)
-            .await?;
+        let mut tx = begin_quiet_locked(pool).await?;
         sqlx::raw_sql(AssertSqlSafe(create_table(table)))
             .execute(&mut *tx)
             .await?;
@@ -178,6 +174,24 @@ impl SchemaBackend for Postgres {
     }
 }
 
+/// Begins a migration's transaction: under the advisory lock every `migrate` takes, and
+/// with the server's notices below a warning off for the transaction (`SET LOCAL`), so
+/// that `CREATE TABLE IF NOT EXISTS` on a table that exists does not say "relation …
+/// already exists, skipping", which sqlx logs at INFO: a `migrate` at every start with
+/// nothing to do logs nothing.
+async fn begin_quiet_locked(
+    pool: &Pool<Postgres>,
+) -> Result<sqlx::Transaction<'static, Postgres>, sqlx::Error> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "SELECT set_config('client_min_messages', 'warning', true), pg_advisory_xact_lock($1)",
+    )
+    .bind(MIGRATE_LOCK)
+    .execute(&mut *tx)
+    .await?;
+    Ok(tx)
+}
+
 /// Runs `statements` in one transaction under the advisory lock `migrate` takes: the DDL
 /// of the tables beside the dedup table (the inbox's, the outbox's), `table`'s. A
 /// concurrent migration waits, then finds everything in place. An index that exists is
@@ -190,11 +204,7 @@ pub(crate) async fn create_locked(
     table: &Table,
     statements: Vec<String>,
 ) -> Result<(), sqlx::Error> {
-    let mut tx = pool.begin().await?;
-    sqlx::query("SELECT pg_advisory_xact_lock($1)")
-        .bind(MIGRATE_LOCK)
-        .execute(&mut *tx)
-        .await?;
+    let mut tx = begin_quiet_locked(pool).await?;
     for statement in statements {
         if let Some(index) = index_created(&statement)
             && exists(&mut tx, &qualified(table, index)).await?
@@ -208,16 +218,16 @@ pub(crate) async fn create_locked(
     tx.commit().await
 }
 
-/// The dedup tables this process knows to have the 0.2 columns (`state`, `expires_at`),
+/// The dedup tables this process knows to have the columns of migration `0002` (`state`, `expires_at`),
 /// and those it last found without them (looked at again after [`RECHECK`]).
 static UPGRADED: std::sync::Mutex<Vec<(String, bool, std::time::Instant)>> =
     std::sync::Mutex::new(Vec::new());
 
-/// How long a table found without the 0.2 columns is taken for one (until `migrate`
+/// How long a table found without the columns of migration `0002` is taken for one (until `migrate`
 /// upgrades it: then this process's `migrate` says so at once).
 const RECHECK: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// `table` has the 0.2 columns: `migrate` made sure of it.
+/// `table` has the columns of migration `0002`: `migrate` made sure of it.
 pub(crate) fn mark_upgraded(table: &str) {
     remember_upgraded(table, true);
 }
@@ -233,10 +243,10 @@ fn remember_upgraded(table: &str, upgraded: bool) {
     }
 }
 
-/// Whether the dedup table `table` has the 0.2 columns, so that a claim reads `state` and
+/// Whether the dedup table `table` has the columns of migration `0002`, so that a claim reads `state` and
 /// `expires_at` by name: from this process's memory, else from the catalog (on `conn`,
 /// once per table, and again a minute after a table was found without them). Claims of
-/// a table of 0.1 read them through the row's JSON instead — which converts the whole
+/// a table of migration `0001` read them through the row's JSON instead — which converts the whole
 /// row, a stored result included (9 ms for 1 MB, measured): named columns keep a
 /// duplicate's claim at the cost of its row's two columns.
 pub(crate) async fn upgraded(

@@ -6,11 +6,11 @@ use super::{ADDED_COLUMNS, SchemaBackend};
 use crate::dialect::sqlite::BEGIN;
 use crate::table::Table;
 
-/// The 0.2 columns, as `CREATE TABLE` and `ADD COLUMN` both write them, in order.
+/// The columns of migration `0002`, as `CREATE TABLE` and `ADD COLUMN` both write them, in order.
 /// `expires_at` is text in `processed_at`'s format (`%Y-%m-%dT%H:%M:%fZ`, UTC), so that
 /// comparing the two, or either with the clock written the same way, compares times.
 ///
-/// Then the 0.3 columns, what the row remembers of the delivery that processed it
+/// Then the columns of migration `0005`, what the row remembers of the delivery that processed it
 /// (`crate::stored`).
 const COLUMNS: [&str; 6] = [
     "state        INTEGER CHECK (state IN (1, 2))",
@@ -110,7 +110,7 @@ impl SchemaBackend for Sqlite {
     fn upgrade_ddl(table: &Table) -> Vec<String> {
         // SQLite has no `ADD COLUMN IF NOT EXISTS`: run once (as migration tools do), or
         // let `migrate` check the catalog first.
-        // 0.2's columns and index, then 0.3's columns, as the shipped files have them.
+        // Migration `0002`'s columns and index, then `0005`'s columns, as the shipped files have them.
         let (state, results) = COLUMNS.split_at(3);
         let mut ddl: Vec<String> = state
             .iter()

@@ -79,9 +79,6 @@ macro_rules! operator_suite {
                     .await
                     .unwrap();
                 assert_eq!((young.deleted, young.done), (0, true));
-                #[allow(deprecated)] // the old shape, kept working
-                let old_shape = outbox.prune(pool, hour).await.unwrap();
-                assert_eq!(old_shape, 0);
                 assert_eq!(
                     outbox.stats(pool).await.unwrap().sent,
                     2,
