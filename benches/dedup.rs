@@ -12,6 +12,9 @@
 //! cargo bench --bench dedup --features brokers -- consumers  # the hosted consumers against
 //!                                                 # hand-written ones (consumers.csv; in the
 //!                                                 # smoke run too, tiny: see dedup/consumers.rs)
+//! cargo bench --bench dedup --features http -- http  # the Idempotency-Key layer against the
+//!                                                 # endpoint by hand (http.csv; in the smoke
+//!                                                 # run too, tiny: see dedup/http.rs)
 //! cargo bench --bench dedup -- per_message        # the per-message group alone (per_message.csv;
 //!                                                 # in the full and the smoke run too)
 //! DEDUP_BENCH_ROUNDS=5 cargo bench --bench dedup  # the same with 5 rounds instead of 15
@@ -123,6 +126,9 @@ mod config;
 mod consumers;
 #[path = "dedup/counting.rs"]
 mod counting;
+#[cfg(feature = "http")]
+#[path = "dedup/http.rs"]
+mod http;
 #[path = "dedup/inbox.rs"]
 mod inbox;
 #[path = "dedup/inbox_round.rs"]
@@ -159,7 +165,7 @@ mod timing;
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 fn main() -> ExitCode {
-    // `batch`, `relay`, `inbox`, `per_message` or `consumers` runs that group alone.
+    // `batch`, `relay`, `inbox`, `per_message`, `consumers` or `http` runs that group alone.
     let only = run::Only::from_args();
     let config = config::Config::from_env();
     let runtime = match tokio::runtime::Builder::new_multi_thread()

@@ -700,6 +700,11 @@ pub struct GuideRedis;
 #[doc = include_str!("../guide/src/brokers/mqtt.md")]
 pub struct GuideMqtt;
 
+/// The guide's chapter on HTTP idempotency keys, its Rust blocks compiled as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../guide/src/http.md")]
+pub struct GuideHttp;
+
 /// The guide's chapter "Operating it" (`guide/src/operating.md`), as doctests.
 #[cfg(doctest)]
 #[doc = include_str!("../guide/src/operating.md")]

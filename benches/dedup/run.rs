@@ -57,6 +57,7 @@ pub(crate) enum Only {
     Inbox,
     PerMessage,
     Consumers,
+    Http,
 }
 
 impl Only {
@@ -68,6 +69,7 @@ impl Only {
             "inbox" => Some(Only::Inbox),
             "per_message" => Some(Only::PerMessage),
             "consumers" => Some(Only::Consumers),
+            "http" => Some(Only::Http),
             _ => None,
         })
     }
@@ -79,6 +81,7 @@ pub(crate) async fn run(config: Config, only: Option<Only>) -> Result<(), Error>
     let inbox_only = only == Some(Only::Inbox);
     let per_message_only = only == Some(Only::PerMessage);
     let consumers_only = only == Some(Only::Consumers);
+    let http_only = only == Some(Only::Http);
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let dir = manifest.join("target/dedup-bench");
     std::fs::create_dir_all(&dir)?;
@@ -153,6 +156,25 @@ pub(crate) async fn run(config: Config, only: Option<Only>) -> Result<(), Error>
     #[cfg(not(feature = "brokers"))]
     if consumers_only {
         return Err("the consumers group needs the brokers: --features brokers".into());
+    }
+
+    // `cargo bench --bench dedup --features http -- http`: the Idempotency-Key layer
+    // against the same endpoint by hand (and, tiny, in the smoke run).
+    #[cfg(feature = "http")]
+    if http_only || config.smoke {
+        let (rounds, requests) = if config.smoke {
+            (1, 50)
+        } else {
+            (relay_rounds(), 2_000)
+        };
+        crate::http::run(&pg, &dir, rounds, requests).await?;
+        if http_only {
+            return Ok(());
+        }
+    }
+    #[cfg(not(feature = "http"))]
+    if http_only {
+        return Err("the http group needs axum and reqwest: --features http".into());
     }
 
     let mut seed = SystemTime::now()

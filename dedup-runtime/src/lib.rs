@@ -45,6 +45,7 @@
 //! | [`AckPolicy`], [`Ack`] | what to tell the broker after a call |
 //! | [`consume`] | what every hosted consumer shares: [`consume::Message`], the shutdown, the errors |
 //! | [`lapin`], [`async_nats`], [`rdkafka`], [`redis`], [`rumqttc`] | one module per broker client: its hosted consumer and the outbox's publisher |
+//! | [`http`] | HTTP idempotency keys: an `Idempotency-Key` layer for axum, the key claimed in the handler's transaction |
 //! | [`inbox`] | store incoming messages, acknowledge at once, process them with workers |
 //! | [`outbox`] | messages written in the handler's transaction, published after the commit by a relay |
 //! | [`Prune`], [`Ledger`] | the operator's tools: prune old ids, look one up, forget it, resolve unknown outcomes |
@@ -64,6 +65,7 @@
 //! | `rdkafka` | Kafka: [`rdkafka::KafkaConsumer`] and the outbox's publisher (builds librdkafka with the C compiler) |
 //! | `redis` | Redis Streams: [`redis::RedisStreamsConsumer`] and the outbox's publisher |
 //! | `rumqttc` | MQTT 5: [`rumqttc::MqttConsumer`] and the outbox's publisher |
+//! | `axum` | HTTP idempotency keys: [`http::IdempotencyLayer`] and [`http::IdempotentRequest`] (brings `serde`) |
 //!
 //! # Backends
 //!
@@ -271,6 +273,8 @@ mod consumers;
 mod dialect;
 mod features;
 mod guarded;
+#[cfg(feature = "axum")]
+pub mod http;
 mod idempotency;
 pub mod inbox;
 mod input;

@@ -40,6 +40,14 @@
 //! | `dedup_batch_messages_total` | counter | `outcome`: `processed`, `duplicate`, `failed`, `in_progress`, `fingerprint_mismatch`, `copy`, `invalid` | messages, as their [`BatchItem`](crate::batch::BatchItem) says |
 //! | `dedup_batch_splits_total` | counter | | failing transactions split in two |
 //!
+//! HTTP idempotency keys ([`http`](crate::http), feature `axum`) record every answer the
+//! layer or [`IdempotentRequest::answer`](crate::http::IdempotentRequest::answer) gives
+//! (the handler's own metrics above count its calls):
+//!
+//! | name | kind | more labels | counts |
+//! | --- | --- | --- | --- |
+//! | `dedup_http_answers_total` | counter | `answer`: `processed`, `replayed`, `in_progress`, `key_reused`, `no_stored_response`, `missing_key`, `malformed_key`, `unidentified_caller`, `request_too_large`, `unreadable_request`, `response_too_large`, `server_error`, `application_error` | answers to requests with (or missing) an `Idempotency-Key` |
+//!
 //! Capabilities added later record theirs here, under the same prefix and labels.
 
 #[cfg(feature = "metrics")]
@@ -353,5 +361,20 @@ pub(crate) fn inbox_gauge(
         labels.extend(label.map(|(key, value)| metrics::Label::from_static_parts(key, value)));
         let key = metrics::Key::from_parts(name, labels);
         metrics::with_recorder(|recorder| recorder.register_gauge(&key, &METADATA).set(value));
+    }
+}
+
+/// Adds one to `dedup_http_answers_total{answer}`.
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn http_answered(answer: &'static str) {
+    #[cfg(feature = "metrics")]
+    {
+        let key = metrics::Key::from_parts(
+            "dedup_http_answers_total",
+            vec![metrics::Label::from_static_parts("answer", answer)],
+        );
+        metrics::with_recorder(|recorder| {
+            recorder.register_counter(&key, &METADATA).increment(1);
+        });
     }
 }

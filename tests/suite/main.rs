@@ -17,6 +17,8 @@ mod core;
 mod effects;
 mod failures;
 mod fingerprints;
+#[cfg(feature = "http")]
+mod http_keys;
 mod idempotency_keys;
 mod inbox;
 mod inbox_batched;
