@@ -1,13 +1,16 @@
-//! HTTP idempotency keys under SIGKILL: `examples/http_payments.rs` run as a child
-//! process against PostgreSQL, killed again and again while clients retry each of their
-//! requests, with its `Idempotency-Key`, until it is answered.
+//! HTTP idempotency keys under SIGKILL, one key end to end: `examples/http_payments.rs`
+//! run as a child process against PostgreSQL and RabbitMQ, killed again and again while
+//! clients retry each of their requests, with its `Idempotency-Key`, until it is
+//! answered; each payment's `accepted` event (its id derived from the key by the outbox)
+//! relayed to a queue that `src/bin/events_consumer.rs` consumes downstream with dedup.
 //!
 //! The server pauses a few milliseconds after each commit and before its answer, so that
 //! kills land there too: the client never hears of a payment that committed, retries,
 //! and must get the stored answer, not a second payment. Asserted: every key's payment
 //! exactly once (the payments table has no unique constraint: the dedup row alone keeps
 //! it single), one dedup row per key, and every client's final answer equal to what was
-//! stored — the payment id of its key's one row.
+//! stored — the payment id of its key's one row; downstream, every payment's event applied
+//! exactly once, under the id the outbox derived from its key.
 //!
 //! Prints its figures (`== http: crash harness`, `kills:`, `retries:`, `replayed:`).
 //! `DEDUP_HTTP_CRASH_REQUESTS` and `DEDUP_HTTP_CRASH_KILLS` scale it (defaults 5,000 and
@@ -20,6 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use dedup_runtime::outbox::Cause;
 use dedup_suite::{Shuffle, crash_seed, env_number};
 
 /// Clients sending at once.
@@ -72,17 +76,35 @@ async fn every_key_pays_once_and_every_client_gets_the_stored_answer() {
         free.local_addr().unwrap().to_string()
     };
     let program = dedup_suite::example_binary("http", &["http_payments"], "http_payments");
+    let amqp = std::env::var("DEDUP_TEST_AMQP_URL")
+        .unwrap_or_else(|_| "amqp://guest:guest@127.0.0.1:5672/%2f".to_owned());
+    let queue = dedup_suite::unique("http-crash-events");
     let env = [
         ("DATABASE_URL", dedup_suite::postgres_url()),
         ("LISTEN", listen.clone()),
         ("TABLE", table.clone()),
         ("PAUSE_MS", "3".to_owned()),
+        ("AMQP_URL", amqp.clone()),
+        ("EVENTS_QUEUE", queue.clone()),
     ];
 
     let answered = Arc::new(AtomicU64::new(0));
     let done = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let mut server = start(&program, &env);
+    // Downstream, once the queue is declared: the events, each applied once.
+    let mut downstream = Command::new(env!("CARGO_BIN_EXE_events_consumer"))
+        .envs([
+            ("DATABASE_URL", dedup_suite::postgres_url()),
+            ("BROKER", "rabbitmq".to_owned()),
+            ("AMQP_URL", amqp.clone()),
+            ("EVENTS_QUEUE", queue.clone()),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the downstream consumer");
 
     // The clients: each takes every CLIENTS-th request and retries it until answered.
     let mut clients = Vec::new();
@@ -185,8 +207,35 @@ async fn every_key_pays_once_and_every_client_gets_the_stored_answer() {
     }
     done.store(true, Ordering::Relaxed);
     let (mut server, killed) = killer.await.unwrap();
+
+    // Every event downstream: the relay sends what the kills left in the outbox.
+    let event_ids: Vec<String> = (0..requests)
+        .map(|n| {
+            let cause = Cause::new(CONSUMER, format!("{run}-{n}")).unwrap();
+            cause.id("accepted").unwrap().to_string()
+        })
+        .collect();
+    let count_events = || {
+        sqlx::query_as::<_, (i64, i64)>(
+            "SELECT count(*), count(DISTINCT message_id) FROM example_events \
+             WHERE message_id = ANY($1)",
+        )
+        .bind(&event_ids)
+        .fetch_one(&pool)
+    };
+    let waited = Instant::now();
+    let mut events = count_events().await.unwrap();
+    while events.1 < requests as i64 && waited.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        events = count_events().await.unwrap();
+    }
     server.kill().unwrap();
     server.wait().unwrap();
+    // SIGTERM: it finishes what it holds and stops.
+    let _ = Command::new("kill")
+        .args(["-TERM", &downstream.id().to_string()])
+        .status();
+    let stopped = downstream.wait().unwrap();
     let elapsed = started.elapsed();
 
     // The database: one payment per key, and nothing else.
@@ -229,6 +278,7 @@ async fn every_key_pays_once_and_every_client_gets_the_stored_answer() {
         doubled.len()
     );
     println!("  dedup rows:         {dedup_rows}");
+    println!("  events downstream:  {} for {} ids", events.0, events.1);
     println!("  in {elapsed:.1?}");
 
     assert!(killed >= kills.min(requests), "only {killed} kills");
@@ -236,6 +286,15 @@ async fn every_key_pays_once_and_every_client_gets_the_stored_answer() {
     assert!(doubled.is_empty(), "keys paid more than once: {doubled:?}");
     assert_eq!(payments.len(), requests, "one payment per key, no other");
     assert_eq!(dedup_rows, requests as i64, "one dedup row per key");
+    assert_eq!(
+        events,
+        (requests as i64, requests as i64),
+        "every payment's event applied once downstream"
+    );
+    assert!(
+        stopped.success(),
+        "the downstream consumer stopped: {stopped}"
+    );
     let ids: HashMap<&str, i64> = payments
         .iter()
         .map(|(key, _, id)| (key.as_str(), *id))

@@ -265,6 +265,20 @@ impl From<sqlx::Error> for HttpError {
     }
 }
 
+impl From<crate::outbox::OutboxError> for HttpError {
+    /// An outbox event the handler could not enqueue: as the database error it holds.
+    fn from(error: crate::outbox::OutboxError) -> Self {
+        HttpError::from(sqlx::Error::from(error))
+    }
+}
+
+impl From<crate::outbox::InvalidCause> for HttpError {
+    /// An outbox cause refused (the handler's consumer name, or the key): a server error.
+    fn from(error: crate::outbox::InvalidCause) -> Self {
+        HttpError::from(sqlx::Error::from(error))
+    }
+}
+
 /// `409` with `Retry-After`: the first request with the key is still running.
 pub(crate) fn in_progress(retry_after: Duration) -> HttpError {
     HttpError {
