@@ -173,10 +173,13 @@ async fn every_key_pays_once_and_every_client_gets_the_stored_answer() {
         tokio::task::spawn_blocking(move || {
             let mut shuffle = Shuffle::new(seed);
             let mut killed = 0;
-            let share = (requests / kills.max(1)).max(1) as u64;
             while killed < kills && !done.load(Ordering::Relaxed) {
                 let from = answered.load(Ordering::Relaxed);
-                let until = from + shuffle.next_u64() % (2 * share);
+                // Up to what is left per kill left (half of it on average), and before the
+                // last request: the kills all fall while the clients work.
+                let left = (requests as u64).saturating_sub(from);
+                let share = (left / (kills - killed) as u64).max(1);
+                let until = (from + shuffle.next_u64() % share).min(requests as u64 - 1);
                 let life = Instant::now();
                 while answered.load(Ordering::Relaxed) < until
                     && !done.load(Ordering::Relaxed)

@@ -365,6 +365,7 @@ pub(crate) fn inbox_gauge(
 }
 
 /// Adds one to `dedup_http_answers_total{answer}`.
+#[cfg(feature = "axum")]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn http_answered(answer: &'static str) {
     #[cfg(feature = "metrics")]

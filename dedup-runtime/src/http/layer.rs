@@ -16,6 +16,7 @@ use bytes::Bytes;
 use http::header::HeaderName;
 use http::request::Parts;
 use http::{Request, StatusCode};
+use sha2::{Digest as _, Sha256};
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -263,9 +264,10 @@ struct Read {
     scope: Option<String>,
     id: String,
     body: Bytes,
-    /// Method, path and query, the named headers and the body, each length-prefixed: what
-    /// the fingerprint hashes.
-    fingerprinted: Vec<u8>,
+    /// The SHA-256 of the method, the path and query, the named headers and the body,
+    /// each length-prefixed (hashed as they are read, the body not copied): what the
+    /// handler's `fingerprint = req` stores (hashed once more).
+    digest: [u8; 32],
     replay_headers: Vec<HeaderName>,
 }
 
@@ -355,10 +357,10 @@ async fn read(config: &Config, parts: &Parts, body: Body) -> Result<Read, Respon
             ));
         }
     };
-    let mut fingerprinted = Vec::with_capacity(64 + body.len());
+    let mut hasher = Sha256::new();
     let mut field = |bytes: &[u8]| {
-        fingerprinted.extend_from_slice(&(bytes.len() as u64).to_be_bytes());
-        fingerprinted.extend_from_slice(bytes);
+        hasher.update((bytes.len() as u64).to_be_bytes());
+        hasher.update(bytes);
     };
     field(parts.method.as_str().as_bytes());
     field(
@@ -380,7 +382,7 @@ async fn read(config: &Config, parts: &Parts, body: Body) -> Result<Read, Respon
         scope,
         id,
         body,
-        fingerprinted,
+        digest: hasher.finalize().into(),
         replay_headers: config.replay_headers.clone(),
     })
 }
@@ -477,7 +479,7 @@ impl IdempotentRequest {
 
 impl FingerprintSource for IdempotentRequest {
     fn fingerprint_bytes(&self) -> &[u8] {
-        &self.read.fingerprinted
+        &self.read.digest
     }
 }
 
