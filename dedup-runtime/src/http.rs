@@ -69,8 +69,10 @@
 //! with the same request would get the same answer) — is stored and replayed, as the
 //! draft asks of a request that completed. What it returns as `Err(HttpError)` is not:
 //! the transaction rolls back and a retry runs the handler again. A `StoredResponse` with
-//! a server error status cannot be built: a server error is an `Err`, never stored, so
-//! that a retry after a failure gets another chance. That is the default because a
+//! a server error status is refused (by [`StoredResponse::header`] and
+//! [`StoredResponse::checked`], and, returned as `Ok` anyway, when it is stored: the
+//! transaction rolls back and the client gets a `500` of [`SERVER_ERROR`]): a server error
+//! is an `Err`, never stored, so that a retry after a failure gets another chance. That is the default because a
 //! stored failure could only be undone by an operator, and a failure the client may
 //! retry (the database away, a timeout) must not be frozen into the key.
 //!

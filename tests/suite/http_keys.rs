@@ -51,6 +51,10 @@ fn respond<DB: sqlx::Database>(
     }
     let n = app.served.fetch_add(1, Ordering::SeqCst) + 1;
     let body = req.body();
+    if body.as_ref() == b"502" {
+        // A server error returned as `Ok` anyway: refused when it is stored.
+        return Ok(StoredResponse::new(StatusCode::BAD_GATEWAY).body("upstream down"));
+    }
     if body.as_ref() == b"invalid" {
         // A client error the handler keeps: stored and replayed.
         return Ok(StoredResponse::new(StatusCode::UNPROCESSABLE_ENTITY)
@@ -490,6 +494,16 @@ async fn a_server_error_keeps_nothing_and_the_retry_runs<DB: dedup_suite::TestDa
         0,
         "the key is free"
     );
+    // A server error the handler returned as `Ok`: never stored, nothing committed.
+    let key502 = dedup_suite::unique("ok502");
+    let refused = problem(send(base, "/payments", Some(&quoted(&key502)), "502").await).await;
+    assert_eq!(
+        (refused.0, refused.1.as_str()),
+        (StatusCode::INTERNAL_SERVER_ERROR, SERVER_ERROR)
+    );
+    assert_eq!(effects(app, &key502).await, 0);
+    assert_eq!(dedup_suite::claims(&app.pool, CONSUMER, &key502).await, 0);
+
     let retried = parts(send(base, "/payments", Some(&quoted(&key)), "5 EUR").await).await;
     assert_eq!(retried.0, StatusCode::CREATED);
     assert!(!retried.3, "the retry ran the handler");
