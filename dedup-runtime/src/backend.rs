@@ -13,6 +13,7 @@
 //! | the inbox's operator calls | [`InboxOperatorBackend`](crate::inbox::InboxOperatorBackend) | `inbox.rs`, `inbox/<db>.rs` |
 //! | leases: mark-first, send-first with a lease | [`LeaseBackend`](crate::lease::LeaseBackend) | `lease.rs`, `lease/<db>.rs` |
 //! | wake-ups of idle workers and relays (`LISTEN`/`NOTIFY`) | `WakeBackend` | `wake.rs`, `wake/<db>.rs` |
+//! | the operator's dead rows: list, requeue, discard | [`OperateBackend`](crate::operate::OperateBackend) | `operate.rs`, `operate/<db>.rs` |
 //! | the outbox: enqueue | [`OutboxBackend`](crate::outbox::OutboxBackend) | `outbox.rs`, `outbox/<db>.rs` |
 //! | Kafka offsets kept in the database | `OffsetsBackend` | `offsets.rs`, `offsets/<db>.rs` |
 //!
@@ -28,6 +29,7 @@ use crate::inbox::{InboxBackend, InboxOperatorBackend};
 use crate::lease::LeaseBackend;
 use crate::ledger::LedgerBackend;
 use crate::offsets::OffsetsBackend;
+use crate::operate::OperateBackend;
 use crate::outbox::OutboxBackend;
 use crate::prune::PruneSql;
 use crate::schema::SchemaBackend;
@@ -62,6 +64,7 @@ pub trait Backend:
     + LeaseBackend
     + InboxBackend
     + InboxOperatorBackend
+    + OperateBackend
     + OutboxBackend
     + PruneSql
     + WakeBackend

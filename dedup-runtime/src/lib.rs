@@ -287,6 +287,7 @@ mod metrics;
 mod migrate;
 mod names;
 mod offsets;
+pub mod operate;
 pub mod outbox;
 mod outcome;
 mod probe;

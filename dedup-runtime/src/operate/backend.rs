@@ -1,0 +1,143 @@
+//! The operator's concern trait: the few pieces of SQL in which the backends differ
+//! ([`OperateBackend`]); `operate.rs` assembles the statements.
+
+use std::future::Future;
+
+use sqlx::Database;
+
+use super::Queue;
+use crate::table::Table;
+
+/// A statement parameter.
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub enum Bind {
+    /// A text parameter.
+    Text(String),
+    /// A 64-bit integer parameter.
+    Int(i64),
+}
+
+/// A dead row as every backend reads it: `seq`, the id's bytes (the inbox's message id as
+/// UTF-8, the outbox's UUID as its 16 bytes), consumer, destination, attempts, last error,
+/// payload, headers and the microseconds since it came in.
+#[doc(hidden)]
+pub struct RawRow {
+    pub seq: i64,
+    pub id: Vec<u8>,
+    pub consumer: String,
+    pub destination: Option<String>,
+    pub attempts: i64,
+    pub last_error: Option<String>,
+    pub payload: Option<Vec<u8>>,
+    pub headers: Option<Vec<u8>>,
+    pub age_us: i64,
+}
+
+/// What [`OperateBackend::operate_summary`] reads per consumer: the consumer, pending, in
+/// flight, done, dead, and the microseconds since the oldest pending row came in.
+#[doc(hidden)]
+pub type SummaryRow = (String, i64, i64, i64, i64, Option<i64>);
+
+/// The operator's calls on an inbox or outbox table, per backend.
+pub trait OperateBackend: Database {
+    /// Parameter `n` (from 1).
+    #[doc(hidden)]
+    fn operate_placeholder(n: usize) -> String;
+
+    /// The microseconds since `column`, on the database's clock, as a 64-bit integer.
+    #[doc(hidden)]
+    fn operate_age_us(column: &str) -> String;
+
+    /// `column` contains the text of parameter `parameter`, byte for byte.
+    #[doc(hidden)]
+    fn operate_contains(column: &str, parameter: &str) -> String;
+
+    /// The columns of a [`RawRow`], in order.
+    #[doc(hidden)]
+    fn operate_columns(queue: Queue) -> &'static str;
+
+    /// The `SET` list of a requeue (`requeue`) or a discard.
+    #[doc(hidden)]
+    fn operate_set(queue: Queue, requeue: bool) -> &'static str;
+
+    /// Runs a `SELECT` of [`operate_columns`](Self::operate_columns).
+    #[doc(hidden)]
+    fn operate_fetch(
+        conn: &mut Self::Connection,
+        sql: String,
+        binds: Vec<Bind>,
+    ) -> impl Future<Output = Result<Vec<RawRow>, sqlx::Error>> + Send + '_;
+
+    /// Runs a `SELECT COUNT(*)`.
+    #[doc(hidden)]
+    fn operate_count(
+        conn: &mut Self::Connection,
+        sql: String,
+        binds: Vec<Bind>,
+    ) -> impl Future<Output = Result<i64, sqlx::Error>> + Send + '_;
+
+    /// Runs an `UPDATE`; the rows it changed.
+    #[doc(hidden)]
+    fn operate_execute(
+        conn: &mut Self::Connection,
+        sql: String,
+        binds: Vec<Bind>,
+    ) -> impl Future<Output = Result<u64, sqlx::Error>> + Send + '_;
+
+    /// The rows by state per consumer, in consumer order.
+    #[doc(hidden)]
+    fn operate_summary<'a>(
+        conn: &'a mut Self::Connection,
+        queue: Queue,
+        table: &'a Table,
+    ) -> impl Future<Output = Result<Vec<SummaryRow>, sqlx::Error>> + Send + 'a;
+}
+
+/// The backend impl's shared body: binds `binds` to `$query` in order.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+macro_rules! bound {
+    ($query:expr, $binds:expr) => {{
+        let mut query = $query;
+        for bind in $binds {
+            query = match bind {
+                $crate::operate::Bind::Text(text) => query.bind(text),
+                $crate::operate::Bind::Int(n) => query.bind(n),
+            };
+        }
+        query
+    }};
+}
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) use bound;
+
+/// `RawRow` from the tuple every backend's `operate_fetch` reads.
+#[doc(hidden)]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub type RawTuple = (
+    i64,
+    Vec<u8>,
+    String,
+    Option<String>,
+    i64,
+    Option<String>,
+    Option<Vec<u8>>,
+    Option<Vec<u8>>,
+    i64,
+);
+
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn raw(row: RawTuple) -> RawRow {
+    let (seq, id, consumer, destination, attempts, last_error, payload, headers, age_us) = row;
+    RawRow {
+        seq,
+        id,
+        consumer,
+        destination,
+        attempts,
+        last_error,
+        payload,
+        headers,
+        age_us,
+    }
+}

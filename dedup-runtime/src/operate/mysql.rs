@@ -1,0 +1,101 @@
+//! MySQL and MariaDB: the operator's pieces of SQL.
+
+use sqlx::{AssertSqlSafe, MySql, MySqlConnection};
+
+use super::Queue;
+use super::backend::{Bind, OperateBackend, RawRow, RawTuple, SummaryRow, bound, raw};
+use crate::table::Table;
+
+impl OperateBackend for MySql {
+    fn operate_placeholder(_: usize) -> String {
+        "?".to_owned()
+    }
+
+    fn operate_age_us(column: &str) -> String {
+        format!("CAST(TIMESTAMPDIFF(MICROSECOND, {column}, UTC_TIMESTAMP(6)) AS SIGNED)")
+    }
+
+    fn operate_contains(column: &str, parameter: &str) -> String {
+        // Byte for byte: the column's collation may ignore case.
+        format!("INSTR(CAST({column} AS BINARY), CAST({parameter} AS BINARY)) > 0")
+    }
+
+    fn operate_columns(queue: Queue) -> &'static str {
+        match queue {
+            Queue::Inbox => {
+                "seq, message_id, CAST(consumer AS CHAR), CAST(NULL AS CHAR), \
+                 CAST(attempts AS SIGNED), last_error, payload, headers, \
+                 CAST(TIMESTAMPDIFF(MICROSECOND, received_at, UTC_TIMESTAMP(6)) AS SIGNED)"
+            }
+            Queue::Outbox => {
+                "seq, id, CAST(consumer AS CHAR), CAST(destination AS CHAR), \
+                 CAST(attempts AS SIGNED), last_error, payload, headers, \
+                 CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS SIGNED)"
+            }
+        }
+    }
+
+    fn operate_set(queue: Queue, requeue: bool) -> &'static str {
+        match (queue, requeue) {
+            (_, true) => {
+                "state = 0, attempts = 0, next_attempt_at = UTC_TIMESTAMP(6), owner = NULL, \
+                 lease_until = NULL"
+            }
+            (Queue::Inbox, false) => {
+                "state = 2, processed_at = UTC_TIMESTAMP(6), owner = NULL, lease_until = NULL"
+            }
+            (Queue::Outbox, false) => {
+                "state = 2, sent_at = UTC_TIMESTAMP(6), owner = NULL, lease_until = NULL"
+            }
+        }
+    }
+
+    async fn operate_fetch(
+        conn: &mut MySqlConnection,
+        sql: String,
+        binds: Vec<Bind>,
+    ) -> Result<Vec<RawRow>, sqlx::Error> {
+        let rows: Vec<RawTuple> = bound!(sqlx::query_as(AssertSqlSafe(sql)), binds)
+            .fetch_all(conn)
+            .await?;
+        Ok(rows.into_iter().map(raw).collect())
+    }
+
+    async fn operate_count(
+        conn: &mut MySqlConnection,
+        sql: String,
+        binds: Vec<Bind>,
+    ) -> Result<i64, sqlx::Error> {
+        bound!(sqlx::query_scalar(AssertSqlSafe(sql)), binds)
+            .fetch_one(conn)
+            .await
+    }
+
+    async fn operate_execute(
+        conn: &mut MySqlConnection,
+        sql: String,
+        binds: Vec<Bind>,
+    ) -> Result<u64, sqlx::Error> {
+        let done = bound!(sqlx::query(AssertSqlSafe(sql)), binds)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn operate_summary<'a>(
+        conn: &'a mut MySqlConnection,
+        queue: Queue,
+        table: &'a Table,
+    ) -> Result<Vec<SummaryRow>, sqlx::Error> {
+        let sql = format!(
+            "SELECT CAST(consumer AS CHAR), CAST(COALESCE(SUM(state = 0), 0) AS SIGNED), \
+             CAST(COALESCE(SUM(state = 1), 0) AS SIGNED), CAST(COALESCE(SUM(state = 2), 0) AS SIGNED), \
+             CAST(COALESCE(SUM(state = 3), 0) AS SIGNED), \
+             CAST(TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN state = 0 THEN {since} END), UTC_TIMESTAMP(6)) AS SIGNED) \
+             FROM {} GROUP BY consumer ORDER BY consumer",
+            table.name(),
+            since = queue.since()
+        );
+        sqlx::query_as(AssertSqlSafe(sql)).fetch_all(conn).await
+    }
+}

@@ -1,0 +1,99 @@
+//! PostgreSQL: the operator's pieces of SQL.
+
+use sqlx::{AssertSqlSafe, PgConnection, Postgres};
+
+use super::Queue;
+use super::backend::{Bind, OperateBackend, RawRow, RawTuple, SummaryRow, bound, raw};
+use crate::table::Table;
+
+impl OperateBackend for Postgres {
+    fn operate_placeholder(n: usize) -> String {
+        format!("${n}")
+    }
+
+    fn operate_age_us(column: &str) -> String {
+        format!("(extract(epoch FROM clock_timestamp() - {column}) * 1000000)::int8")
+    }
+
+    fn operate_contains(column: &str, parameter: &str) -> String {
+        format!("strpos({column}, {parameter}::text) > 0")
+    }
+
+    fn operate_columns(queue: Queue) -> &'static str {
+        match queue {
+            Queue::Inbox => {
+                "seq, convert_to(message_id, 'UTF8'), consumer, NULL::text, attempts::int8, \
+                 last_error, payload, headers, \
+                 (extract(epoch FROM clock_timestamp() - received_at) * 1000000)::int8"
+            }
+            Queue::Outbox => {
+                "seq, uuid_send(id), consumer, destination, attempts::int8, last_error, \
+                 payload, headers, \
+                 (extract(epoch FROM clock_timestamp() - created_at) * 1000000)::int8"
+            }
+        }
+    }
+
+    fn operate_set(queue: Queue, requeue: bool) -> &'static str {
+        match (queue, requeue) {
+            (_, true) => {
+                "state = 0, attempts = 0, next_attempt_at = clock_timestamp(), owner = NULL, \
+                 lease_until = NULL"
+            }
+            (Queue::Inbox, false) => {
+                "state = 2, processed_at = clock_timestamp(), owner = NULL, lease_until = NULL"
+            }
+            (Queue::Outbox, false) => {
+                "state = 2, sent_at = clock_timestamp(), owner = NULL, lease_until = NULL"
+            }
+        }
+    }
+
+    async fn operate_fetch(
+        conn: &mut PgConnection,
+        sql: String,
+        binds: Vec<Bind>,
+    ) -> Result<Vec<RawRow>, sqlx::Error> {
+        let rows: Vec<RawTuple> = bound!(sqlx::query_as(AssertSqlSafe(sql)), binds)
+            .fetch_all(conn)
+            .await?;
+        Ok(rows.into_iter().map(raw).collect())
+    }
+
+    async fn operate_count(
+        conn: &mut PgConnection,
+        sql: String,
+        binds: Vec<Bind>,
+    ) -> Result<i64, sqlx::Error> {
+        bound!(sqlx::query_scalar(AssertSqlSafe(sql)), binds)
+            .fetch_one(conn)
+            .await
+    }
+
+    async fn operate_execute(
+        conn: &mut PgConnection,
+        sql: String,
+        binds: Vec<Bind>,
+    ) -> Result<u64, sqlx::Error> {
+        let done = bound!(sqlx::query(AssertSqlSafe(sql)), binds)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn operate_summary<'a>(
+        conn: &'a mut PgConnection,
+        queue: Queue,
+        table: &'a Table,
+    ) -> Result<Vec<SummaryRow>, sqlx::Error> {
+        let sql = format!(
+            "SELECT consumer, count(*) FILTER (WHERE state = 0), count(*) FILTER (WHERE state = 1), \
+             count(*) FILTER (WHERE state = 2), count(*) FILTER (WHERE state = 3), \
+             (extract(epoch FROM clock_timestamp() - min({since}) FILTER (WHERE state = 0)) * 1000000)::int8 \
+             FROM {} GROUP BY consumer ORDER BY consumer",
+            table.name(),
+            since = queue.since()
+        );
+        sqlx::query_as(AssertSqlSafe(sql)).fetch_all(conn).await
+    }
+}

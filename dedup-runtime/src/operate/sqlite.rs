@@ -1,0 +1,107 @@
+//! SQLite: the operator's pieces of SQL.
+
+use sqlx::{AssertSqlSafe, Sqlite, SqliteConnection};
+
+use super::Queue;
+use super::backend::{Bind, OperateBackend, RawRow, RawTuple, SummaryRow, bound, raw};
+use crate::dialect::sqlite::NOW;
+use crate::table::Table;
+
+impl OperateBackend for Sqlite {
+    fn operate_placeholder(n: usize) -> String {
+        format!("?{n}")
+    }
+
+    fn operate_age_us(column: &str) -> String {
+        format!("CAST((julianday('now') - julianday({column})) * 86400000000.0 AS INTEGER)")
+    }
+
+    fn operate_contains(column: &str, parameter: &str) -> String {
+        format!("instr({column}, {parameter}) > 0")
+    }
+
+    fn operate_columns(queue: Queue) -> &'static str {
+        match queue {
+            Queue::Inbox => {
+                "seq, CAST(message_id AS BLOB), consumer, NULL, attempts, last_error, payload, \
+                 headers, CAST((julianday('now') - julianday(received_at)) * 86400000000.0 AS INTEGER)"
+            }
+            Queue::Outbox => {
+                "seq, id, consumer, destination, attempts, last_error, payload, headers, \
+                 CAST((julianday('now') - julianday(created_at)) * 86400000000.0 AS INTEGER)"
+            }
+        }
+    }
+
+    fn operate_set(queue: Queue, requeue: bool) -> &'static str {
+        const REQUEUE: &str = concat!(
+            "state = 0, attempts = 0, next_attempt_at = ",
+            "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+            ", owner = NULL, lease_until = NULL"
+        );
+        const INBOX_DISCARD: &str = concat!(
+            "state = 2, processed_at = ",
+            "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+            ", owner = NULL, lease_until = NULL"
+        );
+        const OUTBOX_DISCARD: &str = concat!(
+            "state = 2, sent_at = ",
+            "strftime('%Y-%m-%dT%H:%M:%fZ', 'now')",
+            ", owner = NULL, lease_until = NULL"
+        );
+        debug_assert!(REQUEUE.contains(NOW));
+        match (queue, requeue) {
+            (_, true) => REQUEUE,
+            (Queue::Inbox, false) => INBOX_DISCARD,
+            (Queue::Outbox, false) => OUTBOX_DISCARD,
+        }
+    }
+
+    async fn operate_fetch(
+        conn: &mut SqliteConnection,
+        sql: String,
+        binds: Vec<Bind>,
+    ) -> Result<Vec<RawRow>, sqlx::Error> {
+        let rows: Vec<RawTuple> = bound!(sqlx::query_as(AssertSqlSafe(sql)), binds)
+            .fetch_all(conn)
+            .await?;
+        Ok(rows.into_iter().map(raw).collect())
+    }
+
+    async fn operate_count(
+        conn: &mut SqliteConnection,
+        sql: String,
+        binds: Vec<Bind>,
+    ) -> Result<i64, sqlx::Error> {
+        bound!(sqlx::query_scalar(AssertSqlSafe(sql)), binds)
+            .fetch_one(conn)
+            .await
+    }
+
+    async fn operate_execute(
+        conn: &mut SqliteConnection,
+        sql: String,
+        binds: Vec<Bind>,
+    ) -> Result<u64, sqlx::Error> {
+        let done = bound!(sqlx::query(AssertSqlSafe(sql)), binds)
+            .execute(conn)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn operate_summary<'a>(
+        conn: &'a mut SqliteConnection,
+        queue: Queue,
+        table: &'a Table,
+    ) -> Result<Vec<SummaryRow>, sqlx::Error> {
+        let sql = format!(
+            "SELECT consumer, COALESCE(SUM(state = 0), 0), COALESCE(SUM(state = 1), 0), \
+             COALESCE(SUM(state = 2), 0), COALESCE(SUM(state = 3), 0), \
+             CAST((julianday('now') - julianday(MIN(CASE WHEN state = 0 THEN {since} END))) * 86400000000.0 AS INTEGER) \
+             FROM {} GROUP BY consumer ORDER BY consumer",
+            table.name(),
+            since = queue.since()
+        );
+        sqlx::query_as(AssertSqlSafe(sql)).fetch_all(conn).await
+    }
+}
