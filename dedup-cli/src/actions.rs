@@ -43,6 +43,9 @@ pub struct FilterSpec {
     /// Only these rows (their numbers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rows: Option<Vec<i64>>,
+    /// Only the rows with these ids (message ids, or the outbox's outgoing ids).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ids: Option<Vec<String>>,
 }
 
 impl FilterSpec {
@@ -52,6 +55,7 @@ impl FilterSpec {
             && self.error_contains.is_none()
             && self.older_than_s.is_none()
             && self.rows.is_none()
+            && self.ids.is_none()
     }
 
     /// As the library's filter.
@@ -68,6 +72,9 @@ impl FilterSpec {
         }
         if let Some(rows) = &self.rows {
             filter = filter.rows(rows.iter().copied());
+        }
+        if let Some(ids) = &self.ids {
+            filter = filter.ids(ids.iter().cloned());
         }
         filter
     }

@@ -345,6 +345,7 @@ async fn queue<DB: Act>(
         error_contains: args.filter.error_contains.clone(),
         older_than_s: args.filter.older_than.map(|age| age.as_secs()),
         rows: (!args.filter.rows.is_empty()).then(|| args.filter.rows.clone()),
+        ids: (!args.filter.ids.is_empty()).then(|| args.filter.ids.clone()),
     };
     let mut conn = pool.acquire().await.map_err(Failure::database)?;
     match args.action {
@@ -355,7 +356,7 @@ async fn queue<DB: Act>(
                 .map_err(operate_failure)?;
             writeln!(out, "{queue} {name}:").map_err(io)?;
             if summary.is_empty() {
-                return writeln!(out, "  (no rows)").map_err(io);
+                writeln!(out, "  (no rows)").map_err(io)?;
             }
             let rows: Vec<Vec<String>> = summary
                 .iter()
@@ -387,7 +388,19 @@ async fn queue<DB: Act>(
                 ],
                 &rows,
             )
-            .map_err(io)
+            .map_err(io)?;
+            if queue == "outbox" {
+                let outbox = dedup_runtime::outbox::Outbox::new()
+                    .in_table(&name)
+                    .map_err(|error| Failure::usage(error.to_string()))?;
+                let stats = outbox.stats(pool).await.map_err(Failure::database)?;
+                match stats.relay_last_seen {
+                    Some(ago) => writeln!(out, "a relay last ran {} ago", human(ago)),
+                    None => writeln!(out, "no relay has ever run on this table"),
+                }
+                .map_err(io)?;
+            }
+            Ok(())
         }
         QueueAction::Dead => {
             let filter = spec.filter();
@@ -415,10 +428,70 @@ async fn queue<DB: Act>(
             }
             Ok(())
         }
+        QueueAction::Prune => {
+            drop(conn);
+            let older_than = args.filter.older_than.ok_or_else(|| {
+                Failure::usage(
+                    "`--older-than` is required: prune rows processed or sent that long ago",
+                )
+            })?;
+            let prune = Prune::new(older_than, args.redelivery_window);
+            prune.check().map_err(prune_failure)?;
+            let mut deleted = 0;
+            if queue == "outbox" {
+                let outbox = dedup_runtime::outbox::Outbox::new()
+                    .in_table(&name)
+                    .map_err(|error| Failure::usage(error.to_string()))?;
+                let mut stderr = std::io::stderr();
+                let mut bar = Bar::new(0, ("row", "rows"), &mut stderr);
+                let done = prune
+                    .run_outbox(&outbox, pool, |p| bar.draw(p.deleted, p.batches, p.done))
+                    .await
+                    .map_err(prune_failure)?;
+                deleted += done.deleted;
+            } else {
+                let consumers = match &args.filter.consumer {
+                    Some(consumer) => vec![consumer.clone()],
+                    None => {
+                        let mut conn = pool.acquire().await.map_err(Failure::database)?;
+                        let summary = letters
+                            .summary::<DB>(&mut conn)
+                            .await
+                            .map_err(operate_failure)?;
+                        summary.into_iter().map(|c| c.consumer).collect()
+                    }
+                };
+                for consumer in consumers {
+                    let inbox = dedup_runtime::inbox::Inbox::new(pool, &consumer)
+                        .map_err(|error| Failure::usage(error.to_string()))?
+                        .in_table(&name)
+                        .map_err(|error| Failure::usage(error.to_string()))?;
+                    let mut stderr = std::io::stderr();
+                    let mut bar = Bar::new(0, ("row", "rows"), &mut stderr);
+                    let done = prune
+                        .run_inbox(&inbox, |p| bar.draw(p.deleted, p.batches, p.done))
+                        .await
+                        .map_err(prune_failure)?;
+                    deleted += done.deleted;
+                }
+            }
+            let what = if queue == "inbox" {
+                "processed"
+            } else {
+                "sent"
+            };
+            writeln!(
+                out,
+                "{queue} {name}: {} {what} more than {} ago deleted",
+                count(deleted, "row", "rows"),
+                human(older_than)
+            )
+            .map_err(io)
+        }
         QueueAction::Requeue | QueueAction::Discard => {
             if spec.is_everything() && !args.all {
                 return Err(Failure::usage(
-                    "no rows named: pass --row, a filter (--consumer, --error-contains, \
+                    "no rows named: pass --id or --row, a filter (--consumer, --error-contains, \
                      --older-than), or --all for every dead row",
                 ));
             }

@@ -11,7 +11,9 @@
 //! dedup inbox stats                                      # per consumer: pending, in flight, dead, oldest
 //! dedup inbox dead --consumer billing --error-contains timeout
 //! dedup inbox requeue --consumer billing --error-contains timeout --redelivery-window 7d
+//! dedup inbox discard --consumer billing --id evt_91c2
 //! dedup outbox discard --row 42 --row 43
+//! dedup outbox prune --older-than 14d                    # sent rows, in batches
 //! dedup unknown list
 //! dedup unknown resolve --consumer payments --as done evt_7
 //! dedup console --listen 127.0.0.1:8080 [--read-only]   # the web console and its JSON API
@@ -22,7 +24,7 @@
 //!
 //! Requeues and discards act on **every dead row the filter matches** (`--consumer`,
 //! `--error-contains`, `--older-than`) or on the rows named with `--row`; with neither they
-//! are refused unless `--all` says so. Each runs in one transaction with a request id
+//! are refused unless `--all` says so; `--id` and `--row` name rows one by one. Each runs in one transaction with a request id
 //! recorded beside it in the table `dedup_operator_actions` (the same dedup record that
 //! makes message handlers effectively-once): pass `--request-id` to make a scripted retry
 //! act once. A requeue leaves dead every row older than its consumer's redelivery window
@@ -155,7 +157,8 @@ pub struct QueueArgs {
     /// requeue, discard: act on every dead row of the table (no filter, no --row).
     #[arg(long)]
     pub all: bool,
-    /// requeue: how long consumers downstream remember ids; older rows stay dead.
+    /// requeue: how long consumers downstream remember ids, older rows stay dead; prune:
+    /// how long the broker may redeliver.
     #[arg(long, value_parser = text::parse_duration, default_value = "7d")]
     pub redelivery_window: Duration,
     /// requeue: a window for one consumer's rows, `consumer=AGE` (repeatable).
@@ -175,12 +178,15 @@ pub struct FilterArgs {
     /// Only rows whose last error contains TEXT (case-sensitive).
     #[arg(long)]
     pub error_contains: Option<String>,
-    /// Only rows that came in at least AGE ago.
+    /// Only rows that came in at least AGE ago (prune: processed or sent AGE ago).
     #[arg(long, value_parser = text::parse_duration)]
     pub older_than: Option<Duration>,
     /// Only this row (its number in `dead`'s first column; repeatable).
     #[arg(long = "row")]
     pub rows: Vec<i64>,
+    /// Only the row with this id: the inbox's message id, the outbox's outgoing id (repeatable).
+    #[arg(long = "id")]
+    pub ids: Vec<String>,
 }
 
 /// What `dedup inbox` and `dedup outbox` do.
@@ -194,6 +200,9 @@ pub enum QueueAction {
     Requeue,
     /// Dead rows recorded as done without running or sending them.
     Discard,
+    /// Deletes rows processed (inbox) or sent (outbox) more than --older-than ago, in
+    /// batches; refused below --redelivery-window.
+    Prune,
 }
 
 /// `dedup unknown`.

@@ -206,9 +206,11 @@ impl Preview {
     pub fn of(payload: &[u8], max: usize) -> (Preview, bool) {
         let cut = payload.len() > max;
         let shown = &payload[..payload.len().min(max)];
-        if !cut && let Ok(value) = serde_json::from_slice::<serde_json::Value>(shown) {
-            let pretty = serde_json::to_string_pretty(&value).unwrap_or_default();
-            return (Preview::Json(pretty), false);
+        if !cut
+            && serde_json::from_slice::<serde::de::IgnoredAny>(shown).is_ok()
+            && let Ok(text) = std::str::from_utf8(shown)
+        {
+            return (Preview::Json(pretty_json(text)), false);
         }
         // A cut may fall inside a character: keep the valid prefix.
         let text = match std::str::from_utf8(shown) {
@@ -257,6 +259,62 @@ impl Preview {
     }
 }
 
+/// Valid JSON `text` re-indented by two spaces, its members in their order and its
+/// strings byte for byte (a parse into a map would sort the keys).
+fn pretty_json(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() * 2);
+    let mut depth = 0usize;
+    let (mut in_string, mut escaped) = (false, false);
+    let mut chars = text.chars().peekable();
+    let newline = |out: &mut String, depth: usize| {
+        out.push('\n');
+        out.push_str(&"  ".repeat(depth));
+    };
+    while let Some(c) = chars.next() {
+        if in_string {
+            out.push(c);
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                in_string = true;
+                out.push(c);
+            }
+            '{' | '[' => {
+                out.push(c);
+                while chars.peek().is_some_and(|c| c.is_whitespace()) {
+                    chars.next();
+                }
+                if chars.peek().is_some_and(|next| matches!(next, '}' | ']')) {
+                    out.push(chars.next().expect("peeked"));
+                } else {
+                    depth += 1;
+                    newline(&mut out, depth);
+                }
+            }
+            '}' | ']' => {
+                depth = depth.saturating_sub(1);
+                newline(&mut out, depth);
+                out.push(c);
+            }
+            ',' => {
+                out.push(c);
+                newline(&mut out, depth);
+            }
+            ':' => out.push_str(": "),
+            c if c.is_whitespace() => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// `text` with `&`, `<`, `>`, `"` and `'` escaped: safe inside HTML text and quoted
 /// attribute values. Every stored text the console shows goes through it.
 pub fn escape(text: &str) -> String {
@@ -300,9 +358,13 @@ mod tests {
 
     #[test]
     fn previews() {
-        let (json, cut) = Preview::of(br#"{"a":[1,2]}"#, 100);
+        let (json, cut) = Preview::of(br#"{"z":[1, 2],"a":{}, "s":"x,\"{y}"}"#, 100);
         assert_eq!((json.kind(), cut), ("json", false));
-        assert!(json.text().contains("\n  \"a\": ["), "{}", json.text());
+        assert_eq!(
+            json.text(),
+            "{\n  \"z\": [\n    1,\n    2\n  ],\n  \"a\": {},\n  \"s\": \"x,\\\"{y}\"\n}",
+            "members in their order, strings untouched"
+        );
         assert_eq!(
             Preview::of(b"plain text", 100).0,
             Preview::Text("plain text".into())

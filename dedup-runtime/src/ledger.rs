@@ -33,7 +33,8 @@ mod sqlite;
 /// These are tools for a person (or a runbook) looking at one message, not for handlers:
 /// a handler never needs to ask (`#[idempotent]` claims the id in the same transaction as
 /// the work, which a lookup followed by the work could never do), and must never forget.
-/// `cargo run --example ids -- --help` is the same as a command.
+/// The `dedup` command's `dedup ids lookup|forget` is the same for an operator (crate
+/// `dedup-cli`: `cargo install --path dedup-cli` in a clone).
 ///
 /// ```
 /// use dedup_runtime::{Ledger, LedgerError, Outcome, idempotent};

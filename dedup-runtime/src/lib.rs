@@ -167,9 +167,10 @@
 //!
 //! The same `Prune` prunes an inbox's processed rows ([`Prune::run_inbox`]) and an
 //! outbox's sent ones ([`Prune::run_outbox`]), with the same refusals, batches and rests.
-//! The repository's [`examples/prune.rs`][prune] is an operator's command for the same
-//! (`cargo run --example prune -- --help` in a clone): per-consumer counts, a dry run, a
-//! progress bar.
+//! The `dedup` command (the workspace's crate [`dedup-cli`][cli], `cargo install --path
+//! dedup-cli` in a clone) is an operator's tool for the same — `dedup prune` with
+//! per-consumer counts, a dry run and a progress bar, `dedup inbox prune`, `dedup outbox
+//! prune` — and for the dead rows ([`operate`]) behind its web console, `dedup console`.
 //!
 //! # The shape of this crate's types
 //!
@@ -208,7 +209,7 @@
 //! [migrations]: https://github.com/dedup-rs/dedup/tree/main/dedup-runtime/migrations
 //! [rabbitmq]: https://github.com/dedup-rs/dedup/blob/main/examples/rabbitmq.rs
 //! [nats]: https://github.com/dedup-rs/dedup/blob/main/examples/nats.rs
-//! [prune]: https://github.com/dedup-rs/dedup/blob/main/examples/prune.rs
+//! [cli]: https://github.com/dedup-rs/dedup/tree/main/dedup-cli
 
 #![deny(missing_docs)]
 // On docs.rs (nightly, `--cfg docsrs`): a badge naming the feature each feature-gated item

@@ -108,6 +108,7 @@ pub struct Filter {
     error_contains: Option<String>,
     older_than: Option<Duration>,
     rows: Option<Vec<i64>>,
+    ids: Option<Vec<String>>,
 }
 
 impl Filter {
@@ -141,6 +142,19 @@ impl Filter {
     pub fn rows(mut self, rows: impl IntoIterator<Item = i64>) -> Filter {
         self.rows = Some(rows.into_iter().collect());
         self
+    }
+
+    /// Only the rows with these ids: the inbox's message ids, or the outbox's outgoing ids
+    /// (UUIDs; anything else is refused with [`OperateError::InvalidId`]). At most
+    /// [`MAX_SELECTED_ROWS`].
+    pub fn ids<I: Into<String>>(mut self, ids: impl IntoIterator<Item = I>) -> Filter {
+        self.ids = Some(ids.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// The selected ids, if a selection by id.
+    pub fn selected_ids(&self) -> Option<&[String]> {
+        self.ids.as_deref()
     }
 
     /// The consumer it takes, if one.
@@ -272,7 +286,12 @@ pub enum OperateError {
         /// The database's error.
         error: sqlx::Error,
     },
-    /// A [`Filter::rows`] selection of more than [`MAX_SELECTED_ROWS`] rows.
+    /// An outbox id in [`Filter::ids`] that is not a UUID.
+    InvalidId {
+        /// The id as given.
+        id: String,
+    },
+    /// A [`Filter::rows`] or [`Filter::ids`] selection of more than [`MAX_SELECTED_ROWS`].
     TooManyRows {
         /// How many it named.
         selected: usize,
@@ -289,6 +308,12 @@ impl fmt::Display for OperateError {
                 "the table {} does not exist (run the inbox's or outbox's migrate first)",
                 table.name()
             ),
+            OperateError::InvalidId { id } => {
+                write!(
+                    f,
+                    "`{id}` is not an outgoing id (a UUID such as 0f8b41c2-…)"
+                )
+            }
             OperateError::TooManyRows { selected } => write!(
                 f,
                 "a selection of {selected} rows: at most {MAX_SELECTED_ROWS}; act on a filter instead"
@@ -302,7 +327,7 @@ impl std::error::Error for OperateError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
             OperateError::MissingTable { error, .. } | OperateError::Database(error) => Some(error),
-            OperateError::TooManyRows { .. } => None,
+            OperateError::TooManyRows { .. } | OperateError::InvalidId { .. } => None,
         }
     }
 }
@@ -487,6 +512,7 @@ impl DeadLetters {
             error_contains = filter.error_contains.as_deref(),
             older_than_s = filter.older_than.map(|age| age.as_secs()),
             selected = filter.rows.as_ref().map(Vec::len),
+            selected_ids = filter.ids.as_ref().map(Vec::len),
             done = acted.done,
             refused = acted.refused,
             "dead {} rows {what}",
@@ -582,6 +608,34 @@ impl<DB: Backend> Sql<DB> {
         if let Some(age) = filter.older_than {
             let p = self.bind(Bind::Int(micros(age)));
             parts.push(format!("{} >= {p}", DB::operate_age_us(queue.since())));
+        }
+        if let Some(ids) = &filter.ids {
+            if ids.len() > MAX_SELECTED_ROWS {
+                return Err(OperateError::TooManyRows {
+                    selected: ids.len(),
+                });
+            }
+            if ids.is_empty() {
+                parts.push("1 = 0".to_owned());
+            } else {
+                let mut values = Vec::with_capacity(ids.len());
+                for id in ids {
+                    let id = match queue {
+                        Queue::Inbox => id.clone(),
+                        Queue::Outbox => uuid::Uuid::parse_str(id)
+                            .map_err(|_| OperateError::InvalidId { id: id.clone() })?
+                            .hyphenated()
+                            .to_string(),
+                    };
+                    let p = self.bind(Bind::Text(id));
+                    values.push(DB::operate_id_value(queue, &p));
+                }
+                let column = match queue {
+                    Queue::Inbox => "message_id",
+                    Queue::Outbox => "id",
+                };
+                parts.push(format!("{column} IN ({})", values.join(", ")));
+            }
         }
         if let Some(rows) = &filter.rows {
             if rows.len() > MAX_SELECTED_ROWS {

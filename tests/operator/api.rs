@@ -49,7 +49,11 @@ async fn post(http: &reqwest::Client, url: String, body: Value) -> (StatusCode, 
     (status, kind, response.json().await.unwrap())
 }
 
-async fn api_actions<DB: Under>(pool: &sqlx::Pool<DB>, pools: dedup_cli::Pools) {
+async fn api_actions<DB: Under>(pool: &sqlx::Pool<DB>, pools: dedup_cli::Pools)
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Connection: dedup_runtime::outbox::OutboxConnection,
+{
     let inbox = dedup_suite::unique_table("api_inbox");
     let outbox = dedup_suite::unique_table("api_outbox");
     let ids = dedup_suite::unique_table("api_ids");
@@ -215,6 +219,66 @@ async fn api_actions<DB: Under>(pool: &sqlx::Pool<DB>, pools: dedup_cli::Pools) 
     assert_eq!(answer["done"], 10_002);
     assert_eq!(answer["request_id"], discard.as_str());
     assert_eq!(dead_of(2).await, 10_002);
+
+    // A selection by row number, and the outbox by id.
+    receive(
+        pool,
+        &inbox,
+        "picked",
+        &["p-1".to_owned(), "p-2".to_owned()],
+        b"x",
+    )
+    .await;
+    exec(pool, DB::kill_sql(&inbox, 1), "boom", "picked").await;
+    let page: Value = http
+        .get(format!("{base}/api/inbox/{inbox}/dead?consumer=picked"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let first = page["rows"][0]["row"].clone();
+    let (status, _, answer) =
+        post(&http, requeue.clone(), json!({"filter": {"rows": [first]}})).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        (answer["matched"].as_u64(), answer["done"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(dead_of(3).await, 1, "the other picked row stays dead");
+    let outgoing = {
+        let outbox = dedup_runtime::outbox::Outbox::new()
+            .in_table(&outbox)
+            .unwrap();
+        let cause = dedup_runtime::outbox::Cause::new("shipping", "order-1").unwrap();
+        let message = cause.nth_outgoing(0, "shipments", b"{}");
+        let mut tx = pool.begin().await.unwrap();
+        outbox.enqueue(&mut *tx, &message).await.unwrap();
+        tx.commit().await.unwrap();
+        message.id().to_string()
+    };
+    exec(pool, DB::kill_sql(&outbox, 1), "refused", "shipping").await;
+    let requeue_out = format!("{base}/api/outbox/{outbox}/requeue");
+    let (status, _, answer) = post(
+        &http,
+        requeue_out.clone(),
+        json!({"filter": {"ids": ["not-a-uuid"]}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+    let (status, _, answer) =
+        post(&http, requeue_out, json!({"filter": {"ids": [outgoing]}})).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["done"], 1);
+    assert_eq!(
+        count(
+            pool,
+            format!("SELECT COUNT(*) FROM {outbox} WHERE state = 0")
+        )
+        .await,
+        1
+    );
 
     // Unknown outcomes.
     exec(pool, DB::unknown_sql(&ids), "payments", "evt_7").await;

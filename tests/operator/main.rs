@@ -7,5 +7,6 @@
 
 mod api;
 mod backends;
+mod browser;
 mod cli;
 mod library;

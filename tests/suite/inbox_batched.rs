@@ -361,7 +361,7 @@ macro_rules! batched_suite {
                     .collect();
                 inbox.receive_batch(&incoming).await.unwrap();
                 let program = tokio::task::spawn_blocking(|| {
-                    dedup_suite::example_binary("", &["inbox", "inbox_worker"], "inbox_worker")
+                    dedup_suite::example_binary("", &["inbox_worker"], "inbox_worker")
                 })
                 .await
                 .unwrap();

@@ -96,6 +96,10 @@ fn handles<DB: Backend>() {
     movable::<dedup_runtime::LedgerError>();
     movable::<dedup_runtime::inbox::InboxError>();
     movable::<dedup_runtime::outbox::OutboxError>();
+    movable::<dedup_runtime::operate::DeadLetters>();
+    movable::<dedup_runtime::operate::Filter>();
+    movable::<dedup_runtime::operate::RedeliveryWindow>();
+    movable::<dedup_runtime::operate::OperateError>();
 }
 
 /// The futures that take no handler, in code generic over the backend.
@@ -118,6 +122,37 @@ fn generic<DB: Backend>(pool: sqlx::Pool<DB>) {
     let ledger = Ledger::new(&pool);
     check!([ledger] { ledger.processed_at("spawnable", "m").await });
     check!([pool] { dedup_runtime::migrate(&pool).await });
+    operate::<DB>(pool);
+}
+
+/// The operator's calls on dead rows, each on a pooled connection the task owns.
+fn operate<DB: Backend>(pool: sqlx::Pool<DB>) {
+    use dedup_runtime::operate::{DeadLetters, Filter, RedeliveryWindow};
+    let dead = DeadLetters::inbox("inbox_messages").unwrap();
+    let filter = Filter::new()
+        .consumer("spawnable")
+        .error_contains("timeout");
+    let window = RedeliveryWindow::new(7 * DAY).consumer("spawnable", DAY);
+    check!([pool, dead] {
+        let mut conn = pool.acquire().await.unwrap();
+        dead.summary::<DB>(&mut conn).await
+    });
+    check!([pool, dead, filter] {
+        let mut conn = pool.acquire().await.unwrap();
+        dead.list::<DB>(&mut conn, &filter, None, 10).await
+    });
+    check!([pool, dead, filter] {
+        let mut conn = pool.acquire().await.unwrap();
+        dead.count::<DB>(&mut conn, &filter).await
+    });
+    check!([pool, dead, filter, window] {
+        let mut conn = pool.acquire().await.unwrap();
+        dead.requeue::<DB>(&mut conn, &filter, &window).await
+    });
+    check!([pool, dead, filter] {
+        let mut conn = pool.acquire().await.unwrap();
+        dead.discard::<DB>(&mut conn, &filter).await
+    });
 }
 
 macro_rules! backend {
@@ -367,6 +402,7 @@ macro_rules! backend {
                 check!([pool] { dedup_runtime::inbox::migrate_table(&pool, "spawnable_inbox").await });
                 check!([pool] { dedup_runtime::outbox::migrate(&pool).await });
                 check!([pool] { dedup_runtime::outbox::migrate_table(&pool, "spawnable_outbox").await });
+                operate::<$db>(pool);
             }
 
             #[tokio::test]

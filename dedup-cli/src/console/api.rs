@@ -171,6 +171,7 @@ impl DeadQuery {
             error_contains: some(&self.error_contains),
             older_than_s,
             rows: None,
+            ids: None,
         })
     }
 }
@@ -463,7 +464,9 @@ pub(crate) async fn run_action(
             "no rows named: select rows, give a filter, or say all".to_owned(),
         ));
     }
-    if filter.rows.as_ref().is_some_and(Vec::is_empty) {
+    if filter.rows.as_ref().is_some_and(Vec::is_empty)
+        || filter.ids.as_ref().is_some_and(Vec::is_empty)
+    {
         return Err((
             StatusCode::BAD_REQUEST,
             "no-rows",

@@ -195,11 +195,15 @@ pub(crate) async fn dead(
          <label>error contains <input name=\"error_contains\" value=\"{}\"></label> \
          <label>older than <input name=\"older_than\" value=\"{}\" placeholder=\"1h, 7d\" size=\"6\"></label> \
          <button type=\"submit\">Filter</button></form>\
-         <p id=\"matching\">{} dead rows match.</p>",
+         <p id=\"matching\">{}.</p>",
         value(&query.consumer),
         value(&query.error_contains),
         value(&query.older_than),
-        thousands(page_.total)
+        if page_.total == 1 {
+            "1 dead row matches".to_owned()
+        } else {
+            format!("{} dead rows match", thousands(page_.total))
+        }
     );
     // Acting on everything the filter matches, not one page.
     if !console.read_only && page_.total > 0 {
@@ -346,6 +350,7 @@ pub(crate) async fn act(
             error_contains: one("error_contains"),
             older_than_s: one("older_than_s").and_then(|s| s.parse().ok()),
             rows: None,
+            ids: None,
         };
         (spec, true)
     };

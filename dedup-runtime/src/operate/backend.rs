@@ -53,6 +53,11 @@ pub trait OperateBackend: Database {
     #[doc(hidden)]
     fn operate_contains(column: &str, parameter: &str) -> String;
 
+    /// The value an id parameter is compared as: the inbox's message id as text, the
+    /// outbox's UUID (given hyphenated) as the column stores it.
+    #[doc(hidden)]
+    fn operate_id_value(queue: Queue, parameter: &str) -> String;
+
     /// The columns of a [`RawRow`], in order.
     #[doc(hidden)]
     fn operate_columns(queue: Queue) -> &'static str;

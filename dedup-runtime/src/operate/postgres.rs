@@ -19,6 +19,13 @@ impl OperateBackend for Postgres {
         format!("strpos({column}, {parameter}::text) > 0")
     }
 
+    fn operate_id_value(queue: Queue, parameter: &str) -> String {
+        match queue {
+            Queue::Inbox => parameter.to_owned(),
+            Queue::Outbox => format!("{parameter}::uuid"),
+        }
+    }
+
     fn operate_columns(queue: Queue) -> &'static str {
         match queue {
             Queue::Inbox => {

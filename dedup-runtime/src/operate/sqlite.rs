@@ -20,6 +20,13 @@ impl OperateBackend for Sqlite {
         format!("instr({column}, {parameter}) > 0")
     }
 
+    fn operate_id_value(queue: Queue, parameter: &str) -> String {
+        match queue {
+            Queue::Inbox => parameter.to_owned(),
+            Queue::Outbox => format!("unhex(replace({parameter}, '-', ''))"),
+        }
+    }
+
     fn operate_columns(queue: Queue) -> &'static str {
         match queue {
             Queue::Inbox => {

@@ -33,14 +33,11 @@ impl Hold {
     }
 }
 
-/// This module's example programs, built once: the operator's command and the worker the
-/// process-killing test starts.
+/// This module's example program, built once: the worker the process-killing test starts.
 async fn examples(name: &'static str) -> std::path::PathBuf {
-    tokio::task::spawn_blocking(move || {
-        dedup_suite::example_binary("", &["inbox", "inbox_worker"], name)
-    })
-    .await
-    .unwrap()
+    tokio::task::spawn_blocking(move || dedup_suite::example_binary("", &["inbox_worker"], name))
+        .await
+        .unwrap()
 }
 
 /// Instantiates `$suite!` once per backend, with what differs between the backends: the
@@ -117,7 +114,7 @@ macro_rules! inbox_backends {
 
 // After the macro, which they use.
 mod common;
-mod operator;
+pub(crate) mod operator;
 mod ordering;
 mod receiving;
 mod running;

@@ -1,14 +1,12 @@
 //! Operating the inbox: retention on every backend (pruning keeps the broker's redelivery
 //! window and never touches unfinished rows); on PostgreSQL, the claim queries through
-//! their partial indexes as the inbox grows; the operator's command (`examples/inbox.rs`)
+//! their partial indexes as the inbox grows; the operator's command (`dedup inbox`)
 //! against a SQLite file.
 
 use std::time::Duration;
 
 use dedup_runtime::inbox::{Inbox, Incoming};
 use dedup_suite::unique;
-
-use super::*;
 
 macro_rules! operator_suite {
     (
@@ -162,9 +160,9 @@ async fn postgres_claims_use_the_partial_indexes() {
         .unwrap();
 }
 
-/// `examples/inbox.rs`, the operator's command, run as a process against a SQLite file:
-/// `stats`, `dead` with the last error, `requeue` and `discard` of dead rows only, and
-/// exit status 2 for bad arguments.
+/// The operator's command (`dedup inbox`, run in process) against a SQLite file: `stats`,
+/// `dead` with the last error, `requeue` and `discard` of dead rows by id (a pending one
+/// named is left alone), and exit status 2 when no row is named.
 #[tokio::test]
 async fn the_operator_command_lists_requeues_and_discards_dead_messages() {
     let db = dedup_suite::sqlite().await;
@@ -178,42 +176,59 @@ async fn the_operator_command_lists_requeues_and_discards_dead_messages() {
     .execute(&*db)
     .await
     .unwrap();
-    let program = examples("inbox").await;
     let url = format!("sqlite:{}", db.path().display());
-    let run = |args: &[&str]| {
-        let output = std::process::Command::new(&program)
-            .args(args)
-            .args(["--database-url", &url, "--consumer", "ops"])
-            .env_remove("DATABASE_URL")
-            .output()
-            .expect("run the inbox command");
-        (
-            output.status.code(),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        )
-    };
-    let (code, out, err) = run(&["stats"]);
-    assert_eq!(code, Some(0), "{err}");
+    let (code, out, err) = dedup(&["inbox", "stats", "--database-url", &url]).await;
+    assert_eq!(code, 0, "{err}");
+    let line = out
+        .lines()
+        .find(|line| line.trim_start().starts_with("ops"))
+        .unwrap();
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(
+        &cells[..5],
+        ["ops", "1", "0", "0", "2"],
+        "pending, in flight, processed, dead: {out}"
+    );
+    let (code, out, _) =
+        dedup(&["inbox", "dead", "--database-url", &url, "--consumer", "ops"]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("2 dead rows matching"), "{out}");
     assert!(
-        out.contains("pending             1") && out.contains("dead                2"),
+        out.contains("evt_dead_1  consumer ops")
+            && out.contains("after 5 attempts: cannot parse: missing field `cents`"),
         "{out}"
     );
-    let (code, out, _) = run(&["dead"]);
-    assert_eq!(code, Some(0));
+    let (code, out, _) = dedup(&[
+        "inbox",
+        "requeue",
+        "--database-url",
+        &url,
+        "--consumer",
+        "ops",
+        "--id",
+        "evt_dead_1",
+        "--id",
+        "evt_pending",
+    ])
+    .await;
+    assert_eq!(code, 0);
     assert!(
-        out.contains("evt_dead_1  after 5 attempt(s): cannot parse: missing field `cents`"),
-        "{out}"
+        out.contains("1 of 1 matching dead rows re-queued"),
+        "the pending one is not dead: {out}"
     );
-    let (code, out, _) = run(&["requeue", "evt_dead_1", "evt_pending"]);
-    assert_eq!(code, Some(0));
-    assert!(
-        out.contains("evt_dead_1  re-queued") && out.contains("evt_pending  not dead"),
-        "{out}"
-    );
-    let (code, out, _) = run(&["discard", "evt_dead_2"]);
-    assert_eq!(code, Some(0));
-    assert!(out.contains("evt_dead_2  discarded"), "{out}");
+    let (code, out, _) = dedup(&[
+        "inbox",
+        "discard",
+        "--database-url",
+        &url,
+        "--consumer",
+        "ops",
+        "--id",
+        "evt_dead_2",
+    ])
+    .await;
+    assert_eq!(code, 0);
+    assert!(out.contains("1 of 1 matching dead rows discarded"), "{out}");
     let states: Vec<(String, i64, i64)> = sqlx::query_as(
         "SELECT message_id, state, attempts FROM inbox_messages WHERE consumer = 'ops' ORDER BY message_id",
     )
@@ -228,9 +243,19 @@ async fn the_operator_command_lists_requeues_and_discards_dead_messages() {
             ("evt_pending".to_owned(), 0, 0),
         ]
     );
-    let (code, _, err) = run(&["requeue"]);
-    assert_eq!(code, Some(2), "no id: a usage error");
-    assert!(err.contains("no message id given"), "{err}");
-    let (code, _, err) = run(&["requeue", ""]);
-    assert_eq!(code, Some(2), "an invalid id: {err}");
+    let (code, _, err) = dedup(&["inbox", "requeue", "--database-url", &url]).await;
+    assert_eq!(code, 2, "no row named: a usage error");
+    assert!(err.contains("no rows named"), "{err}");
+}
+
+/// Runs `dedup` in process: exit status, stdout, stderr.
+pub(crate) async fn dedup(args: &[&str]) -> (u8, String, String) {
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let argv = std::iter::once("dedup").chain(args.iter().copied());
+    let code = dedup_cli::run(argv, &mut out, &mut err).await;
+    (
+        code,
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(err).unwrap(),
+    )
 }

@@ -1,5 +1,5 @@
 //! Operating the outbox: on every backend, stats by state, health and pruning, and the
-//! operator's calls on dead rows; the operator's command (`examples/outbox.rs`) on a SQLite
+//! operator's calls on dead rows; the operator's command (`dedup outbox`) on a SQLite
 //! outbox.
 
 use std::time::Duration;
@@ -153,8 +153,9 @@ macro_rules! operator_suite {
 
 outbox_backends!(operator_suite);
 
-/// The operator's command (`examples/outbox.rs`) on a SQLite outbox with two dead rows:
-/// stats, the dead rows with their error, one re-queued, one discarded, then pruned.
+/// The operator's command (`dedup outbox`, run in process) on a SQLite outbox with two dead
+/// rows: stats with the relay's last sign of life, the dead rows with their error, one
+/// re-queued and one discarded by id, then the sent rows pruned.
 #[tokio::test]
 async fn the_operator_command_lists_requeues_discards_and_prunes() {
     let db = dedup_suite::sqlite().await;
@@ -166,7 +167,7 @@ async fn the_operator_command_lists_requeues_discards_and_prunes() {
     for index in 0..2 {
         let message = cause.nth_outgoing(index, "events", b"poison");
         outbox.enqueue(&mut *tx, &message).await.unwrap();
-        ids.push(message.id());
+        ids.push(message.id().to_string());
     }
     tx.commit().await.unwrap();
     let relayed = outbox
@@ -177,56 +178,53 @@ async fn the_operator_command_lists_requeues_discards_and_prunes() {
         .unwrap();
     assert_eq!(relayed.dead, 2);
 
-    let program =
-        tokio::task::spawn_blocking(|| dedup_suite::example_binary("", &["outbox"], "outbox"))
-            .await
-            .unwrap();
     let url = format!("sqlite:{}", db.path().display());
-    let run = |args: Vec<String>| {
-        let output = std::process::Command::new(&program)
-            .args(&args)
-            .args(["--database-url", &url])
-            .env_remove("DATABASE_URL")
-            .output()
-            .expect("run the outbox command");
-        (
-            output.status.code(),
-            String::from_utf8_lossy(&output.stdout).into_owned(),
-            String::from_utf8_lossy(&output.stderr).into_owned(),
-        )
+    let dedup = |args: &[&str]| {
+        let mut all: Vec<String> = args.iter().map(|arg| (*arg).to_owned()).collect();
+        all.extend(["--database-url".to_owned(), url.clone()]);
+        async move {
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            crate::inbox::operator::dedup(&all).await
+        }
     };
-    let words = |text: &[&str]| {
-        text.iter()
-            .map(|word| (*word).to_owned())
-            .collect::<Vec<_>>()
-    };
-    let (code, out, err) = run(words(&["stats"]));
-    assert_eq!(code, Some(0), "{err}");
-    assert!(out.contains("dead              2"), "{out}");
+    let (code, out, err) = dedup(&["outbox", "stats"]).await;
+    assert_eq!(code, 0, "{err}");
+    let line = out
+        .lines()
+        .find(|line| line.trim_start().starts_with("outbox-ops"))
+        .unwrap();
+    let cells: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(&cells[..5], ["outbox-ops", "0", "0", "0", "2"], "{out}");
     assert!(out.contains("a relay last ran"), "{out}");
-    let (code, out, _) = run(words(&["dead"]));
-    assert_eq!(code, Some(0));
+    let (code, out, _) = dedup(&["outbox", "dead"]).await;
+    assert_eq!(code, 0);
     assert!(
-        out.contains(&format!(
-            "{}  to events  after 1 attempt(s): the broker refused",
-            ids[0]
-        )),
+        out.contains(&format!("{}  consumer outbox-ops  to events", ids[0]))
+            && out.contains("after 1 attempt: the broker refused"),
         "{out}"
     );
-    let (code, out, _) = run(vec!["requeue".to_owned(), ids[0].to_string()]);
-    assert_eq!(code, Some(0));
-    assert!(out.contains(&format!("{}  re-queued", ids[0])), "{out}");
-    let (code, out, _) = run(vec!["discard".to_owned(), ids[1].to_string()]);
-    assert_eq!(code, Some(0));
-    assert!(out.contains(&format!("{}  discarded", ids[1])), "{out}");
-    let (code, _, err) = run(words(&["requeue", "not-a-uuid"]));
-    assert_eq!(code, Some(2), "a bad id is a usage error");
+    let (code, out, _) = dedup(&["outbox", "requeue", "--id", &ids[0]]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("1 of 1 matching dead rows re-queued"), "{out}");
+    let (code, out, _) = dedup(&["outbox", "discard", "--id", &ids[1]]).await;
+    assert_eq!(code, 0);
+    assert!(out.contains("1 of 1 matching dead rows discarded"), "{out}");
+    let (code, _, err) = dedup(&["outbox", "requeue", "--id", "not-a-uuid"]).await;
+    assert_eq!(code, 2, "a bad id is a usage error");
     assert!(err.contains("not an outgoing id"), "{err}");
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let (code, out, _) = run(words(&["prune", "--older-than-hours", "0"]));
-    assert_eq!(code, Some(0));
+    let (code, out, err) = dedup(&[
+        "outbox",
+        "prune",
+        "--older-than",
+        "0s",
+        "--redelivery-window",
+        "0s",
+    ])
+    .await;
+    assert_eq!(code, 0, "{err}");
     assert!(
-        out.contains("1 sent message(s)"),
+        out.contains("1 row sent more than 0ms ago deleted"),
         "the discarded row: {out}"
     );
     let stats = outbox.stats(&*db).await.unwrap();
