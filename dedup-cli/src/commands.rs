@@ -315,8 +315,13 @@ pub(crate) fn dead_letters(queue: &str, table: Option<&str>) -> Result<DeadLette
         "inbox" => DeadLetters::inbox(table.unwrap_or(dedup_runtime::inbox::DEFAULT_TABLE)),
         _ => DeadLetters::outbox(table.unwrap_or(dedup_runtime::outbox::DEFAULT_TABLE)),
     };
-    made.map_err(|error| Failure::usage(error.to_string()))
+    // One byte past the preview: enough to know that it is cut.
+    made.map(|letters| letters.payload_preview(PREVIEW + 1))
+        .map_err(|error| Failure::usage(error.to_string()))
 }
+
+/// The payload bytes `dedup … dead` shows of each row.
+const PREVIEW: usize = 512;
 
 pub(crate) fn operate_failure(error: dedup_runtime::operate::OperateError) -> Failure {
     match error {
@@ -514,6 +519,9 @@ async fn queue<DB: Act>(
             };
             drop(conn);
             let request = args.request_id.clone().unwrap_or_else(new_request_id);
+            MessageId::borrowed(&request)
+                .validate()
+                .map_err(|error| Failure::usage(format!("--request-id: {error}")))?;
             let done = DB::act(pool, &request, &action)
                 .await
                 .map_err(action_failure)?;
@@ -581,12 +589,12 @@ fn print_dead(out: Out<'_>, row: &DeadRow) -> std::io::Result<()> {
             writeln!(out, "    headers: {} bytes", bytes.len())?;
         }
     }
-    let (preview, cut) = Preview::of(&row.payload, 512);
+    let (preview, cut) = Preview::of(&row.payload, PREVIEW);
     let more = if cut { " (first 512 bytes)" } else { "" };
     writeln!(
         out,
         "    payload, {} bytes, {}{more}:",
-        row.payload.len(),
+        row.payload_len,
         preview.kind()
     )?;
     for line in preview.text().lines() {

@@ -250,8 +250,11 @@ pub struct DeadRow {
     pub attempts: u32,
     /// The last attempt's error text, as the worker or relay stored it.
     pub last_error: Option<String>,
-    /// Its payload (an inbox row whose payload was dropped: empty).
+    /// Its payload (an inbox row whose payload was dropped: empty); only its first bytes
+    /// under [`DeadLetters::payload_preview`].
     pub payload: Vec<u8>,
+    /// The whole payload's length in bytes.
+    pub payload_len: u64,
     /// Its headers.
     pub headers: RowHeaders,
     /// How long ago it came in (received, enqueued), on the database's clock.
@@ -337,6 +340,7 @@ impl std::error::Error for OperateError {
 pub struct DeadLetters {
     queue: Queue,
     table: Table,
+    payload_cut: Option<usize>,
 }
 
 impl DeadLetters {
@@ -345,6 +349,7 @@ impl DeadLetters {
         Ok(DeadLetters {
             queue: Queue::Inbox,
             table: Table::new(table)?,
+            payload_cut: None,
         })
     }
 
@@ -353,7 +358,17 @@ impl DeadLetters {
         Ok(DeadLetters {
             queue: Queue::Outbox,
             table: Table::new(table)?,
+            payload_cut: None,
         })
+    }
+
+    /// [`list`](Self::list) reads at most `bytes` of each payload ([`DeadRow::payload`]),
+    /// cut by the database, and [`DeadRow::payload_len`] says how long the whole is: a
+    /// page of previews without reading every payload whole (a payload may be megabytes).
+    /// By default payloads are read whole.
+    pub fn payload_preview(mut self, bytes: usize) -> DeadLetters {
+        self.payload_cut = Some(bytes);
+        self
     }
 
     /// Which kind of table.
@@ -400,7 +415,7 @@ impl DeadLetters {
         limit: u32,
     ) -> Result<Vec<DeadRow>, OperateError> {
         let mut sql = Sql::<DB>::new();
-        let columns = DB::operate_columns(self.queue);
+        let columns = DB::operate_columns(self.queue, self.payload_cut);
         let condition = sql.condition(self.queue, filter)?;
         let after = match after {
             Some(after) => format!(" AND seq > {}", sql.bind(Bind::Int(after))),
@@ -529,6 +544,7 @@ impl DeadLetters {
             attempts,
             last_error,
             payload,
+            payload_len,
             headers,
             age_us,
         } = row;
@@ -555,6 +571,7 @@ impl DeadLetters {
             attempts: attempts.clamp(0, i64::from(u32::MAX)) as u32,
             last_error,
             payload: payload.unwrap_or_default(),
+            payload_len: payload_len.unwrap_or(0).max(0) as u64,
             headers,
             age: Duration::from_micros(age_us.max(0) as u64),
         })

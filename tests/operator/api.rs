@@ -165,6 +165,33 @@ where
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
     assert_eq!(kind, "application/problem+json");
 
+    // A request id that no dedup table can hold: refused before anything runs.
+    for bad in [String::new(), "r".repeat(256)] {
+        let (status, _, answer) = post(
+            &http,
+            requeue.clone(),
+            json!({"request_id": bad, "filter": {"consumer": "old"}}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+        assert!(
+            answer["detail"]
+                .as_str()
+                .unwrap()
+                .starts_with("the request id"),
+            "{answer}"
+        );
+    }
+    let mut longest = dedup_suite::unique("r");
+    longest.push_str(&"r".repeat(255 - longest.len()));
+    let (status, _, answer) = post(
+        &http,
+        requeue.clone(),
+        json!({"request_id": longest, "filter": {"consumer": "nobody"}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "255 bytes, the limit: {answer}");
+
     // Past the window: refused, saying so; the rows stay dead.
     let (status, _, answer) = post(
         &http,

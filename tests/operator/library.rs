@@ -148,6 +148,30 @@ async fn inbox_filters_list_requeue_and_discard<DB: Under>(pool: &sqlx::Pool<DB>
         "discarded: recorded as processed"
     );
 
+    // A payload of 1 MiB with NUL bytes: read whole, or only its first bytes.
+    let mut big = vec![b'x'; 1 << 20];
+    big[7] = 0;
+    receive(pool, &table, "big", &["big-1".to_owned()], &big).await;
+    exec(pool, DB::kill_sql(&table, 1), "too big", "big").await;
+    let only_big = Filter::new().consumer("big");
+    let whole = dead
+        .list::<DB>(&mut conn, &only_big, None, 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        (whole[0].payload.len(), whole[0].payload_len),
+        (1 << 20, 1 << 20)
+    );
+    assert_eq!(whole[0].payload, big);
+    let preview = dead.clone().payload_preview(4_097);
+    let cut = preview
+        .list::<DB>(&mut conn, &only_big, None, 1)
+        .await
+        .unwrap();
+    assert_eq!((cut[0].payload.len(), cut[0].payload_len), (4_097, 1 << 20));
+    assert_eq!(cut[0].payload, big[..4_097]);
+    dead.discard::<DB>(&mut conn, &only_big).await.unwrap();
+
     let too_many = Filter::new().rows(0..1_001);
     assert!(matches!(
         dead.count::<DB>(&mut conn, &too_many).await,

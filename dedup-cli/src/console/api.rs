@@ -128,7 +128,7 @@ pub struct RowView {
     /// Its age, in seconds.
     pub age_s: f64,
     /// The payload's length.
-    pub payload_len: usize,
+    pub payload_len: u64,
     /// `json`, `text` or `hex`.
     pub payload_kind: &'static str,
     /// The preview of its first [`PREVIEW_BYTES`] bytes.
@@ -285,7 +285,9 @@ fn letters(queue: &str, table: &str) -> Result<DeadLetters, String> {
     } else {
         DeadLetters::outbox(table)
     };
-    made.map_err(|error| error.to_string())
+    // One byte past the preview: enough to know that it is cut.
+    made.map(|letters| letters.payload_preview(PREVIEW_BYTES + 1))
+        .map_err(|error| error.to_string())
 }
 
 fn shown(error: OperateError) -> String {
@@ -414,7 +416,7 @@ pub(crate) async fn read_dead(
                 attempts: row.attempts,
                 last_error: row.last_error,
                 age_s: row.age.as_secs_f64(),
-                payload_len: row.payload.len(),
+                payload_len: row.payload_len,
                 payload_kind: preview.kind(),
                 payload_preview: preview.text().to_owned(),
                 payload_cut: cut,
@@ -449,6 +451,10 @@ pub(crate) async fn run_action(
             "read-only",
             "the console is read-only".to_owned(),
         ));
+    }
+    if let Err(error) = dedup_runtime::MessageId::borrowed(request_id).validate() {
+        let why = format!("the request id: {error}");
+        return Err((StatusCode::UNPROCESSABLE_ENTITY, "refused", why));
     }
     if !console.knows(queue, table) {
         return Err((

@@ -20,7 +20,8 @@ pub enum Bind {
 
 /// A dead row as every backend reads it: `seq`, the id's bytes (the inbox's message id as
 /// UTF-8, the outbox's UUID as its 16 bytes), consumer, destination, attempts, last error,
-/// payload, headers and the microseconds since it came in.
+/// payload (perhaps cut), the payload's whole length, headers and the microseconds since
+/// it came in.
 #[doc(hidden)]
 pub struct RawRow {
     pub seq: i64,
@@ -30,6 +31,7 @@ pub struct RawRow {
     pub attempts: i64,
     pub last_error: Option<String>,
     pub payload: Option<Vec<u8>>,
+    pub payload_len: Option<i64>,
     pub headers: Option<Vec<u8>>,
     pub age_us: i64,
 }
@@ -58,9 +60,9 @@ pub trait OperateBackend: Database {
     #[doc(hidden)]
     fn operate_id_value(queue: Queue, parameter: &str) -> String;
 
-    /// The columns of a [`RawRow`], in order.
+    /// The columns of a [`RawRow`], in order, the payload cut at `cut` bytes if given.
     #[doc(hidden)]
-    fn operate_columns(queue: Queue) -> &'static str;
+    fn operate_columns(queue: Queue, cut: Option<usize>) -> String;
 
     /// The `SET` list of a requeue (`requeue`) or a discard.
     #[doc(hidden)]
@@ -127,13 +129,25 @@ pub type RawTuple = (
     i64,
     Option<String>,
     Option<Vec<u8>>,
+    Option<i64>,
     Option<Vec<u8>>,
     i64,
 );
 
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) fn raw(row: RawTuple) -> RawRow {
-    let (seq, id, consumer, destination, attempts, last_error, payload, headers, age_us) = row;
+    let (
+        seq,
+        id,
+        consumer,
+        destination,
+        attempts,
+        last_error,
+        payload,
+        payload_len,
+        headers,
+        age_us,
+    ) = row;
     RawRow {
         seq,
         id,
@@ -142,6 +156,7 @@ pub(crate) fn raw(row: RawTuple) -> RawRow {
         attempts,
         last_error,
         payload,
+        payload_len,
         headers,
         age_us,
     }

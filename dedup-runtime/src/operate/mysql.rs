@@ -27,18 +27,18 @@ impl OperateBackend for MySql {
         }
     }
 
-    fn operate_columns(queue: Queue) -> &'static str {
+    fn operate_columns(queue: Queue, cut: Option<usize>) -> String {
+        let payload = match cut {
+            Some(bytes) => format!("SUBSTRING(payload, 1, {bytes})"),
+            None => "payload".to_owned(),
+        };
         match queue {
-            Queue::Inbox => {
-                "seq, message_id, CAST(consumer AS CHAR), CAST(NULL AS CHAR), \
-                 CAST(attempts AS SIGNED), last_error, payload, headers, \
-                 CAST(TIMESTAMPDIFF(MICROSECOND, received_at, UTC_TIMESTAMP(6)) AS SIGNED)"
-            }
-            Queue::Outbox => {
-                "seq, id, CAST(consumer AS CHAR), CAST(destination AS CHAR), \
-                 CAST(attempts AS SIGNED), last_error, payload, headers, \
-                 CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS SIGNED)"
-            }
+            Queue::Inbox => format!(
+                "seq, message_id, CAST(consumer AS CHAR), CAST(NULL AS CHAR), CAST(attempts AS SIGNED), last_error, {payload}, CAST(LENGTH(payload) AS SIGNED), headers, CAST(TIMESTAMPDIFF(MICROSECOND, received_at, UTC_TIMESTAMP(6)) AS SIGNED)"
+            ),
+            Queue::Outbox => format!(
+                "seq, id, CAST(consumer AS CHAR), CAST(destination AS CHAR), CAST(attempts AS SIGNED), last_error, {payload}, CAST(LENGTH(payload) AS SIGNED), headers, CAST(TIMESTAMPDIFF(MICROSECOND, created_at, UTC_TIMESTAMP(6)) AS SIGNED)"
+            ),
         }
     }
 

@@ -26,18 +26,18 @@ impl OperateBackend for Postgres {
         }
     }
 
-    fn operate_columns(queue: Queue) -> &'static str {
+    fn operate_columns(queue: Queue, cut: Option<usize>) -> String {
+        let payload = match cut {
+            Some(bytes) => format!("substring(payload FROM 1 FOR {bytes})"),
+            None => "payload".to_owned(),
+        };
         match queue {
-            Queue::Inbox => {
-                "seq, convert_to(message_id, 'UTF8'), consumer, NULL::text, attempts::int8, \
-                 last_error, payload, headers, \
-                 (extract(epoch FROM clock_timestamp() - received_at) * 1000000)::int8"
-            }
-            Queue::Outbox => {
-                "seq, uuid_send(id), consumer, destination, attempts::int8, last_error, \
-                 payload, headers, \
-                 (extract(epoch FROM clock_timestamp() - created_at) * 1000000)::int8"
-            }
+            Queue::Inbox => format!(
+                "seq, convert_to(message_id, 'UTF8'), consumer, NULL::text, attempts::int8, last_error, {payload}, octet_length(payload)::int8, headers, (extract(epoch FROM clock_timestamp() - received_at) * 1000000)::int8"
+            ),
+            Queue::Outbox => format!(
+                "seq, uuid_send(id), consumer, destination, attempts::int8, last_error, {payload}, octet_length(payload)::int8, headers, (extract(epoch FROM clock_timestamp() - created_at) * 1000000)::int8"
+            ),
         }
     }
 

@@ -27,16 +27,18 @@ impl OperateBackend for Sqlite {
         }
     }
 
-    fn operate_columns(queue: Queue) -> &'static str {
+    fn operate_columns(queue: Queue, cut: Option<usize>) -> String {
+        let payload = match cut {
+            Some(bytes) => format!("substr(payload, 1, {bytes})"),
+            None => "payload".to_owned(),
+        };
         match queue {
-            Queue::Inbox => {
-                "seq, CAST(message_id AS BLOB), consumer, NULL, attempts, last_error, payload, \
-                 headers, CAST((julianday('now') - julianday(received_at)) * 86400000000.0 AS INTEGER)"
-            }
-            Queue::Outbox => {
-                "seq, id, consumer, destination, attempts, last_error, payload, headers, \
-                 CAST((julianday('now') - julianday(created_at)) * 86400000000.0 AS INTEGER)"
-            }
+            Queue::Inbox => format!(
+                "seq, CAST(message_id AS BLOB), consumer, NULL, attempts, last_error, {payload}, length(CAST(payload AS BLOB)), headers, CAST((julianday('now') - julianday(received_at)) * 86400000000.0 AS INTEGER)"
+            ),
+            Queue::Outbox => format!(
+                "seq, id, consumer, destination, attempts, last_error, {payload}, length(CAST(payload AS BLOB)), headers, CAST((julianday('now') - julianday(created_at)) * 86400000000.0 AS INTEGER)"
+            ),
         }
     }
 
