@@ -1,4 +1,4 @@
-//! The operator's actions that change rows — requeue, discard — each run in an
+//! The operator's actions that change rows — requeue, discard, resolve — each run in an
 //! `#[idempotent]` handler keyed by the action's request id, in the table
 //! [`ACTIONS_TABLE`]: the first request acts and stores what it did; a retry of it (a
 //! double click, a POST sent again) acts on nothing and answers the stored result. The
@@ -8,7 +8,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use dedup_runtime::operate::{Acted, DeadLetters, Filter, OperateError, RedeliveryWindow};
-use dedup_runtime::{Backend, FingerprintMismatch, StoredOutcome, StoredResultError};
+use dedup_runtime::{
+    Backend, FingerprintMismatch, Ledger, LedgerError, Resolution, StoredOutcome, StoredResultError,
+};
 use serde::{Deserialize, Serialize};
 use sqlx::Pool;
 
@@ -121,6 +123,28 @@ impl Action {
     }
 }
 
+/// Unknown outcomes resolved, as an action names them.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolveAction {
+    /// The dedup table.
+    pub table: String,
+    /// The consumer.
+    pub consumer: String,
+    /// The message ids.
+    pub ids: Vec<String>,
+    /// Done or retry.
+    pub resolution: crate::ResolveAs,
+}
+
+/// What a resolve did: per id, in order, whether a row was resolved.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResolveDone {
+    /// Per id: whether a row was resolved (`false`: none to resolve).
+    pub resolved: Vec<bool>,
+    /// A retry: nothing was done now; this is what the first request did.
+    pub replayed: bool,
+}
+
 /// What an action did; `replayed` when it was a retry answered with the first's result.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Done {
@@ -178,6 +202,16 @@ impl From<OperateError> for ActionError {
     }
 }
 
+impl From<LedgerError> for ActionError {
+    fn from(error: LedgerError) -> Self {
+        match error {
+            LedgerError::Database(error) => ActionError::from(error),
+            LedgerError::MissingTable { .. } => ActionError::MissingTable(error.to_string()),
+            other => ActionError::Refused(other.to_string()),
+        }
+    }
+}
+
 impl From<FingerprintMismatch> for ActionError {
     fn from(_: FingerprintMismatch) -> Self {
         ActionError::Refused(
@@ -210,17 +244,20 @@ impl From<Acted> for Stored {
     }
 }
 
+/// The result a request stored: `true` when it is a retry's replay.
+fn stored<T>(outcome: StoredOutcome<T>) -> Result<(T, bool), ActionError> {
+    match outcome {
+        StoredOutcome::Processed(stored) => Ok((stored, false)),
+        StoredOutcome::Replayed(stored) => Ok((stored, true)),
+        StoredOutcome::Duplicate(_) | StoredOutcome::InProgress(_) => Err(ActionError::Refused(
+            "this request id was acted on, its result is not kept: send a new request id"
+                .to_owned(),
+        )),
+    }
+}
+
 fn done(outcome: StoredOutcome<Stored>) -> Result<Done, ActionError> {
-    let (stored, replayed) = match outcome {
-        StoredOutcome::Processed(stored) => (stored, false),
-        StoredOutcome::Replayed(stored) => (stored, true),
-        StoredOutcome::Duplicate(_) | StoredOutcome::InProgress(_) => {
-            return Err(ActionError::Refused(
-                "this request id was acted on, its result is not kept: send a new request id"
-                    .to_owned(),
-            ));
-        }
-    };
+    let (stored, replayed) = stored(outcome)?;
     Ok(Done {
         matched: stored.matched,
         done: stored.done,
@@ -237,6 +274,33 @@ pub trait Act: Backend {
         request_id: &'a str,
         action: &'a Action,
     ) -> impl Future<Output = Result<Done, ActionError>> + Send + 'a;
+
+    /// Resolves `action`'s ids once for `request_id`.
+    fn resolve_unknown<'a>(
+        pool: &'a Pool<Self>,
+        request_id: &'a str,
+        action: &'a ResolveAction,
+    ) -> impl Future<Output = Result<ResolveDone, ActionError>> + Send + 'a;
+}
+
+async fn resolve_all<DB: Backend>(
+    conn: &mut DB::Connection,
+    ledger: &Ledger<DB>,
+    action: &ResolveAction,
+) -> Result<Vec<bool>, ActionError> {
+    let resolution = match action.resolution {
+        crate::ResolveAs::Done => Resolution::Done,
+        crate::ResolveAs::Retry => Resolution::Retry,
+    };
+    let mut resolved = Vec::with_capacity(action.ids.len());
+    for id in &action.ids {
+        resolved.push(
+            ledger
+                .resolve_on(&mut *conn, &action.consumer, id.as_str(), resolution)
+                .await?,
+        );
+    }
+    Ok(resolved)
 }
 
 async fn work<DB: Backend>(
@@ -273,6 +337,23 @@ macro_rules! act_impls {
                 work::<$db>(tx, action).await
             }
 
+            #[dedup_runtime::idempotent(
+                consumer = ACTIONS_CONSUMER,
+                table = "dedup_operator_actions",
+                key = request_id,
+                fingerprint = fingerprint,
+                result = "stored"
+            )]
+            async fn resolve(
+                tx: &mut $conn,
+                request_id: &str,
+                fingerprint: &[u8],
+                ledger: &Ledger<$db>,
+                action: &ResolveAction,
+            ) -> Result<Vec<bool>, ActionError> {
+                resolve_all::<$db>(tx, ledger, action).await
+            }
+
             impl Act for $db {
                 async fn act<'a>(
                     pool: &'a Pool<Self>,
@@ -282,6 +363,21 @@ macro_rules! act_impls {
                     dedup_runtime::migrate_table(pool, ACTIONS_TABLE).await?;
                     let fingerprint = serde_json::to_vec(action).expect("an action serializes");
                     done(act(pool, request_id, &fingerprint, action).await?)
+                }
+
+                async fn resolve_unknown<'a>(
+                    pool: &'a Pool<Self>,
+                    request_id: &'a str,
+                    action: &'a ResolveAction,
+                ) -> Result<ResolveDone, ActionError> {
+                    let ledger = Ledger::new(pool)
+                        .in_table(&action.table)
+                        .map_err(|error| ActionError::Refused(error.to_string()))?;
+                    dedup_runtime::migrate_table(pool, ACTIONS_TABLE).await?;
+                    let fingerprint = serde_json::to_vec(action).expect("an action serializes");
+                    let outcome = resolve(pool, request_id, &fingerprint, &ledger, action).await?;
+                    let (resolved, replayed) = stored(outcome)?;
+                    Ok(ResolveDone { resolved, replayed })
                 }
             }
         }

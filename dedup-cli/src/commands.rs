@@ -10,7 +10,9 @@ use dedup_runtime::{
 };
 use sqlx::Pool;
 
-use crate::actions::{Act, Action, ActionError, ActionKind, FilterSpec, new_request_id};
+use crate::actions::{
+    Act, Action, ActionError, ActionKind, FilterSpec, ResolveAction, new_request_id,
+};
 use crate::db::{Pools, with_pool};
 use crate::text::{Bar, Preview, count, human, table, terminal_safe, thousands};
 use crate::{
@@ -615,7 +617,7 @@ pub(crate) async fn unresolved_consumers<DB: Backend>(
     prune.stats(pool).await.map_err(prune_failure)
 }
 
-async fn unknown<DB: Backend>(
+async fn unknown<DB: Act>(
     pool: &Pool<DB>,
     args: &UnknownArgs,
     out: Out<'_>,
@@ -677,10 +679,24 @@ async fn unknown<DB: Backend>(
                 return Err(Failure::usage("no message id given"));
             }
             for id in &args.ids {
-                let resolved = ledger
-                    .resolve(consumer, id.as_str(), resolution)
-                    .await
-                    .map_err(ledger_failure)?;
+                MessageId::borrowed(id)
+                    .validate()
+                    .map_err(|error| Failure::usage(format!("`{id}`: {error}")))?;
+            }
+            let request = args.request_id.clone().unwrap_or_else(new_request_id);
+            MessageId::borrowed(&request)
+                .validate()
+                .map_err(|error| Failure::usage(format!("--request-id: {error}")))?;
+            let action = ResolveAction {
+                table: args.table.clone(),
+                consumer: consumer.to_owned(),
+                ids: args.ids.clone(),
+                resolution: args.resolution.expect("checked above"),
+            };
+            let done = DB::resolve_unknown(pool, &request, &action)
+                .await
+                .map_err(action_failure)?;
+            for (id, resolved) in args.ids.iter().zip(done.resolved) {
                 let what = match (resolved, resolution) {
                     (true, Resolution::Done) => "resolved: recorded as processed",
                     (true, _) => "resolved: deleted, its next delivery runs the handler",
@@ -688,6 +704,10 @@ async fn unknown<DB: Backend>(
                 };
                 writeln!(out, "  {}  {what}", terminal_safe(id)).map_err(io)?;
             }
+            if done.replayed {
+                writeln!(out, "(request already done: nothing more was changed)").map_err(io)?;
+            }
+            writeln!(out, "request id {request}").map_err(io)?;
             Ok(())
         }
     }

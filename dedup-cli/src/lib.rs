@@ -22,7 +22,8 @@
 //! Exit status: 0 when done, 1 when the database fails, 2 for bad arguments or a refused
 //! action (a missing table included: the message says how to create it).
 //!
-//! Requeues and discards act on **every dead row the filter matches** (`--consumer`,
+//! Requeues, discards and resolves each act once per request id (below). Requeues and
+//! discards act on **every dead row the filter matches** (`--consumer`,
 //! `--error-contains`, `--older-than`) or on the rows named with `--row`; with neither they
 //! are refused unless `--all` says so; `--id` and `--row` name rows one by one. Each runs in one transaction with a request id
 //! recorded beside it in the table `dedup_operator_actions` (the same dedup record that
@@ -223,6 +224,9 @@ pub struct UnknownArgs {
     /// list: at most this many per consumer.
     #[arg(long, default_value_t = 100)]
     pub limit: u32,
+    /// resolve: the request id that makes a retry act once (default: a new one).
+    #[arg(long)]
+    pub request_id: Option<String>,
     /// resolve: the message ids.
     pub ids: Vec<String>,
 }

@@ -359,11 +359,29 @@ impl<DB: Backend> Ledger<DB> {
         id: impl MessageKey,
         resolution: Resolution,
     ) -> Result<bool, LedgerError> {
+        // Checked before a connection is taken.
+        check_consumer(consumer)?;
+        let key = id.message_id();
+        let id = key.validate()?;
+        let mut conn = self.pool.acquire().await.map_err(LedgerError::Database)?;
+        self.resolve_on(&mut conn, consumer, id, resolution).await
+    }
+
+    /// [`resolve`](Self::resolve) on `conn`, inside its transaction if it is in one: the
+    /// resolution commits with the rest of your work (the `dedup` command records the
+    /// operator's request id beside it, so that a retried request resolves once).
+    pub async fn resolve_on(
+        &self,
+        conn: &mut DB::Connection,
+        consumer: &str,
+        id: impl MessageKey,
+        resolution: Resolution,
+    ) -> Result<bool, LedgerError> {
         check_consumer(consumer)?;
         let key = id.message_id();
         let id = key.validate()?;
         let done = resolution == Resolution::Done;
-        let resolved = DB::resolve(&self.pool, &self.table, consumer, id, done)
+        let resolved = DB::resolve(conn, &self.table, consumer, id, done)
             .await
             .map_err(|error| self.classify(error))?;
         if resolved {
@@ -571,7 +589,7 @@ pub trait LedgerBackend: Database {
     /// and its lease has ended; whether it did.
     #[doc(hidden)]
     fn resolve<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut Self::Connection,
         table: &'a Table,
         consumer: &'a str,
         id: &'a str,

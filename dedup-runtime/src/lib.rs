@@ -49,6 +49,7 @@
 //! | [`inbox`] | store incoming messages, acknowledge at once, process them with workers |
 //! | [`outbox`] | messages written in the handler's transaction, published after the commit by a relay |
 //! | [`Prune`], [`Ledger`] | the operator's tools: prune old ids, look one up, forget it, resolve unknown outcomes |
+//! | [`operate`] | the operator's dead inbox and outbox rows: list, requeue or discard a selection or everything a filter matches (the `dedup` command and console run on it) |
 //!
 //! The guide, in the repository under [`guide/`][guide], has a chapter per concern.
 //!

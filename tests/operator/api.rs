@@ -321,20 +321,40 @@ where
         unknown["rows"],
         json!([{"consumer": "payments", "message_id": "evt_7", "status": "outcome unknown"}])
     );
-    let resolve = json!({"consumer": "payments", "ids": ["evt_7"], "as": "done"});
-    let (status, _, answer) = post(
-        &http,
-        format!("{base}/api/unknown/resolve"),
-        resolve.clone(),
-    )
-    .await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(answer, json!([{"id": "evt_7", "resolved": true}]));
-    let (_, _, answer) = post(&http, format!("{base}/api/unknown/resolve"), resolve).await;
+    let request = dedup_suite::unique("resolve");
+    let resolve =
+        json!({"request_id": request, "consumer": "payments", "ids": ["evt_7"], "as": "done"});
+    let url = format!("{base}/api/unknown/resolve");
+    let (status, _, answer) = post(&http, url.clone(), resolve.clone()).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["replayed"], false);
+    assert_eq!(answer["ids"], json!([{"id": "evt_7", "resolved": true}]));
+    // The row is unknown again (another delivery marked it and died): the retried request
+    // acts once, answering what it did.
+    let [first, second] = DB::PLACEHOLDERS;
+    let forget = format!("DELETE FROM {ids} WHERE message_id = {first} AND consumer = {second}");
+    exec(pool, forget, "evt_7", "payments").await;
+    exec(pool, DB::unknown_sql(&ids), "payments", "evt_7").await;
+    let (_, _, answer) = post(&http, url.clone(), resolve).await;
+    assert_eq!(answer["replayed"], true, "{answer}");
+    assert_eq!(answer["ids"], json!([{"id": "evt_7", "resolved": true}]));
     assert_eq!(
-        answer,
-        json!([{"id": "evt_7", "resolved": false}]),
-        "a retry resolves nothing"
+        count(
+            pool,
+            format!("SELECT COUNT(*) FROM {ids} WHERE state IS NOT NULL")
+        )
+        .await,
+        1,
+        "still unknown: the retry did not resolve it"
+    );
+    let fresh = json!({"consumer": "payments", "ids": ["evt_7"], "as": "done"});
+    let (_, _, answer) = post(&http, url, fresh).await;
+    assert_eq!(
+        (
+            answer["replayed"].as_bool(),
+            answer["ids"][0]["resolved"].as_bool()
+        ),
+        (Some(false), Some(true))
     );
     assert_eq!(
         count(

@@ -8,12 +8,14 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use dedup_runtime::operate::{DeadLetters, OperateError, RowHeaders};
-use dedup_runtime::{Backend, Ledger, Resolution, UnresolvedStatus};
+use dedup_runtime::{Backend, Ledger, UnresolvedStatus};
 use serde::{Deserialize, Serialize};
 use sqlx::Pool;
 
 use super::{Console, problem};
-use crate::actions::{Act, Action, ActionError, ActionKind, Done, FilterSpec, new_request_id};
+use crate::actions::{
+    Act, Action, ActionError, ActionKind, Done, FilterSpec, ResolveAction, new_request_id,
+};
 use crate::db::with_pool;
 use crate::text::{Preview, parse_duration};
 use crate::{Failure, ResolveAs};
@@ -202,6 +204,9 @@ pub struct ActBody {
 /// `POST /api/unknown/resolve`.
 #[derive(Debug, Deserialize)]
 pub struct ResolveBody {
+    /// The request id (or the `Idempotency-Key` header): a retry with it acts once.
+    #[serde(default)]
+    pub request_id: Option<String>,
     /// The consumer.
     pub consumer: String,
     /// The message ids.
@@ -209,6 +214,17 @@ pub struct ResolveBody {
     /// `done` or `retry`.
     #[serde(rename = "as")]
     pub resolution: ResolveAs,
+}
+
+/// What a resolve answers.
+#[derive(Debug, Serialize)]
+pub struct ResolveAnswer {
+    /// The request id it ran under.
+    pub request_id: String,
+    /// A retry: nothing was done now; this is what the first request did.
+    pub replayed: bool,
+    /// Per id.
+    pub ids: Vec<Resolved>,
 }
 
 /// One row the resolve answered for.
@@ -560,12 +576,12 @@ async fn unknown_rows<DB: Backend>(
     Ok(rows)
 }
 
-/// Resolves `ids` of `consumer`: naturally idempotent (a resolved row is not resolved
-/// again; a retry answers `resolved: false`).
+/// Resolves `ids` of `consumer` once for `request_id`: a retry answers what the first did.
 pub(crate) async fn run_resolve(
     console: &Console,
     body: &ResolveBody,
-) -> Result<Vec<Resolved>, (StatusCode, &'static str, String)> {
+    request_id: &str,
+) -> Result<ResolveAnswer, (StatusCode, &'static str, String)> {
     if console.read_only {
         return Err((
             StatusCode::FORBIDDEN,
@@ -573,34 +589,55 @@ pub(crate) async fn run_resolve(
             "the console is read-only".to_owned(),
         ));
     }
-    let resolution = match body.resolution {
-        ResolveAs::Done => Resolution::Done,
-        ResolveAs::Retry => Resolution::Retry,
+    if let Err(error) = dedup_runtime::MessageId::borrowed(request_id).validate() {
+        let why = format!("the request id: {error}");
+        return Err((StatusCode::UNPROCESSABLE_ENTITY, "refused", why));
+    }
+    if body.ids.is_empty() {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            "no-rows",
+            "no message id given".to_owned(),
+        ));
+    }
+    let action = ResolveAction {
+        table: console.dedup_table.clone(),
+        consumer: body.consumer.clone(),
+        ids: body.ids.clone(),
+        resolution: body.resolution,
     };
-    with_pool!(&console.pools, |pool| {
-        let ledger = Ledger::new(pool)
-            .in_table(&console.dedup_table)
-            .map_err(|error| (StatusCode::BAD_REQUEST, "refused", error.to_string()))?;
-        let mut answers = Vec::new();
-        for id in &body.ids {
-            let resolved = ledger
-                .resolve(&body.consumer, id.as_str(), resolution)
-                .await
-                .map_err(|error| match error {
-                    dedup_runtime::LedgerError::Database(error) => (
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "database",
-                        error.to_string(),
-                    ),
-                    other => (StatusCode::BAD_REQUEST, "refused", other.to_string()),
-                })?;
-            answers.push(Resolved {
+    let done = with_pool!(&console.pools, |pool| resolve_on(pool, request_id, &action)
+        .await);
+    let done = done.map_err(|error| match error {
+        ActionError::Database(error) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "database",
+            error.to_string(),
+        ),
+        ActionError::MissingTable(why) => (StatusCode::NOT_FOUND, "missing-table", why),
+        ActionError::Refused(why) => (StatusCode::UNPROCESSABLE_ENTITY, "refused", why),
+    })?;
+    Ok(ResolveAnswer {
+        request_id: request_id.to_owned(),
+        replayed: done.replayed,
+        ids: body
+            .ids
+            .iter()
+            .zip(done.resolved)
+            .map(|(id, resolved)| Resolved {
                 id: id.clone(),
                 resolved,
-            });
-        }
-        Ok(answers)
+            })
+            .collect(),
     })
+}
+
+async fn resolve_on<DB: Act>(
+    pool: &Pool<DB>,
+    request_id: &str,
+    action: &ResolveAction,
+) -> Result<crate::actions::ResolveDone, ActionError> {
+    DB::resolve_unknown(pool, request_id, action).await
 }
 
 pub(crate) async fn overview(State(console): State<Arc<Console>>) -> Json<Overview> {
@@ -679,8 +716,18 @@ pub(crate) async fn resolve(
         Ok(body) => body,
         Err(response) => return response,
     };
-    match run_resolve(&console, &body).await {
-        Ok(answers) => Json(answers).into_response(),
+    let request_id = body
+        .request_id
+        .clone()
+        .or_else(|| {
+            headers
+                .get("idempotency-key")
+                .and_then(|v| v.to_str().ok())
+                .map(|v| v.trim_matches('"').to_owned())
+        })
+        .unwrap_or_else(new_request_id);
+    match run_resolve(&console, &body, &request_id).await {
+        Ok(answer) => Json(answer).into_response(),
         Err((status, kind, detail)) => problem(status, kind, "Resolve refused", &detail),
     }
 }

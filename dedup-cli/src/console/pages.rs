@@ -476,26 +476,38 @@ pub(crate) async fn resolve(State(console): State<Arc<Console>>, body: Bytes) ->
             );
         }
     };
+    let request_id = Some(one("request_id"))
+        .filter(|id| !id.is_empty())
+        .unwrap_or_else(new_request_id);
     let request = ResolveBody {
+        request_id: None,
         consumer: one("consumer"),
         ids: vec![one("id")],
         resolution,
     };
-    let body = match run_resolve(&console, &request).await {
-        Ok(answers) => answers
-            .iter()
-            .map(|a| {
-                let what = if a.resolved {
-                    "resolved"
-                } else {
-                    "had nothing to resolve (already resolved?)"
-                };
-                format!(
-                    "<p class=\"done\" id=\"result\">{} {what}.</p>",
-                    escape(&a.id)
-                )
-            })
-            .collect::<String>(),
+    let body = match run_resolve(&console, &request, &request_id).await {
+        Ok(answer) => {
+            let again = if answer.replayed {
+                " This request had already been carried out: nothing more was changed."
+            } else {
+                ""
+            };
+            answer
+                .ids
+                .iter()
+                .map(|a| {
+                    let what = if a.resolved {
+                        "resolved"
+                    } else {
+                        "had nothing to resolve"
+                    };
+                    format!(
+                        "<p class=\"done\" id=\"result\">{} {what}.{again}</p>",
+                        escape(&a.id)
+                    )
+                })
+                .collect::<String>()
+        }
         Err((status, _, detail)) => {
             return page(
                 status,

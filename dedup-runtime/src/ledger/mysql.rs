@@ -66,7 +66,7 @@ impl LedgerBackend for MySql {
     }
 
     async fn resolve<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut sqlx::MySqlConnection,
         table: &'a Table,
         consumer: &'a str,
         id: &'a str,
@@ -86,7 +86,7 @@ impl LedgerBackend for MySql {
         let result = sqlx::query(AssertSqlSafe(sql))
             .bind(consumer)
             .bind(id)
-            .execute(pool)
+            .execute(conn)
             .await?;
         Ok(result.rows_affected() == 1)
     }

@@ -62,7 +62,7 @@ impl LedgerBackend for Postgres {
     }
 
     async fn resolve<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut sqlx::PgConnection,
         table: &'a Table,
         consumer: &'a str,
         id: &'a str,
@@ -82,7 +82,7 @@ impl LedgerBackend for Postgres {
         let result = sqlx::query(AssertSqlSafe(sql))
             .bind(consumer)
             .bind(id)
-            .execute(pool)
+            .execute(conn)
             .await?;
         Ok(result.rows_affected() == 1)
     }

@@ -71,7 +71,7 @@ impl LedgerBackend for Sqlite {
     }
 
     async fn resolve<'a>(
-        pool: &'a Pool<Self>,
+        conn: &'a mut sqlx::SqliteConnection,
         table: &'a Table,
         consumer: &'a str,
         id: &'a str,
@@ -91,7 +91,7 @@ impl LedgerBackend for Sqlite {
         let result = sqlx::query(AssertSqlSafe(sql))
             .bind(consumer)
             .bind(id)
-            .execute(pool)
+            .execute(conn)
             .await?;
         Ok(result.rows_affected() == 1)
     }
