@@ -174,6 +174,20 @@ async fn queues_unknown_ids_and_prune<DB: Under>(pool: &sqlx::Pool<DB>, url: &st
     assert_eq!(code, 0);
     assert!(out.contains("evt_9  no record"), "{out}");
     let (code, out, err) = run([
+        with(&["ids", "forget", "--consumer", "payments", "--table"]),
+        vec![d.to_owned(), "evt_8".into(), "evt_9".into()],
+    ]
+    .concat())
+    .await;
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("evt_8  forgotten") && out.contains("evt_9  no record; nothing forgotten"),
+        "{out}"
+    );
+    assert!(out.contains("1 of 2 ids forgotten"), "{out}");
+    assert_eq!(count(pool, format!("SELECT COUNT(*) FROM {d}")).await, 0);
+    exec(pool, DB::unknown_sql(&ids_table), "payments", "evt_8").await;
+    let (code, out, err) = run([
         with(&[
             "prune",
             "--older-than",
