@@ -75,9 +75,9 @@ pub enum Command {
     Prune(PruneArgs),
     /// Single message ids: whether processed and when (`lookup`), a deliberate replay (`forget`).
     Ids(IdsArgs),
-    /// An inbox table: stats, dead rows, requeue, discard.
+    /// An inbox table: stats, dead rows, requeue, discard, prune.
     Inbox(QueueArgs),
-    /// An outbox table: stats, dead rows, requeue, discard.
+    /// An outbox table: stats, dead rows, requeue, discard, prune.
     Outbox(QueueArgs),
     /// Effects whose outcome is unknown (mark-first rows whose call never completed): list, resolve.
     Unknown(UnknownArgs),
@@ -140,7 +140,7 @@ pub enum IdsAction {
 /// `dedup inbox` and `dedup outbox`.
 #[derive(Debug, Args)]
 pub struct QueueArgs {
-    /// stats, dead, requeue or discard.
+    /// stats, dead, requeue, discard or prune.
     #[arg(value_enum)]
     pub action: QueueAction,
     /// The table (default: inbox_messages or outbox_messages).
@@ -160,10 +160,10 @@ pub struct QueueArgs {
     pub all: bool,
     /// requeue: how long consumers downstream remember ids, older rows stay dead; prune:
     /// how long the broker may redeliver.
-    #[arg(long, value_parser = text::parse_duration, default_value = "7d")]
+    #[arg(long, value_parser = text::parse_duration, default_value = "7d", value_name = "AGE")]
     pub redelivery_window: Duration,
     /// requeue: a window for one consumer's rows, `consumer=AGE` (repeatable).
-    #[arg(long = "window", value_parser = parse_consumer_window)]
+    #[arg(long = "window", value_parser = parse_consumer_window, value_name = "CONSUMER=AGE")]
     pub windows: Vec<(String, Duration)>,
     /// requeue, discard: the request id that makes a retry act once (default: a new one).
     #[arg(long)]
@@ -174,19 +174,19 @@ pub struct QueueArgs {
 #[derive(Debug, Args, Clone, Default)]
 pub struct FilterArgs {
     /// Only this consumer's rows.
-    #[arg(long)]
+    #[arg(long, value_name = "NAME")]
     pub consumer: Option<String>,
     /// Only rows whose last error contains TEXT (case-sensitive).
-    #[arg(long)]
+    #[arg(long, value_name = "TEXT")]
     pub error_contains: Option<String>,
     /// Only rows that came in at least AGE ago (prune: processed or sent AGE ago).
-    #[arg(long, value_parser = text::parse_duration)]
+    #[arg(long, value_parser = text::parse_duration, value_name = "AGE")]
     pub older_than: Option<Duration>,
     /// Only this row (its number in `dead`'s first column; repeatable).
-    #[arg(long = "row")]
+    #[arg(long = "row", value_name = "ROW")]
     pub rows: Vec<i64>,
     /// Only the row with this id: the inbox's message id, the outbox's outgoing id (repeatable).
-    #[arg(long = "id")]
+    #[arg(long = "id", value_name = "ID")]
     pub ids: Vec<String>,
 }
 

@@ -282,3 +282,18 @@ macro_rules! library_suite {
 }
 
 backends!(library_suite);
+
+/// MariaDB with `sql_mode = ''` (no strict mode): the same calls, the same answers.
+mod mariadb_lenient {
+    #[tokio::test]
+    async fn inbox_filters_list_requeue_and_discard() {
+        let pool = dedup_suite::mysql_lenient().await;
+        super::inbox_filters_list_requeue_and_discard::<sqlx::MySql>(&pool).await;
+    }
+
+    #[tokio::test]
+    async fn outbox_rows_with_headers() {
+        let pool = dedup_suite::mysql_lenient().await;
+        super::outbox_rows_with_headers::<sqlx::MySql>(&pool).await;
+    }
+}
