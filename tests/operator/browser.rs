@@ -89,10 +89,20 @@ impl Browser {
         let id = answer["value"]["sessionId"]
             .as_str()
             .unwrap_or_else(|| panic!("no session: {answer}"));
-        Browser {
+        let browser = Browser {
             http,
             session: format!("{}/session/{id}", driver.url),
-        }
+        };
+        // A form's submit returns before the page it loads is there: every lookup waits
+        // up to 10 s for its element (a missing one still fails, then).
+        browser
+            .call(
+                reqwest::Method::POST,
+                "/timeouts",
+                Some(json!({"implicit": 10_000})),
+            )
+            .await;
+        browser
     }
 
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> Value {
