@@ -102,16 +102,7 @@ pub struct Action {
 
 impl Action {
     fn dead_letters(&self) -> Result<DeadLetters, ActionError> {
-        let table = match self.queue.as_str() {
-            "inbox" => DeadLetters::inbox(&self.table),
-            "outbox" => DeadLetters::outbox(&self.table),
-            other => {
-                return Err(ActionError::Refused(format!(
-                    "`{other}`: not inbox or outbox"
-                )));
-            }
-        };
-        table.map_err(|error| ActionError::Refused(error.to_string()))
+        dead_letters(&self.queue, &self.table).map_err(ActionError::Refused)
     }
 
     fn window(&self) -> RedeliveryWindow {
@@ -266,7 +257,8 @@ fn done(outcome: StoredOutcome<Stored>) -> Result<Done, ActionError> {
     })
 }
 
-/// The backends the actions run on.
+/// The backends the actions run on. Each runs in the table [`ACTIONS_TABLE`], which its
+/// caller migrates first (once per process).
 pub trait Act: Backend {
     /// Runs `action` once for `request_id`.
     fn act<'a>(
@@ -360,7 +352,6 @@ macro_rules! act_impls {
                     request_id: &'a str,
                     action: &'a Action,
                 ) -> Result<Done, ActionError> {
-                    dedup_runtime::migrate_table(pool, ACTIONS_TABLE).await?;
                     let fingerprint = serde_json::to_vec(action).expect("an action serializes");
                     done(act(pool, request_id, &fingerprint, action).await?)
                 }
@@ -373,7 +364,6 @@ macro_rules! act_impls {
                     let ledger = Ledger::new(pool)
                         .in_table(&action.table)
                         .map_err(|error| ActionError::Refused(error.to_string()))?;
-                    dedup_runtime::migrate_table(pool, ACTIONS_TABLE).await?;
                     let fingerprint = serde_json::to_vec(action).expect("an action serializes");
                     let outcome = resolve(pool, request_id, &fingerprint, &ledger, action).await?;
                     let (resolved, replayed) = stored(outcome)?;
@@ -388,6 +378,26 @@ act_impls! {
     postgres => sqlx::Postgres, sqlx::PgConnection;
     mysql => sqlx::MySql, sqlx::MySqlConnection;
     sqlite => sqlx::Sqlite, sqlx::SqliteConnection;
+}
+
+/// The `queue` (`inbox` or `outbox`) table `table`, as the command, the console and the
+/// actions all name it.
+pub(crate) fn dead_letters(queue: &str, table: &str) -> Result<DeadLetters, String> {
+    let made = match queue {
+        "inbox" => DeadLetters::inbox(table),
+        "outbox" => DeadLetters::outbox(table),
+        other => return Err(format!("`{other}`: not inbox or outbox")),
+    };
+    made.map_err(|error| error.to_string())
+}
+
+/// `request_id` as the dedup table holds it, or why it cannot be one (empty, over 255
+/// bytes, a NUL): checked before any action runs.
+pub(crate) fn check_request_id(request_id: &str) -> Result<(), String> {
+    dedup_runtime::MessageId::borrowed(request_id)
+        .validate()
+        .map(drop)
+        .map_err(|error| format!("the request id: {error}"))
 }
 
 /// A new request id.

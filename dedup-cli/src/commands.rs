@@ -312,14 +312,16 @@ fn civil_from_days(days: i64) -> (i64, u32, u32) {
     (year, month, day)
 }
 
-pub(crate) fn dead_letters(queue: &str, table: Option<&str>) -> Result<DeadLetters, Failure> {
-    let made = match queue {
-        "inbox" => DeadLetters::inbox(table.unwrap_or(dedup_runtime::inbox::DEFAULT_TABLE)),
-        _ => DeadLetters::outbox(table.unwrap_or(dedup_runtime::outbox::DEFAULT_TABLE)),
-    };
+fn dead_letters(queue: &str, table: Option<&str>) -> Result<DeadLetters, Failure> {
+    let table = table.unwrap_or(if queue == "inbox" {
+        dedup_runtime::inbox::DEFAULT_TABLE
+    } else {
+        dedup_runtime::outbox::DEFAULT_TABLE
+    });
     // One byte past the preview: enough to know that it is cut.
-    made.map(|letters| letters.payload_preview(PREVIEW + 1))
-        .map_err(|error| Failure::usage(error.to_string()))
+    crate::actions::dead_letters(queue, table)
+        .map(|letters| letters.payload_preview(PREVIEW + 1))
+        .map_err(Failure::usage)
 }
 
 /// The payload bytes `dedup … dead` shows of each row.
@@ -521,9 +523,10 @@ async fn queue<DB: Act>(
             };
             drop(conn);
             let request = args.request_id.clone().unwrap_or_else(new_request_id);
-            MessageId::borrowed(&request)
-                .validate()
-                .map_err(|error| Failure::usage(format!("--request-id: {error}")))?;
+            crate::actions::check_request_id(&request).map_err(Failure::usage)?;
+            dedup_runtime::migrate_table(pool, crate::actions::ACTIONS_TABLE)
+                .await
+                .map_err(Failure::database)?;
             let done = DB::act(pool, &request, &action)
                 .await
                 .map_err(action_failure)?;
@@ -684,15 +687,16 @@ async fn unknown<DB: Act>(
                     .map_err(|error| Failure::usage(format!("`{id}`: {error}")))?;
             }
             let request = args.request_id.clone().unwrap_or_else(new_request_id);
-            MessageId::borrowed(&request)
-                .validate()
-                .map_err(|error| Failure::usage(format!("--request-id: {error}")))?;
+            crate::actions::check_request_id(&request).map_err(Failure::usage)?;
             let action = ResolveAction {
                 table: args.table.clone(),
                 consumer: consumer.to_owned(),
                 ids: args.ids.clone(),
                 resolution: args.resolution.expect("checked above"),
             };
+            dedup_runtime::migrate_table(pool, crate::actions::ACTIONS_TABLE)
+                .await
+                .map_err(Failure::database)?;
             let done = DB::resolve_unknown(pool, &request, &action)
                 .await
                 .map_err(action_failure)?;

@@ -58,6 +58,9 @@ pub struct Console {
     session: String,
     /// The forms' CSRF token: random, made at start.
     pub(crate) form_token: String,
+    /// Set once the actions' dedup table is migrated (by the first action: a read-only
+    /// console creates nothing).
+    pub(crate) actions_table: tokio::sync::OnceCell<()>,
 }
 
 impl Console {
@@ -81,6 +84,7 @@ impl Console {
             token: args.token.filter(|token| !token.is_empty()),
             session: crate::actions::new_request_id(),
             form_token: crate::actions::new_request_id(),
+            actions_table: tokio::sync::OnceCell::new(),
         })
     }
 
@@ -91,14 +95,6 @@ impl Console {
             "outbox" => self.outbox_tables.iter().any(|t| t == table),
             _ => false,
         }
-    }
-
-    /// The redelivery window of `consumer`'s rows.
-    pub(crate) fn window_of(&self, consumer: &str) -> Duration {
-        self.windows
-            .iter()
-            .find(|(name, _)| name == consumer)
-            .map_or(self.window, |(_, window)| *window)
     }
 }
 

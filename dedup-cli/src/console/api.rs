@@ -1,6 +1,7 @@
 //! The console's JSON API, and the reads and actions the pages share with it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -296,14 +297,9 @@ pub(crate) async fn read_overview(console: &Console) -> Overview {
 }
 
 fn letters(queue: &str, table: &str) -> Result<DeadLetters, String> {
-    let made = if queue == "inbox" {
-        DeadLetters::inbox(table)
-    } else {
-        DeadLetters::outbox(table)
-    };
     // One byte past the preview: enough to know that it is cut.
-    made.map(|letters| letters.payload_preview(PREVIEW_BYTES + 1))
-        .map_err(|error| error.to_string())
+    crate::actions::dead_letters(queue, table)
+        .map(|letters| letters.payload_preview(PREVIEW_BYTES + 1))
 }
 
 fn shown(error: OperateError) -> String {
@@ -364,20 +360,35 @@ async fn dedup_stats<DB: Backend>(
     pool: &Pool<DB>,
     console: &Console,
 ) -> Result<Vec<DedupConsumer>, Failure> {
-    let stats = crate::commands::unresolved_consumers(pool, &console.dedup_table).await?;
-    let mut consumers = Vec::new();
-    for consumer in stats {
-        // What a prune at the consumer's own window would delete.
-        let window = console.window_of(&consumer.consumer);
-        let past = dedup_runtime::Prune::new(window, window)
-            .consumer(consumer.consumer.as_str())
+    // What a prune at a consumer's window would delete: one read at the console's window
+    // answers every consumer without a window of its own.
+    let at = |window: Duration| {
+        dedup_runtime::Prune::new(window, window)
             .in_table(&console.dedup_table)
-            .map_err(|error| Failure::usage(error.to_string()))?
-            .stats(pool)
-            .await
-            .map_err(|error| Failure::database(error.to_string()))?;
+            .map_err(|error| Failure::usage(error.to_string()))
+    };
+    let stats = at(console.window)?
+        .stats(pool)
+        .await
+        .map_err(|error| Failure::database(error.to_string()))?;
+    let mut consumers = Vec::with_capacity(stats.len());
+    for consumer in stats {
+        let past_window = match console
+            .windows
+            .iter()
+            .find(|(name, _)| *name == consumer.consumer)
+        {
+            None => consumer.prunable,
+            Some((_, window)) => at(*window)?
+                .consumer(consumer.consumer.as_str())
+                .stats(pool)
+                .await
+                .map_err(|error| Failure::database(error.to_string()))?
+                .first()
+                .map_or(0, |c| c.prunable),
+        };
         consumers.push(DedupConsumer {
-            past_window: past.first().map_or(0, |c| c.prunable),
+            past_window,
             consumer: consumer.consumer,
             ids: consumer.ids,
             oldest_s: consumer.oldest.as_secs_f64(),
@@ -461,17 +472,7 @@ pub(crate) async fn run_action(
     all: bool,
     request_id: &str,
 ) -> Result<Done, (StatusCode, &'static str, String)> {
-    if console.read_only {
-        return Err((
-            StatusCode::FORBIDDEN,
-            "read-only",
-            "the console is read-only".to_owned(),
-        ));
-    }
-    if let Err(error) = dedup_runtime::MessageId::borrowed(request_id).validate() {
-        let why = format!("the request id: {error}");
-        return Err((StatusCode::UNPROCESSABLE_ENTITY, "refused", why));
-    }
+    may_act(console, request_id).await?;
     if !console.knows(queue, table) {
         return Err((
             StatusCode::NOT_FOUND,
@@ -509,7 +510,39 @@ pub(crate) async fn run_action(
     };
     let done = with_pool!(&console.pools, |pool| act_on(pool, request_id, &action)
         .await);
-    done.map_err(|error| match error {
+    done.map_err(refused)
+}
+
+/// What every action checks first: the console not read-only, a request id the dedup table
+/// can hold; then the actions' table, created by the first action of this console.
+async fn may_act(
+    console: &Console,
+    request_id: &str,
+) -> Result<(), (StatusCode, &'static str, String)> {
+    if console.read_only {
+        return Err((
+            StatusCode::FORBIDDEN,
+            "read-only",
+            "the console is read-only".to_owned(),
+        ));
+    }
+    crate::actions::check_request_id(request_id)
+        .map_err(|why| (StatusCode::UNPROCESSABLE_ENTITY, "refused", why))?;
+    console
+        .actions_table
+        .get_or_try_init(|| async {
+            with_pool!(&console.pools, |pool| {
+                dedup_runtime::migrate_table(pool, crate::actions::ACTIONS_TABLE).await
+            })
+        })
+        .await
+        .map(drop)
+        .map_err(|error| refused(ActionError::from(error)))
+}
+
+/// An action's failure as the API answers it.
+fn refused(error: ActionError) -> (StatusCode, &'static str, String) {
+    match error {
         ActionError::Database(error) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "database",
@@ -517,7 +550,19 @@ pub(crate) async fn run_action(
         ),
         ActionError::MissingTable(why) => (StatusCode::NOT_FOUND, "missing-table", why),
         ActionError::Refused(why) => (StatusCode::UNPROCESSABLE_ENTITY, "refused", why),
-    })
+    }
+}
+
+/// The request id a body names, else the `Idempotency-Key` header's, else a new one.
+fn request_id(named: Option<String>, headers: &HeaderMap) -> String {
+    named
+        .or_else(|| {
+            headers
+                .get("idempotency-key")
+                .and_then(|v| v.to_str().ok())
+                .map(|v| v.trim_matches('"').to_owned())
+        })
+        .unwrap_or_else(new_request_id)
 }
 
 async fn act_on<DB: Act>(
@@ -582,17 +627,7 @@ pub(crate) async fn run_resolve(
     body: &ResolveBody,
     request_id: &str,
 ) -> Result<ResolveAnswer, (StatusCode, &'static str, String)> {
-    if console.read_only {
-        return Err((
-            StatusCode::FORBIDDEN,
-            "read-only",
-            "the console is read-only".to_owned(),
-        ));
-    }
-    if let Err(error) = dedup_runtime::MessageId::borrowed(request_id).validate() {
-        let why = format!("the request id: {error}");
-        return Err((StatusCode::UNPROCESSABLE_ENTITY, "refused", why));
-    }
+    may_act(console, request_id).await?;
     if body.ids.is_empty() {
         return Err((
             StatusCode::BAD_REQUEST,
@@ -608,15 +643,7 @@ pub(crate) async fn run_resolve(
     };
     let done = with_pool!(&console.pools, |pool| resolve_on(pool, request_id, &action)
         .await);
-    let done = done.map_err(|error| match error {
-        ActionError::Database(error) => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "database",
-            error.to_string(),
-        ),
-        ActionError::MissingTable(why) => (StatusCode::NOT_FOUND, "missing-table", why),
-        ActionError::Refused(why) => (StatusCode::UNPROCESSABLE_ENTITY, "refused", why),
-    })?;
+    let done = done.map_err(refused)?;
     Ok(ResolveAnswer {
         request_id: request_id.to_owned(),
         replayed: done.replayed,
@@ -677,16 +704,7 @@ pub(crate) async fn act(
         Ok(body) => body,
         Err(response) => return response,
     };
-    let request_id = body
-        .request_id
-        .clone()
-        .or_else(|| {
-            headers
-                .get("idempotency-key")
-                .and_then(|v| v.to_str().ok())
-                .map(|v| v.trim_matches('"').to_owned())
-        })
-        .unwrap_or_else(new_request_id);
+    let request_id = request_id(body.request_id.clone(), &headers);
     match run_action(
         &console,
         &queue,
@@ -716,16 +734,7 @@ pub(crate) async fn resolve(
         Ok(body) => body,
         Err(response) => return response,
     };
-    let request_id = body
-        .request_id
-        .clone()
-        .or_else(|| {
-            headers
-                .get("idempotency-key")
-                .and_then(|v| v.to_str().ok())
-                .map(|v| v.trim_matches('"').to_owned())
-        })
-        .unwrap_or_else(new_request_id);
+    let request_id = request_id(body.request_id.clone(), &headers);
     match run_resolve(&console, &body, &request_id).await {
         Ok(answer) => Json(answer).into_response(),
         Err((status, kind, detail)) => problem(status, kind, "Resolve refused", &detail),

@@ -619,17 +619,15 @@ impl InboxOperatorBackend for MySql {
         id: &'a str,
         requeue: bool,
     ) -> Result<bool, sqlx::Error> {
-        let sql = if requeue {
-            format!(
-                "UPDATE {} SET state = 0, attempts = 0, next_attempt_at = UTC_TIMESTAMP(6), owner = NULL, lease_until = NULL WHERE consumer = ? AND message_id = ? AND state = 3",
-                table.name()
-            )
-        } else {
-            format!(
-                "UPDATE {} SET state = 2, processed_at = UTC_TIMESTAMP(6), owner = NULL, lease_until = NULL WHERE consumer = ? AND message_id = ? AND state = 3",
-                table.name()
-            )
-        };
+        // The operator's one list of what a requeue or a discard sets.
+        let set = <Self as crate::operate::OperateBackend>::operate_set(
+            crate::operate::Queue::Inbox,
+            requeue,
+        );
+        let sql = format!(
+            "UPDATE {} SET {set} WHERE consumer = ? AND message_id = ? AND state = 3",
+            table.name()
+        );
         let done = sqlx::query(AssertSqlSafe(sql))
             .bind(consumer)
             .bind(id)

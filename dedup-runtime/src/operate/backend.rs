@@ -118,6 +118,54 @@ macro_rules! bound {
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
 pub(crate) use bound;
 
+/// A backend impl's `operate_fetch`, `operate_count` and `operate_execute` on its
+/// connection type `$conn`: the same three bodies on every backend.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+macro_rules! runners {
+    ($conn:ty) => {
+        async fn operate_fetch(
+            conn: &mut $conn,
+            sql: String,
+            binds: Vec<$crate::operate::Bind>,
+        ) -> Result<Vec<$crate::operate::backend::RawRow>, sqlx::Error> {
+            let query = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+            let rows: Vec<$crate::operate::backend::RawTuple> =
+                $crate::operate::backend::bound!(query, binds)
+                    .fetch_all(conn)
+                    .await?;
+            Ok(rows
+                .into_iter()
+                .map($crate::operate::backend::raw)
+                .collect())
+        }
+
+        async fn operate_count(
+            conn: &mut $conn,
+            sql: String,
+            binds: Vec<$crate::operate::Bind>,
+        ) -> Result<i64, sqlx::Error> {
+            let query = sqlx::query_scalar(sqlx::AssertSqlSafe(sql));
+            $crate::operate::backend::bound!(query, binds)
+                .fetch_one(conn)
+                .await
+        }
+
+        async fn operate_execute(
+            conn: &mut $conn,
+            sql: String,
+            binds: Vec<$crate::operate::Bind>,
+        ) -> Result<u64, sqlx::Error> {
+            let query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            let done = $crate::operate::backend::bound!(query, binds)
+                .execute(conn)
+                .await?;
+            Ok(done.rows_affected())
+        }
+    };
+}
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) use runners;
+
 /// `RawRow` from the tuple every backend's `operate_fetch` reads.
 #[doc(hidden)]
 #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]

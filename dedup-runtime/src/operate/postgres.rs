@@ -3,7 +3,7 @@
 use sqlx::{AssertSqlSafe, PgConnection, Postgres};
 
 use super::Queue;
-use super::backend::{Bind, OperateBackend, RawRow, RawTuple, SummaryRow, bound, raw};
+use super::backend::{OperateBackend, SummaryRow, runners};
 use crate::table::Table;
 
 impl OperateBackend for Postgres {
@@ -56,37 +56,7 @@ impl OperateBackend for Postgres {
         }
     }
 
-    async fn operate_fetch(
-        conn: &mut PgConnection,
-        sql: String,
-        binds: Vec<Bind>,
-    ) -> Result<Vec<RawRow>, sqlx::Error> {
-        let rows: Vec<RawTuple> = bound!(sqlx::query_as(AssertSqlSafe(sql)), binds)
-            .fetch_all(conn)
-            .await?;
-        Ok(rows.into_iter().map(raw).collect())
-    }
-
-    async fn operate_count(
-        conn: &mut PgConnection,
-        sql: String,
-        binds: Vec<Bind>,
-    ) -> Result<i64, sqlx::Error> {
-        bound!(sqlx::query_scalar(AssertSqlSafe(sql)), binds)
-            .fetch_one(conn)
-            .await
-    }
-
-    async fn operate_execute(
-        conn: &mut PgConnection,
-        sql: String,
-        binds: Vec<Bind>,
-    ) -> Result<u64, sqlx::Error> {
-        let done = bound!(sqlx::query(AssertSqlSafe(sql)), binds)
-            .execute(conn)
-            .await?;
-        Ok(done.rows_affected())
-    }
+    runners!(PgConnection);
 
     async fn operate_summary<'a>(
         conn: &'a mut PgConnection,

@@ -479,15 +479,14 @@ impl OutboxBackend for MySql {
         id: OutgoingId,
         requeue: bool,
     ) -> Result<bool, sqlx::Error> {
-        let set = if requeue {
-            "state = 0, attempts = 0, next_attempt_at = UTC_TIMESTAMP(6)"
-        } else {
-            "state = 2, sent_at = UTC_TIMESTAMP(6)"
-        };
+        // The operator's one list of what a requeue or a discard sets.
+        let set = <Self as crate::operate::OperateBackend>::operate_set(
+            crate::operate::Queue::Outbox,
+            requeue,
+        );
         let sql = format!(
-            "UPDATE {} SET {}, owner = NULL, lease_until = NULL WHERE id = ? AND state = 3",
-            table.name(),
-            set
+            "UPDATE {} SET {set} WHERE id = ? AND state = 3",
+            table.name()
         );
         let done = sqlx::query(AssertSqlSafe(sql))
             .bind(&id.as_uuid().as_bytes()[..])

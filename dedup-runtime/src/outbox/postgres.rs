@@ -449,14 +449,13 @@ impl OutboxBackend for Postgres {
         id: OutgoingId,
         requeue: bool,
     ) -> Result<bool, sqlx::Error> {
-        let set = if requeue {
-            "state = 0, attempts = 0, next_attempt_at = clock_timestamp()"
-        } else {
-            "state = 2, sent_at = clock_timestamp()"
-        };
+        // The operator's one list of what a requeue or a discard sets.
+        let set = <Self as crate::operate::OperateBackend>::operate_set(
+            crate::operate::Queue::Outbox,
+            requeue,
+        );
         let sql = format!(
-            "UPDATE {} SET {set}, owner = NULL, lease_until = NULL \
-             WHERE id = $1::uuid AND state = 3",
+            "UPDATE {} SET {set} WHERE id = $1::uuid AND state = 3",
             table.name()
         );
         let done = sqlx::query(AssertSqlSafe(sql))

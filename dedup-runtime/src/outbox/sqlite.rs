@@ -458,15 +458,14 @@ impl OutboxBackend for Sqlite {
         id: OutgoingId,
         requeue: bool,
     ) -> Result<bool, sqlx::Error> {
-        let set = if requeue {
-            format!("state = 0, attempts = 0, next_attempt_at = {NOW}")
-        } else {
-            format!("state = 2, sent_at = {NOW}")
-        };
+        // The operator's one list of what a requeue or a discard sets.
+        let set = <Self as crate::operate::OperateBackend>::operate_set(
+            crate::operate::Queue::Outbox,
+            requeue,
+        );
         let sql = format!(
-            "UPDATE {} SET {}, owner = NULL, lease_until = NULL WHERE id = ?1 AND state = 3",
-            table.name(),
-            set
+            "UPDATE {} SET {set} WHERE id = ?1 AND state = 3",
+            table.name()
         );
         let done = sqlx::query(AssertSqlSafe(sql))
             .bind(&id.as_uuid().as_bytes()[..])
