@@ -712,6 +712,54 @@ mod mqtt {
         assert!(payloads.try_recv().is_err(), "nothing more");
     }
 
+    /// `max_packet_size` at a row's exact packet size sends it; the row one payload byte
+    /// larger fails by itself, its error giving its size, one over the limit. The size
+    /// counted as MQTT 5.0 §3.3 lays the packet out: a fixed header of 1 + 2 bytes (the
+    /// remaining length is over 127), the topic (2 + its bytes), the packet id (2), the
+    /// properties' length (1) and the id's user property (1 + 2 + 10 + 2 + the id's
+    /// bytes), the payload.
+    #[tokio::test]
+    async fn a_row_at_the_packet_limit_is_sent_and_one_byte_over_is_not() {
+        let broker = Mosquitto::start(&dedup_suite::unique("outbox-mqtt"), "");
+        let topic = dedup_suite::unique("outbox-mqtt/limit");
+        let mut payloads = subscriber(broker.port(), &topic).await;
+        let db = dedup_suite::sqlite().await;
+        dedup_runtime::outbox::migrate(&*db).await.unwrap();
+        let outbox = Outbox::new();
+        let cause = Cause::new("outbox-brokers", dedup_suite::unique("evt")).unwrap();
+        let at = vec![b'a'; 200];
+        let over = vec![b'o'; 201];
+        let mut tx = db.begin().await.unwrap();
+        let mut ids = Vec::new();
+        for (index, payload) in [&at, &over].into_iter().enumerate() {
+            let message = cause.nth_outgoing(index as u32, &topic, payload);
+            outbox.enqueue(&mut *tx, &message).await.unwrap();
+            ids.push(message.id());
+        }
+        tx.commit().await.unwrap();
+        let id_len = ids[0].to_string().len();
+        let limit = 1 + 2 + (2 + topic.len() + 2 + 1 + (1 + 2 + 10 + 2 + id_len) + at.len());
+        let publisher = publisher(&broker).max_packet_size(limit);
+        let relayed = outbox.relay(&*db).relay_batch(&publisher).await.unwrap();
+        assert_eq!(
+            (relayed.claimed, relayed.sent, relayed.failed),
+            (2, 1, 1),
+            "{relayed:?}"
+        );
+        assert_eq!(state(&db, ids[0]).await, (2, None));
+        let (state_over, error_over) = state(&db, ids[1]).await;
+        let error_over = error_over.expect("the row over the limit has its error");
+        assert!(
+            state_over != 2
+                && error_over.contains(&(limit + 1).to_string())
+                && error_over.contains(&format!("limit of {limit}")),
+            "{state_over} {error_over}"
+        );
+        assert_eq!(receive(&mut payloads, 1).await, vec![wire(ids[0], &at)]);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(payloads.try_recv().is_err(), "nothing more");
+    }
+
     /// The broker paused (`SIGSTOP`: the connection up, no `PUBACK`): the claim's rows
     /// fail with the confirm timeout, none marked sent. Resumed, the next claim (a new
     /// connection) sends them again, with the same id; the subscriber has each at

@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use ::rumqttc::Outgoing;
 use ::rumqttc::v5::mqttbytes::QoS;
-use ::rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, Publish, PublishProperties};
+use ::rumqttc::v5::mqttbytes::v5::{Packet, PubAckReason, PublishProperties};
 use ::rumqttc::v5::{AsyncClient, ClientError, ConnectionError, Event, EventLoop, MqttOptions};
+use bytes::Bytes;
 use tokio::sync::{Mutex, mpsc};
 
 use crate::outbox::{OutboxMessage, Publisher};
@@ -157,24 +158,22 @@ impl MqttPublisher {
     async fn exchange(
         &self,
         session: &mut Session,
-        messages: Vec<(usize, Publish)>,
+        messages: Vec<(usize, Prepared)>,
         answers: &mut [Option<Result<(), MqttPublishError>>],
     ) -> bool {
         let deadline = tokio::time::Instant::now() + self.confirm_timeout;
         let sending = async {
             // Index (into `answers`) of each message handed to the event loop, in order.
             let mut handed = Vec::with_capacity(messages.len());
-            for (index, publish) in messages {
-                let topic = String::from_utf8(publish.topic.to_vec()).unwrap_or_default();
-                let properties = publish.properties.unwrap_or_default();
+            for (index, prepared) in messages {
                 match session
                     .client
-                    .publish_with_properties(
-                        topic,
+                    .publish_bytes_with_properties(
+                        prepared.topic,
                         QoS::AtLeastOnce,
                         false,
-                        publish.payload,
-                        properties,
+                        prepared.payload,
+                        prepared.properties,
                     )
                     .await
                 {
@@ -335,7 +334,7 @@ impl Publisher for MqttPublisher {
         let mut sendable = Vec::with_capacity(messages.len());
         for (index, message) in messages.iter().enumerate() {
             match self.prepare(message) {
-                Ok(publish) => sendable.push((index, publish)),
+                Ok(prepared) => sendable.push((index, prepared)),
                 Err(error) => answers[index] = Some(Err(error)),
             }
         }
@@ -357,8 +356,9 @@ impl Publisher for MqttPublisher {
 }
 
 impl MqttPublisher {
-    /// The `PUBLISH` of `message`: its topic, payload and user properties, checked.
-    fn prepare(&self, message: &OutboxMessage) -> Result<Publish, MqttPublishError> {
+    /// The `PUBLISH` of `message`: its topic, payload and user properties, checked and
+    /// sized ([`packet_size`]), each copied once, as `exchange` hands them to the client.
+    fn prepare(&self, message: &OutboxMessage) -> Result<Prepared, MqttPublishError> {
         let topic = message.destination();
         if !publishable(topic) {
             return Err(MqttPublishError::InvalidTopic(topic.to_owned()));
@@ -381,26 +381,52 @@ impl MqttPublisher {
         if let Some(traceparent) = message.traceparent() {
             user_properties.push(("traceparent".to_owned(), traceparent.to_owned()));
         }
-        let properties = PublishProperties {
-            user_properties,
-            ..PublishProperties::default()
-        };
-        let mut publish = Publish::new(
-            topic,
-            QoS::AtLeastOnce,
-            message.payload().to_vec(),
-            Some(properties),
-        );
-        // The packet id's two bytes, which `size` counts only once one is given.
-        publish.pkid = 1;
-        let size = publish.size();
+        let size = packet_size(topic, &user_properties, message.payload().len());
         if size > self.max_packet {
             return Err(MqttPublishError::TooLarge {
                 size,
                 max: self.max_packet,
             });
         }
-        Ok(publish)
+        Ok(Prepared {
+            topic: topic.to_owned(),
+            payload: Bytes::copy_from_slice(message.payload()),
+            properties: PublishProperties {
+                user_properties,
+                ..PublishProperties::default()
+            },
+        })
+    }
+}
+
+/// A row's `PUBLISH`, checked: what `publish_bytes_with_properties` takes.
+struct Prepared {
+    topic: String,
+    payload: Bytes,
+    properties: PublishProperties,
+}
+
+/// The bytes of an MQTT 5 `PUBLISH` at QoS 1 with only user properties (MQTT 5.0
+/// §3.3): the fixed header (one byte and the remaining length's variable-length
+/// encoding), then the topic (two length bytes and the name), the packet id (two), the
+/// properties' length (variable-length) and the properties (per user property its
+/// identifier byte and two length-prefixed strings), then the payload.
+fn packet_size(topic: &str, user_properties: &[(String, String)], payload: usize) -> usize {
+    let properties: usize = user_properties
+        .iter()
+        .map(|(name, value)| 1 + 2 + name.len() + 2 + value.len())
+        .sum();
+    let remaining = 2 + topic.len() + 2 + variable_length_size(properties) + properties + payload;
+    1 + variable_length_size(remaining) + remaining
+}
+
+/// The bytes of MQTT's variable byte integer encoding of `n` (seven bits a byte).
+fn variable_length_size(n: usize) -> usize {
+    match n {
+        0..=127 => 1,
+        128..=16_383 => 2,
+        16_384..=2_097_151 => 3,
+        _ => 4,
     }
 }
 
@@ -489,5 +515,46 @@ impl std::error::Error for MqttPublishError {
 impl From<ClientError> for MqttPublishError {
     fn from(error: ClientError) -> Self {
         MqttPublishError::Client(error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ::rumqttc::v5::mqttbytes::QoS;
+    use ::rumqttc::v5::mqttbytes::v5::{Publish, PublishProperties};
+
+    /// `packet_size` counts what rumqttc writes, at each boundary of the remaining
+    /// length's encoding (one to four bytes) and of the properties' length.
+    #[test]
+    fn packet_size_is_rumqttc_s() {
+        let header = |value: usize| ("k".repeat(3), "v".repeat(value));
+        for (properties, payload) in [
+            (vec![], 0),
+            (vec![header(0)], 1),
+            (vec![header(120)], 0),
+            (vec![header(121), header(7)], 100),
+            (vec![header(20_000)], 127),
+            (vec![header(5)], 16_383),
+            (vec![header(5), header(9)], 2_097_151),
+            (vec![header(5)], 2_097_200),
+        ] {
+            let size = super::packet_size("orders/created", &properties, payload);
+            let mut publish = Publish::new(
+                "orders/created",
+                QoS::AtLeastOnce,
+                vec![0u8; payload],
+                Some(PublishProperties {
+                    user_properties: properties.clone(),
+                    ..PublishProperties::default()
+                }),
+            );
+            publish.pkid = 1;
+            assert_eq!(
+                size,
+                publish.size(),
+                "{} properties, {payload} bytes",
+                properties.len()
+            );
+        }
     }
 }
