@@ -6,32 +6,18 @@ use super::{OffsetRow, OffsetsBackend};
 
 impl OffsetsBackend for Postgres {
     async fn offsets_migrate(pool: &PgPool) -> Result<(), sqlx::Error> {
-        // In a transaction whose notices below a warning are off: the table that exists
-        // would otherwise be a "relation … already exists, skipping", which sqlx logs at
-        // INFO, at every start.
-        let create = async {
-            let mut tx = pool.begin().await?;
-            sqlx::raw_sql(
-                "SET LOCAL client_min_messages = warning; \
-                 CREATE TABLE IF NOT EXISTS dedup_kafka_offsets (\
-                 consumer_group text NOT NULL, topic text NOT NULL, \
-                 partition_id integer NOT NULL, next_offset bigint NOT NULL, \
-                 PRIMARY KEY (consumer_group, topic, partition_id))",
-            )
-            .execute(&mut *tx)
-            .await?;
-            tx.commit().await
-        };
-        create.await.or_else(|error| {
-            // Two consumers creating it at once: one of them fails on PostgreSQL's catalog
-            // (`pg_type`'s unique index), and the table is there.
-            tracing::debug!(%error, "dedup_kafka_offsets: created meanwhile?");
-            Ok::<(), sqlx::Error>(())
-        })?;
-        sqlx::query("SELECT 1 FROM dedup_kafka_offsets LIMIT 1")
-            .execute(pool)
-            .await?;
-        Ok(())
+        // Under the lock every `migrate` takes, so that two consumers starting at once do
+        // not both create it, and quiet: a table that exists says nothing.
+        let mut tx = crate::schema::postgres::begin_quiet_locked(pool).await?;
+        sqlx::raw_sql(
+            "CREATE TABLE IF NOT EXISTS dedup_kafka_offsets (\
+             consumer_group text NOT NULL, topic text NOT NULL, \
+             partition_id integer NOT NULL, next_offset bigint NOT NULL, \
+             PRIMARY KEY (consumer_group, topic, partition_id))",
+        )
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await
     }
 
     async fn offsets_store<'c>(

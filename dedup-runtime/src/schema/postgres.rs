@@ -179,7 +179,7 @@ impl SchemaBackend for Postgres {
 /// that `CREATE TABLE IF NOT EXISTS` on a table that exists does not say "relation …
 /// already exists, skipping", which sqlx logs at INFO: a `migrate` at every start with
 /// nothing to do logs nothing.
-async fn begin_quiet_locked(
+pub(crate) async fn begin_quiet_locked(
     pool: &Pool<Postgres>,
 ) -> Result<sqlx::Transaction<'static, Postgres>, sqlx::Error> {
     let mut tx = pool.begin().await?;
