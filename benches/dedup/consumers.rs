@@ -1,12 +1,15 @@
 //! The consumers group: `cargo bench --bench dedup --features brokers -- consumers` (and,
 //! tiny, in the smoke run). Each hosted consumer against the same consumer written by
 //! hand with the same client, on PostgreSQL: `messages` (2,000; for batches ten times
-//! that) fresh messages are
-//! published untimed to a destination of their own, then one consumer takes them all,
-//! timed from its first transaction's commit until the last one's (the messages after the
-//! first commit over that time: connecting, and Kafka's join of its group, are not the
-//! per-message cost; the consumer is stopped after, untimed). Messages per second, the median over the rounds; in every
-//! round each (broker, form, side) once, in an order that turns with the round.
+//! that) fresh messages are published untimed to each side's destination of its own,
+//! then both sides run **at once**, each taking all of its own; each side's rate is the
+//! messages it committed while both ran — from the later of the two first commits
+//! (connecting, and Kafka's join of its group, are not the per-message cost) until the
+//! earlier of the two last ones. Run one after the other, the two sides met different
+//! moments of the machine, and a side's rate moved by ±20 % from run to run; run
+//! together they meet the same load. In every round each (broker, form) once, in an
+//! order that turns with the round, and which side starts first turns too. Messages per
+//! second, the median over the rounds; the ratio is the median of the rounds' ratios.
 //!
 //! The work is the same on both sides: per message a dedup row (with its time, indexed,
 //! for pruning) and an effect row in one transaction, then the broker's acknowledgement after the commit. The library's side is
@@ -33,6 +36,9 @@
 //!   messages for an offline session): a persistent session, QoS 1, manual `PUBACK` per
 //!   message after the commit (batches: what has come, up to 100, then the `PUBACK`s in
 //!   order).
+//!
+//! `DEDUP_BENCH_CONSUMERS=kafka,batches` runs only the brokers and forms it names (a
+//! comma-separated list; a kind it names none of runs whole).
 //!
 //! `target/dedup-bench/consumers.csv`:
 //! `broker,form,library_per_s,handwritten_per_s,ratio_vs_handwritten`.
@@ -165,6 +171,49 @@ impl Form {
             Form::Batches => BATCH,
         }
     }
+}
+
+/// Whether `name` (a broker's or a form's) is in `DEDUP_BENCH_CONSUMERS`, a
+/// comma-separated list such as `kafka,batches`; everything when it is unset. A list
+/// naming no broker (or no form) keeps all of them.
+fn chosen(name: &str) -> bool {
+    let Ok(list) = std::env::var("DEDUP_BENCH_CONSUMERS") else {
+        return true;
+    };
+    let names: Vec<&str> = list.split(',').map(str::trim).collect();
+    let brokers = Broker::ALL.map(Broker::name);
+    let forms = [Form::Plain.name(), Form::Batches.name()];
+    let kind: &[&str] = if brokers.contains(&name) {
+        &brokers
+    } else {
+        &forms
+    };
+    names.contains(&name) || !names.iter().any(|listed| kind.contains(listed))
+}
+
+/// One side's consumer until `progress` has all its messages; when it had.
+async fn run_side(
+    clients: &Clients,
+    pg: &PgPool,
+    broker: Broker,
+    form: Form,
+    library_side: bool,
+    name: &str,
+    progress: Progress,
+) -> Result<Instant, Error> {
+    let timed = async {
+        progress.all().await;
+        Instant::now()
+    };
+    let work = async {
+        if library_side {
+            library(clients, pg, broker, form, name, &progress).await
+        } else {
+            hand(clients, pg, broker, form, name, &progress).await
+        }
+    };
+    let (ended, worked) = tokio::join!(timed, work);
+    worked.map(|()| ended)
 }
 
 /// Counts the messages committed; `all` completes when `messages` are.
@@ -900,25 +949,33 @@ pub(crate) async fn run(
         .map_or(0, |elapsed| elapsed.as_micros());
     for round in 0..rounds {
         let mut plan = Vec::new();
-        for broker in Broker::ALL {
+        for broker in Broker::ALL
+            .into_iter()
+            .filter(|broker| chosen(broker.name()))
+        {
             for form in [Form::Plain, Form::Batches] {
-                for library_side in [true, false] {
-                    plan.push((broker, form, library_side));
+                if chosen(form.name()) {
+                    plan.push((broker, form));
                 }
             }
         }
         let turn = round % plan.len();
         plan.rotate_left(turn);
-        for (broker, form, library_side) in plan {
-            run_id += 1;
-            let name = format!("dedup-bench-consumer-{run_id}");
+        for (broker, form) in plan {
             // Batches of 100 get ten times the messages: 2,000 would be 20 batches.
             let messages = match form {
                 Form::Plain => messages,
                 Form::Batches => messages * 10,
             };
-            let ids: Vec<String> = (0..messages).map(|n| format!("{run_id}-{n}")).collect();
-            clients.fill(broker, &name, &ids).await?;
+            // Each side its own destination, filled untimed; ids that say whose they are.
+            let mut sides = Vec::new();
+            for library_side in [true, false] {
+                run_id += 1;
+                let name = format!("dedup-bench-consumer-{run_id}");
+                let ids: Vec<String> = (0..messages).map(|n| format!("{run_id}-{n}")).collect();
+                clients.fill(broker, &name, &ids).await?;
+                sides.push((library_side, name, run_id, Progress::new(messages)));
+            }
             // Untimed: the tables as every run finds them.
             sqlx::raw_sql(
                 "TRUNCATE dedup_bench_consumer_effects, dedup_bench_consumer_dedup; \
@@ -926,54 +983,95 @@ pub(crate) async fn run(
             )
             .execute(pg)
             .await?;
-            let progress = Progress::new(messages);
+            // Both sides at once, so that both meet the same load at the same moment
+            // (the machine's drift moved the sequential runs by ±20 %); which starts first
+            // turns with the round.
+            if round % 2 == 1 {
+                sides.reverse();
+            }
             let started = Instant::now();
-            let timed = async {
-                progress.all().await;
-                Instant::now()
+            // Each side's rate over the time both ran: from its first commit until the
+            // first side ended, with what it had committed by then.
+            let side = |k: usize| {
+                let (library_side, name, _, progress) = &sides[k];
+                run_side(
+                    &clients,
+                    pg,
+                    broker,
+                    form,
+                    *library_side,
+                    name,
+                    progress.clone(),
+                )
             };
-            let work = async {
-                if library_side {
-                    library(&clients, pg, broker, form, &name, &progress).await
-                } else {
-                    hand(&clients, pg, broker, form, &name, &progress).await
+            let (first, second) = (side(0), side(1));
+            let watch = |progress: Progress| async move {
+                let mut ended = Vec::new();
+                loop {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    let done = progress.done.load(Ordering::Relaxed);
+                    ended.push((Instant::now(), done));
+                    if done >= progress.messages {
+                        return ended;
+                    }
                 }
             };
-            let (elapsed, worked) = tokio::join!(timed, work);
-            worked?;
-            let effects: i64 =
-                sqlx::query_scalar("SELECT COUNT(*) FROM dedup_bench_consumer_effects")
-                    .fetch_one(pg)
-                    .await?;
-            if effects != messages as i64 {
-                return Err(format!(
-                    "{} {} {}: {effects} effects for {messages} messages",
+            let (ended, watched) = tokio::join!(
+                futures_util::future::try_join(first, second),
+                futures_util::future::join(watch(sides[0].3.clone()), watch(sides[1].3.clone()))
+            );
+            let (end_0, end_1) = ended?;
+            // The window in which both ran: from the later first commit (the connection,
+            // and Kafka's join of its group, are not the per-message cost) to the earlier
+            // end; each side's rate is what it committed within it.
+            let firsts: Vec<Instant> = sides
+                .iter()
+                .map(|side| side.3.first.get().expect("a commit was counted").0)
+                .collect();
+            let (from, until) = (firsts[0].max(firsts[1]), end_0.min(end_1));
+            for (k, (library_side, name, id, _)) in sides.iter().enumerate() {
+                let effects: i64 = sqlx::query_scalar(
+                    "SELECT COUNT(*) FROM dedup_bench_consumer_effects WHERE message_id LIKE $1",
+                )
+                .bind(format!("{id}-%"))
+                .fetch_one(pg)
+                .await?;
+                if effects != messages as i64 {
+                    return Err(format!(
+                        "{} {} {}: {effects} effects for {messages} messages",
+                        broker.name(),
+                        form.name(),
+                        if *library_side { "library" } else { "by hand" }
+                    )
+                    .into());
+                }
+                clients.drop_destination(broker, name).await?;
+                let seen = if k == 0 { &watched.0 } else { &watched.1 };
+                // What this side had committed at `at` (sampled every millisecond).
+                let done_at = |at: Instant| {
+                    seen.iter()
+                        .take_while(|(when, _)| *when <= at)
+                        .last()
+                        .map_or(0, |(_, done)| *done)
+                };
+                let (done_from, done_until) = (done_at(from), done_at(until));
+                // (In the smoke run a side may finish in its first commit: the whole run.)
+                let rate = if until > from && done_until > done_from {
+                    (done_until - done_from) as f64 / (until - from).as_secs_f64()
+                } else {
+                    messages as f64 / (until.max(from) - started).as_secs_f64()
+                };
+                println!(
+                    "consumers round {round}: {:<9} {:<7} {:<8} {rate:>8.0} messages/s",
                     broker.name(),
                     form.name(),
-                    if library_side { "library" } else { "by hand" }
-                )
-                .into());
+                    if *library_side { "library" } else { "by hand" }
+                );
+                samples
+                    .entry((broker.name(), form.name(), *library_side))
+                    .or_default()
+                    .push(rate);
             }
-            clients.drop_destination(broker, &name).await?;
-            // From the first commit to the last: the connection, and Kafka's join of its
-            // group, are not the consumer's per-message cost.
-            // (All of them in the first commit, in the smoke run: the whole run's time.)
-            let (first, counted) = *progress.first.get().expect("a commit was counted");
-            let rate = if counted < messages {
-                (messages - counted) as f64 / (elapsed - first).as_secs_f64()
-            } else {
-                messages as f64 / (elapsed - started).as_secs_f64()
-            };
-            println!(
-                "consumers round {round}: {:<9} {:<7} {:<8} {rate:>8.0} messages/s",
-                broker.name(),
-                form.name(),
-                if library_side { "library" } else { "by hand" }
-            );
-            samples
-                .entry((broker.name(), form.name(), library_side))
-                .or_default()
-                .push(rate);
         }
     }
     let median = |key: &Key| {
@@ -983,16 +1081,32 @@ pub(crate) async fn run(
     };
     let mut csv =
         String::from("broker,form,library_per_s,handwritten_per_s,ratio_vs_handwritten\n");
-    println!("\nconsumers (messages per second, median of {rounds} rounds)");
+    println!(
+        "\nconsumers (messages per second, median of {rounds} rounds; ratio: the median of \
+         the rounds' ratios)"
+    );
     println!(
         "{:<10} {:<8} {:>10} {:>10} {:>7}",
         "broker", "form", "library", "by hand", "ratio"
     );
-    for broker in Broker::ALL {
-        for form in [Form::Plain, Form::Batches] {
+    for broker in Broker::ALL
+        .into_iter()
+        .filter(|broker| chosen(broker.name()))
+    {
+        for form in [Form::Plain, Form::Batches]
+            .into_iter()
+            .filter(|form| chosen(form.name()))
+        {
             let library = median(&(broker.name(), form.name(), true));
             let hand = median(&(broker.name(), form.name(), false));
-            let ratio = library / hand;
+            // The median of the rounds' ratios: the two sides of a round ran together.
+            let paired = |side: bool| samples.get(&(broker.name(), form.name(), side));
+            let ratio = match (paired(true), paired(false)) {
+                (Some(library), Some(hand)) => {
+                    crate::report::median(library.iter().zip(hand).map(|(l, h)| l / h).collect())
+                }
+                _ => f64::NAN,
+            };
             println!(
                 "{:<10} {:<8} {library:>10.0} {hand:>10.0} {ratio:>7.3}",
                 broker.name(),
