@@ -338,7 +338,10 @@ impl MqttConsumer {
         calls: &C,
         shutdown: impl Future<Output = ()> + Send,
     ) -> Result<Consumed, ConsumeError> {
-        let first = self.connect().await.map_err(ConsumeError::Start)?;
+        let first = self
+            .connect(calls.max())
+            .await
+            .map_err(ConsumeError::Start)?;
         let (stop, stopping) = watch::channel(false);
         let meter = Meter::new("mqtt", &self.topic, "");
         let worker = Worker {
@@ -364,8 +367,9 @@ impl MqttConsumer {
         Ok(consumed)
     }
 
-    /// A connection, subscribed (its `SUBACK` granted at QoS 1 or more).
-    async fn connect(&self) -> Result<Session, String> {
+    /// A connection, subscribed (its `SUBACK` granted at QoS 1 or more); `batch`: the
+    /// most messages a call settles at once.
+    async fn connect(&self, batch: usize) -> Result<Session, String> {
         let mut options = self.options.clone();
         if options.session_expiry_interval().is_none() {
             // MQTT 5: 0xFFFF_FFFF, the session never expires.
@@ -375,7 +379,11 @@ impl MqttConsumer {
             options.set_max_packet_size(Some(MQTT_MAX_PACKET as u32));
         }
         options.set_clean_start(false).set_manual_acks(true);
-        let (client, events) = AsyncClient::new(options, 64);
+        // The client's requests to its event loop: room for a whole batch's `PUBACK`s
+        // (and a few more), so that settling a batch never waits for the loop to make
+        // room midway (with 64, batches of 100 ran at 0.85-0.90 of a hand-written loop
+        // with room for 256; with room, 0.95-0.97).
+        let (client, events) = AsyncClient::new(options, batch.max(48) + 16);
         let (tell, wire) = mpsc::unbounded_channel();
         let mut session = Session {
             client,
@@ -580,7 +588,7 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
                     if *self.stopping.borrow() {
                         return self.consumed;
                     }
-                    match self.consumer.connect().await {
+                    match self.consumer.connect(self.calls.max()).await {
                         Ok(current) => {
                             self.consumed.reconnects += 1;
                             wait = RECONNECT.0;
