@@ -46,7 +46,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use dedup_runtime::consume::Message;
@@ -1005,19 +1005,30 @@ pub(crate) async fn run(
                 )
             };
             let (first, second) = (side(0), side(1));
-            let watch = |progress: Progress| async move {
-                let mut ended = Vec::new();
-                loop {
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                    let done = progress.done.load(Ordering::Relaxed);
-                    ended.push((Instant::now(), done));
-                    if done >= progress.messages {
-                        return ended;
+            // Each side's count, every millisecond, until it has all its messages or the
+            // run ended (a side that failed never will).
+            let over = AtomicBool::new(false);
+            let watch = |progress: Progress| {
+                let over = &over;
+                async move {
+                    let mut ended = Vec::new();
+                    loop {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        let done = progress.done.load(Ordering::Relaxed);
+                        ended.push((Instant::now(), done));
+                        if done >= progress.messages || over.load(Ordering::Relaxed) {
+                            return ended;
+                        }
                     }
                 }
             };
+            let runs = async {
+                let ended = futures_util::future::try_join(first, second).await;
+                over.store(true, Ordering::Relaxed);
+                ended
+            };
             let (ended, watched) = tokio::join!(
-                futures_util::future::try_join(first, second),
+                runs,
                 futures_util::future::join(watch(sides[0].3.clone()), watch(sides[1].3.clone()))
             );
             let (end_0, end_1) = ended?;
