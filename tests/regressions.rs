@@ -383,3 +383,11 @@ mod mqtt_sent_to_no_subscriber;
 // migrate": the migration's transaction turns notices below a warning off.
 #[path = "regressions/migrate_logged_notices_at_every_start.rs"]
 mod migrate_logged_notices_at_every_start;
+
+// Issue 40 (seen in CI): the hosted RabbitMQ consumer awaited an acknowledgement lapin
+// never answers when the connection fails as it is sent, and hung there: it never connected
+// again. Fixed in the commit that adds this fixture ("RabbitMQ: a settlement cut off with
+// its connection counts as not sent").
+#[cfg(feature = "brokers")]
+#[path = "regressions/rabbitmq_settlement_lost_with_its_connection.rs"]
+mod rabbitmq_settlement_lost_with_its_connection;

@@ -25,6 +25,11 @@
 //!
 //! `examples/rabbitmq.rs` is a complete consumer built on these two functions.
 
+use std::future::Future;
+use std::pin::pin;
+use std::time::Duration;
+
+use ::lapin::Acker;
 use ::lapin::message::Delivery;
 use ::lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 use ::lapin::types::AMQPValue;
@@ -130,15 +135,17 @@ fn earlier_deliveries(value: &AMQPValue) -> Option<u64> {
 ///   it RabbitMQ drops a rejected message. On a quorum queue, a message that exceeds its
 ///   `x-delivery-limit` is dead-lettered (or dropped) by RabbitMQ itself.
 /// - An acknowledgement lapin can no longer send — the delivery was already settled, or
-///   its channel closed — is a no-op (lapin answers `Ok(false)`): RabbitMQ delivers an
-///   unacknowledged message again, and the dedup record makes that copy a duplicate.
+///   its channel closed, also while the acknowledgement was on its way — is a no-op
+///   (`Ok(())`): RabbitMQ delivers an unacknowledged message again, and the dedup record
+///   makes that copy a duplicate.
 ///
 /// # Errors
 /// The channel's error when the call fails on its way to the broker.
 pub async fn settle(delivery: &Delivery, ack: Ack) -> Result<(), ::lapin::Error> {
+    let acker = &delivery.acker;
     match ack {
         Ack::Ack => {
-            delivery.acker.ack(BasicAckOptions::default()).await?;
+            settled(acker, acker.ack(BasicAckOptions::default())).await?;
         }
         Ack::Retry { after } => {
             tokio::time::sleep(after).await;
@@ -146,14 +153,38 @@ pub async fn settle(delivery: &Delivery, ack: Ack) -> Result<(), ::lapin::Error>
                 requeue: true,
                 multiple: false,
             };
-            delivery.acker.nack(requeue).await?;
+            settled(acker, acker.nack(requeue)).await?;
         }
         Ack::DeadLetter => {
             let to_dead_letter_exchange = BasicRejectOptions { requeue: false };
-            delivery.acker.reject(to_dead_letter_exchange).await?;
+            settled(acker, acker.reject(to_dead_letter_exchange)).await?;
         }
     }
     Ok(())
+}
+
+/// How often a settlement still under way looks whether its channel has ended.
+const SETTLEMENT_CHECK: Duration = Duration::from_millis(50);
+
+/// `settlement` — an `ack`, `nack` or `reject` through `acker` — or `Ok(false)`, not sent,
+/// once `acker`'s channel has ended with the settlement still under way.
+///
+/// lapin 4 can leave a settlement pending for ever when the connection fails as it is
+/// sent: its frame goes to an I/O loop that has stopped, and nothing answers it (seen as
+/// a consumer that never noticed a cut connection). lapin marks the channel's deliveries
+/// poisoned when the channel ends; the broker delivers an unsettled message again.
+pub(crate) async fn settled(
+    acker: &Acker,
+    settlement: impl Future<Output = Result<bool, ::lapin::Error>>,
+) -> Result<bool, ::lapin::Error> {
+    let mut settlement = pin!(settlement);
+    loop {
+        match tokio::time::timeout(SETTLEMENT_CHECK, settlement.as_mut()).await {
+            Ok(sent) => return sent,
+            Err(_) if acker.poisoned() => return Ok(false),
+            Err(_) => {}
+        }
+    }
 }
 
 #[cfg(test)]
@@ -581,9 +612,17 @@ impl crate::outbox::Publisher for RabbitMqPublisher {
             }
         }
         let channel = &link.as_ref().expect("connected just now").channel;
+        // The sends are bounded too: lapin may never answer one made as the connection
+        // fails (its frame goes to an I/O loop that has stopped).
+        let sending = tokio::time::Instant::now() + self.confirm_timeout;
         let mut confirms = Vec::with_capacity(messages.len());
         for message in messages {
-            confirms.push(self.start(channel, message).await);
+            confirms.push(
+                match tokio::time::timeout_at(sending, self.start(channel, message)).await {
+                    Ok(started) => started.map_err(PublishError::from),
+                    Err(_) => Err(PublishError::ConfirmTimedOut),
+                },
+            );
         }
         let deadline = tokio::time::Instant::now() + self.confirm_timeout;
         let mut returned = Vec::new();
@@ -591,7 +630,7 @@ impl crate::outbox::Publisher for RabbitMqPublisher {
         for confirm in confirms {
             answers.push(match confirm {
                 Ok(confirm) => Self::confirmed(confirm, deadline, &mut returned).await,
-                Err(error) => Answer::Failed(error.into()),
+                Err(error) => Answer::Failed(error),
             });
         }
         // A confirm not back in time may come later, with a return another claim would

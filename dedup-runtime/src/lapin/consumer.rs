@@ -21,6 +21,7 @@ use crate::backend::Backend;
 use crate::batch::BatchOutcome;
 use crate::consume::calls::{self, Batches, Calls, Plain};
 use crate::consume::{Consumed, Message, TraceParent};
+use crate::lapin::settled;
 
 /// Where a RabbitMQ consumer reads each message's id.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -177,6 +178,9 @@ impl std::error::Error for ConsumeError {
 
 /// How long connecting, opening a channel and subscribing may take together.
 const SUBSCRIBE: Duration = Duration::from_secs(30);
+/// How long a channel's or a connection's close is awaited: lapin may never answer one
+/// sent as the connection fails.
+const CLOSE: Duration = Duration::from_secs(5);
 
 use crate::consume::shared::{self, Meter, RECONNECT};
 
@@ -448,7 +452,7 @@ impl RabbitMqConsumer {
         meter.finish(&consumed);
         if let Some(connection) = link.connection.lock().await.take() {
             let closing = connection.close(200, "dedup: consumer stopped".into());
-            let _ = tokio::time::timeout(Duration::from_secs(5), closing).await;
+            let _ = tokio::time::timeout(CLOSE, closing).await;
         }
         Ok(consumed)
     }
@@ -583,7 +587,7 @@ impl Link<'_> {
                 arguments,
             )
             .await?;
-        let _ = channel.close(200, "dedup: declared".into()).await;
+        let _ = tokio::time::timeout(CLOSE, channel.close(200, "dedup: declared".into())).await;
         Ok(())
     }
 
@@ -630,7 +634,9 @@ impl Link<'_> {
                 .await;
             match declared {
                 Ok(_) => {
-                    let _ = channel.close(200, "dedup: checked".into()).await;
+                    let _ =
+                        tokio::time::timeout(CLOSE, channel.close(200, "dedup: checked".into()))
+                            .await;
                     matched = true;
                     break;
                 }
@@ -642,7 +648,7 @@ impl Link<'_> {
                 },
             }
         }
-        let _ = connection.close(200, "dedup: checked".into()).await;
+        let _ = tokio::time::timeout(CLOSE, connection.close(200, "dedup: checked".into())).await;
         if !matched {
             return Ok(());
         }
@@ -846,10 +852,9 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
                     continue;
                 }
                 Ack::Ack => {
-                    delivery
-                        .acker
-                        .ack(::lapin::options::BasicAckOptions::default())
-                        .await
+                    let acker = &delivery.acker;
+                    let options = ::lapin::options::BasicAckOptions::default();
+                    settled(acker, acker.ack(options)).await
                 }
                 Ack::Retry { after } => {
                     if let Some((_, error)) = &error {
@@ -867,17 +872,15 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
                     );
                     tracing::warn!(parent: &span, %error,
                         "RabbitMQ consumer: permanent failure; dead-lettered");
-                    delivery
-                        .acker
-                        .reject(BasicRejectOptions { requeue: false })
-                        .await
+                    let acker = &delivery.acker;
+                    settled(acker, acker.reject(BasicRejectOptions { requeue: false })).await
                 }
             };
             all_sent &= count(sent, ack, consumed);
         }
         if let Some(last) = acknowledged.last() {
             let multiple = ::lapin::options::BasicAckOptions { multiple: true };
-            let sent = last.acker.ack(multiple).await;
+            let sent = settled(&last.acker, last.acker.ack(multiple)).await;
             let sent = matches!(sent, Ok(true));
             for _ in &acknowledged {
                 let sent = if sent { Ok(true) } else { Ok(false) };
@@ -896,10 +899,8 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
             return all_sent;
         }
         for delivery in retries {
-            let sent = delivery
-                .acker
-                .reject(BasicRejectOptions { requeue: true })
-                .await;
+            let acker = &delivery.acker;
+            let sent = settled(acker, acker.reject(BasicRejectOptions { requeue: true })).await;
             all_sent &= count(sent, Ack::Retry { after: wait }, consumed);
         }
         all_sent
@@ -938,10 +939,8 @@ impl<DB: Backend, C: Calls<DB>> Worker<'_, DB, C> {
                 consumed.requeued += 1;
             }
         }
-        let _ = current
-            .channel
-            .close(200, "dedup: consumer stopped".into())
-            .await;
+        let closing = current.channel.close(200, "dedup: consumer stopped".into());
+        let _ = tokio::time::timeout(CLOSE, closing).await;
     }
 }
 
@@ -1018,7 +1017,8 @@ async fn requeue(delivery: &Delivery) -> bool {
         requeue: true,
         multiple: false,
     };
-    matches!(delivery.acker.nack(back).await, Ok(true))
+    let acker = &delivery.acker;
+    matches!(settled(acker, acker.nack(back)).await, Ok(true))
 }
 
 /// The [`Message`] of `delivery`, its payload moved out.
