@@ -1,9 +1,46 @@
 //! The RabbitMQ topology of `examples/rabbitmq.rs`, for the tests that publish to it or
-//! settle against it (feature `brokers`).
+//! settle against it, and the tests' own channel to the broker (feature `brokers`).
 
-use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::options::{
+    ConfirmSelectOptions, ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions,
+};
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{Channel, ExchangeKind};
+use lapin::{Channel, Connection, ConnectionProperties, ExchangeKind};
+
+/// The machine's RabbitMQ.
+pub const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
+
+/// A channel in confirm mode on a connection of the test's own. Panics when RabbitMQ is
+/// not reachable: a test's setup.
+pub async fn channel() -> Channel {
+    let connection = Connection::connect(AMQP, ConnectionProperties::default())
+        .await
+        .unwrap_or_else(|error| panic!("RabbitMQ is not reachable at {AMQP}: {error}"));
+    let channel = connection.create_channel().await.unwrap();
+    channel
+        .confirm_select(ConfirmSelectOptions::default())
+        .await
+        .unwrap();
+    // The connection lives as long as its channel is used.
+    std::mem::forget(connection);
+    channel
+}
+
+/// Messages ready in `queue` (not those delivered and not yet settled), and its consumers.
+pub async fn depth(channel: &Channel, queue: &str) -> (u32, u32) {
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    (declared.message_count(), declared.consumer_count())
+}
 
 /// Declares `queue` (a quorum queue when `quorum`, classic otherwise) with its
 /// dead-letter exchange `queue.dlx` and the queue `queue.dead` behind it, durable, as

@@ -1027,8 +1027,6 @@ pub(crate) async fn run(
                 sides.reverse();
             }
             let started = Instant::now();
-            // Each side's rate over the time both ran: from its first commit until the
-            // first side ended, with what it had committed by then.
             // Each side a task of its own on the runtime's workers: in one task (a join)
             // the side polled first was polled first at every wake-up, and the side that
             // started second measured up to a fifth slower, whichever it was.

@@ -9,30 +9,14 @@ use dedup_runtime::consume::{Consumed, Message};
 use dedup_runtime::lapin::RabbitMqConsumer;
 use dedup_suite::outage::Outage;
 use lapin::options::{
-    BasicGetOptions, BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions,
-    QueueDeleteOptions,
+    BasicGetOptions, BasicPublishOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
 use lapin::types::{AMQPValue, FieldTable};
-use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
+use lapin::{BasicProperties, Channel, ConnectionProperties};
 
 use super::common::{count, fails_first_time, fails_permanently, until};
 
-pub(crate) const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
-
-/// A channel in confirm mode on a connection of the test's own.
-pub(crate) async fn channel() -> Channel {
-    let connection = Connection::connect(AMQP, ConnectionProperties::default())
-        .await
-        .unwrap_or_else(|error| panic!("RabbitMQ is not reachable at {AMQP}: {error}"));
-    let channel = connection.create_channel().await.unwrap();
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
-    // The connection lives as long as its channel is used.
-    std::mem::forget(connection);
-    channel
-}
+pub(crate) use dedup_suite::rabbitmq::{AMQP, channel, depth};
 
 /// A fresh queue with its dead-letter exchange and dead queue.
 async fn queue(channel: &Channel, prefix: &str) -> String {
@@ -62,22 +46,6 @@ async fn publish(channel: &Channel, queue: &str, id: Option<&str>, body: &[u8]) 
         .unwrap()
         .await
         .unwrap();
-}
-
-/// Ready messages in `queue`, and its consumers.
-pub(crate) async fn depth(channel: &Channel, queue: &str) -> (u32, u32) {
-    let declared = channel
-        .queue_declare(
-            queue.into(),
-            QueueDeclareOptions {
-                passive: true,
-                ..QueueDeclareOptions::default()
-            },
-            FieldTable::default(),
-        )
-        .await
-        .unwrap();
-    (declared.message_count(), declared.consumer_count())
 }
 
 /// The bodies in `queue`, taken out.

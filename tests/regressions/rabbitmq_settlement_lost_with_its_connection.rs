@@ -18,13 +18,10 @@ use std::time::Duration;
 use dedup_runtime::consume::Message;
 use dedup_runtime::lapin::RabbitMqConsumer;
 use dedup_suite::outage::Outage;
-use lapin::options::{
-    BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
-};
-use lapin::types::FieldTable;
-use lapin::{BasicProperties, Connection, ConnectionProperties};
+use dedup_suite::rabbitmq::{channel, depth};
+use lapin::options::{BasicPublishOptions, QueueDeleteOptions};
+use lapin::{BasicProperties, ConnectionProperties};
 
-const AMQP: &str = "amqp://guest:guest@127.0.0.1:5672/%2f";
 const MESSAGES: usize = 1_000;
 const CUTS: usize = 12;
 
@@ -45,14 +42,7 @@ async fn an_acknowledgement_cut_off_with_its_connection_does_not_hold_the_consum
         .execute(&*pool)
         .await
         .unwrap();
-    let connection = Connection::connect(AMQP, ConnectionProperties::default())
-        .await
-        .unwrap_or_else(|error| panic!("RabbitMQ is not reachable at {AMQP}: {error}"));
-    let channel = connection.create_channel().await.unwrap();
-    channel
-        .confirm_select(ConfirmSelectOptions::default())
-        .await
-        .unwrap();
+    let channel = channel().await;
     let queue = dedup_suite::unique("regress-cut-settlement");
     dedup_suite::rabbitmq::declare(&channel, &queue, false).await;
     let ids: Vec<String> = (0..MESSAGES)
@@ -104,7 +94,7 @@ async fn an_acknowledgement_cut_off_with_its_connection_does_not_hold_the_consum
         }
         // Every effect, and nothing ready: what a cut left unacknowledged came back as
         // a duplicate and was settled.
-        while count(&pool).await != MESSAGES as i64 || ready(&channel, &queue).await != 0 {
+        while count(&pool).await != MESSAGES as i64 || depth(&channel, &queue).await.0 != 0 {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     };
@@ -132,7 +122,7 @@ async fn an_acknowledgement_cut_off_with_its_connection_does_not_hold_the_consum
             "{id}"
         );
     }
-    assert_eq!(ready(&channel, &queue).await, 0, "{consumed:?}");
+    assert_eq!(depth(&channel, &queue).await.0, 0, "{consumed:?}");
     for name in [queue.clone(), format!("{queue}.dead")] {
         let _ = channel
             .queue_delete(name.as_str().into(), QueueDeleteOptions::default())
@@ -145,17 +135,4 @@ async fn count(pool: &sqlx::SqlitePool) -> i64 {
         .fetch_one(pool)
         .await
         .unwrap()
-}
-
-/// Messages ready in `queue` (not counting those delivered and not yet settled).
-async fn ready(channel: &lapin::Channel, queue: &str) -> u32 {
-    let passive = QueueDeclareOptions {
-        passive: true,
-        ..QueueDeclareOptions::default()
-    };
-    channel
-        .queue_declare(queue.into(), passive, FieldTable::default())
-        .await
-        .unwrap()
-        .message_count()
 }
